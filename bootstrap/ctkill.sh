@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Stop every process of a job on this node: its process group, and anything else whose
+# environment carries the job's id (workers that started their own session).
+#   usage: ctkill.sh JOB_DIR JOB_ID [GRACE_SECONDS]
+# Prints "::left N" with the number of processes still alive at the end (0 when clean).
+set -u
+job_dir=$1
+job_id=$2
+grace=${3:-5}
+
+job_pids() {
+    local f
+    grep -lzx "CLOUDTRAIN_JOB_ID=$job_id" /proc/[0-9]*/environ 2>/dev/null | while read -r f; do
+        f=${f#/proc/}
+        echo "${f%/environ}"
+    done
+}
+
+signal_all() {
+    local sig=$1 p
+    if [ -r "$job_dir/pid" ]; then
+        kill "-$sig" -- "-$(cat "$job_dir/pid")" 2>/dev/null || true
+    fi
+    for p in $(job_pids); do
+        kill "-$sig" "$p" 2>/dev/null || true
+    done
+}
+
+signal_all TERM
+end=$(( $(date +%s%N) + grace * 1000000000 ))
+while [ -n "$(job_pids)" ] && [ "$(date +%s%N)" -lt "$end" ]; do
+    sleep 0.1
+done
+if [ -n "$(job_pids)" ]; then
+    signal_all KILL
+    sleep 0.2
+fi
+left=$(job_pids | wc -l)
+echo "::left $left"

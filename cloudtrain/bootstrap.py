@@ -1,0 +1,136 @@
+"""The bootstrap runner: upload ``bootstrap/`` to every node, run ``node.sh`` there in
+parallel, stream and time its steps, record what it found, and skip nodes already bootstrapped
+with the same script version (a stamp on the node)."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import shlex
+import tarfile
+import threading
+import time
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import PurePosixPath
+from typing import Callable
+
+from .errors import RemoteError
+from .paths import bootstrap_dir
+from .remote import Group, bash
+from .state import NodeRow
+
+TAIL_LINES = 20
+
+
+@lru_cache(maxsize=1)
+def _bundle() -> tuple[str, bytes]:
+    root = bootstrap_dir()
+    files = sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    h = hashlib.sha256()
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=6) as tar:
+        for p in files:
+            rel = p.relative_to(root).as_posix()
+            data = p.read_bytes()
+            h.update(rel.encode() + b"\0" + data + b"\0")
+            info = tarfile.TarInfo(rel)
+            info.size = len(data)
+            info.mode = 0o755 if p.suffix == ".sh" else 0o644
+            info.mtime = 0
+            tar.addfile(info, io.BytesIO(data))
+    return h.hexdigest()[:12], buf.getvalue()
+
+
+def version() -> str:
+    return _bundle()[0]
+
+
+def script_dir(node: NodeRow) -> str:
+    """Where this version's scripts live on the node (ctjob.sh, ctworker.sh, ...)."""
+    return str(PurePosixPath(node.root_dir) / "bootstrap" / version())
+
+
+@dataclass
+class NodeReport:
+    rank: int
+    skipped: bool = False
+    steps: list[tuple[str, float]] = field(default_factory=list)
+    results: dict[str, str] = field(default_factory=dict)
+    tail: list[str] = field(default_factory=list)
+    error: str | None = None
+    failed_step: str | None = None
+    seconds: float = 0.0
+
+
+def _command(node: NodeRow, env: dict[str, str], force: bool) -> str:
+    d = script_dir(node)
+    root = node.root_dir
+    exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
+    script = f"""
+set -o pipefail
+root={shlex.quote(root)}; d={shlex.quote(d)}
+mkdir -p "$root/workdir" "$root/jobs" "$root/bootstrap" || exit 90
+if [ -f "$d/.done" ] && [ {int(force)} = 0 ]; then
+    echo ::skipped; cat "$d/.done"; cat > /dev/null; exit 0
+fi
+rm -rf "$d.tmp" && mkdir -p "$d.tmp" && tar -xzf - -C "$d.tmp" || exit 91
+rm -rf "$d" && mv "$d.tmp" "$d" || exit 92
+cd "$d" || exit 93
+env {exports} bash ./node.sh 2>&1 | tee "$d/bootstrap.log"
+rc=${{PIPESTATUS[0]}}
+if [ "$rc" = 0 ]; then grep '^::result ' "$d/bootstrap.log" > "$d/.done"; fi
+exit "$rc"
+"""
+    return bash(script)
+
+
+def run(group: Group, env_for: Callable[[NodeRow], dict[str, str]], *, force: bool = False,
+        on_step: Callable[[int, str], None] | None = None) -> dict[int, NodeReport]:
+    """Bootstrap every node of ``group``; raise RemoteError naming the nodes, the failing
+    step and the last log lines when any node fails."""
+    _, tarball = _bundle()
+    reports = {n.rank: NodeReport(n.rank) for n in group.nodes}
+    lock = threading.Lock()
+
+    def on_line(rank: int, line: str) -> None:
+        rep = reports[rank]
+        now = time.monotonic()
+        with lock:
+            if line == "::skipped":
+                rep.skipped = True
+            elif line.startswith("::step "):
+                name = line[len("::step "):].strip()
+                rep.steps.append((name, now))  # start time for now; durations at the end
+                if on_step is not None:
+                    on_step(rank, name)
+            elif line.startswith("::result "):
+                k, _, v = line[len("::result "):].partition("=")
+                rep.results[k.strip()] = v.strip()
+            else:
+                rep.tail = (rep.tail + [line])[-TAIL_LINES:]
+
+    t_start = time.monotonic()
+    res = group.run(lambda n: _command(n, env_for(n), force), stdin=tarball, on_line=on_line,
+                    combine=True)
+    end = time.monotonic()
+    failed = []
+    for rank, r in res.items():
+        rep = reports[rank]
+        rep.seconds = end - t_start
+        starts = [t for _, t in rep.steps] + [end]
+        rep.steps = [(name, starts[i + 1] - t0) for i, (name, t0) in enumerate(rep.steps)]
+        if not r.ok:
+            rep.error = str(r.error) if r.error else f"exit {r.exit_code}"
+            rep.failed_step = rep.steps[-1][0] if rep.steps else "upload"
+            failed.append(rep)
+    if failed:
+        parts = []
+        for rep in failed:
+            tail = "\n    ".join(rep.tail[-8:]) or "(no output)"
+            parts.append(f"node {rep.rank}: step '{rep.failed_step}' failed ({rep.error}); last lines:\n    {tail}")
+        raise RemoteError("Bootstrap failed.\n" + "\n".join(parts),
+                          "Fix the cause on the node (see the lines above; the full log is in "
+                          "<node>/" + "cloudtrain/bootstrap/<version>/bootstrap.log), then run "
+                          "'cloudtrain up' again: nodes already done are skipped.")
+    return reports

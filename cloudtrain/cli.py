@@ -1,0 +1,410 @@
+"""The command line: a thin layer over cluster / launch.
+
+Only click is imported at module level so that ``cloudtrain --help`` starts fast and never
+imports a cloud SDK; each command imports what it needs when it runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from typing import TYPE_CHECKING, Any, Callable, NoReturn
+
+import click
+
+if TYPE_CHECKING:
+    from .cluster import Env
+    from .ui import UI
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+def _fail(exc: BaseException) -> NoReturn:
+    from .errors import CloudtrainError
+
+    if isinstance(exc, CloudtrainError):
+        text = exc.message + (f"\n{exc.hint}" if exc.hint else "")
+        prefix = "error: " if exc.exit_code != 130 else ""
+        click.echo(prefix + text, err=True)
+        sys.exit(exc.exit_code)
+    raise exc
+
+
+def _guard(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn our errors into a one-paragraph message and the right exit code; Ctrl-C into 130."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from .errors import CloudtrainError, Interrupted
+
+        try:
+            return fn(*args, **kwargs)
+        except CloudtrainError as exc:
+            _fail(exc)
+        except KeyboardInterrupt:
+            _fail(Interrupted("Interrupted."))
+
+    return wrapper
+
+
+def _env(quiet: bool = False) -> Env:
+    from .cluster import open_env
+    from .ui import UI
+
+    return open_env(UI(quiet=quiet))
+
+
+def _load(task_file: str):  # type: ignore[no-untyped-def]
+    from .spec import load_task
+
+    return load_task(task_file)
+
+
+def _sigterm_as_interrupt() -> None:
+    def handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def _parse_env(pairs: tuple[str, ...]) -> dict[str, str]:
+    from .errors import UserError
+
+    out = {}
+    for p in pairs:
+        k, sep, v = p.partition("=")
+        if not sep or not k.isidentifier():
+            raise UserError(f"--env '{p}' is not KEY=VALUE.", "Write e.g. --env LR=0.1")
+        out[k] = v
+    return out
+
+
+def _confirm_cost(env: Env, plan: Any, yes: bool) -> None:
+    from .errors import Interrupted
+
+    price = plan.hourly_price_per_node
+    if yes or not price or not sys.stdin.isatty():
+        return
+    total = price * plan.num_nodes
+    if not click.confirm(f"This cluster costs about ${total:.2f}/hour while it runs. Continue?",
+                         default=True, err=True):
+        raise Interrupted("Cancelled; nothing was created.")
+
+
+def _print_plan(ui: UI, plan: Any, name: str) -> None:
+    ui.info(f"Plan for cluster '{name}' (dry run: nothing is created)")
+    rows = [("provider", plan.provider), ("region", plan.region or "-"), ("zone", plan.zone or "-"),
+            ("instance", plan.instance_type or "-"), ("accelerators", plan.accelerators or "none"),
+            ("nodes", str(plan.num_nodes)), ("spot", "yes" if plan.use_spot else "no")]
+    if plan.hourly_price_per_node is not None:
+        rows.append(("price", f"${plan.hourly_price_per_node:.2f}/h per node, "
+                              f"${plan.hourly_price_per_node * plan.num_nodes:.2f}/h for the cluster"))
+    for k, v in rows:
+        ui.info(f"  {k:<13}{v}")
+    ui.info("  would create:")
+    for c in plan.creates:
+        ui.info(f"    - {c}")
+    for n in plan.notes:
+        ui.info(f"  note: {n}")
+
+
+@click.group(context_settings=CONTEXT)
+@click.version_option(package_name="cloudtrain", prog_name="cloudtrain")
+def cli() -> None:
+    """cloudtrain: run a training job on N GPU machines (AWS, GCP, Azure, your own hosts or
+    local nodes), know what it costs, and leave nothing running.
+
+    \b
+    Quick start:
+      cloudtrain launch task.yaml --down     provision, sync, train, tear down
+      cloudtrain status                      what is running
+      cloudtrain down NAME                   tear a cluster down
+
+    State lives in $CLOUDTRAIN_HOME (default: your user data directory).
+    """
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("task_file", type=click.Path(dir_okay=False))
+@click.option("-c", "--cluster", "cluster_name", help="Cluster name (default: the task's name).")
+@click.option("-y", "--yes", is_flag=True, help="Do not ask before spending money.")
+@click.option("--dry-run", is_flag=True, help="Print the plan; create nothing.")
+@click.option("--no-bootstrap", is_flag=True, help="Stop once the nodes run and accept SSH.")
+@click.option("--keep-on-failure", is_flag=True,
+              help="Keep a new cluster whose provisioning failed (default: roll it back).")
+@_guard
+def up(task_file: str, cluster_name: str | None, yes: bool, dry_run: bool, no_bootstrap: bool,
+       keep_on_failure: bool) -> None:
+    """Provision a cluster for TASK_FILE (adopting what exists), wait for SSH, bootstrap."""
+    from . import cluster as cl
+
+    _sigterm_as_interrupt()
+    task = _load(task_file)
+    env = _env()
+    name = cl.resolve_name(task, cluster_name, task_file)
+    plan = cl.plan(env, task, name)
+    if dry_run:
+        _print_plan(env.ui, plan, name)
+        return
+    if env.state.get_cluster(name) is None:
+        _confirm_cost(env, plan, yes)
+    handle = cl.up(env, task, name, bootstrap=not no_bootstrap, keep_on_failure=keep_on_failure)
+    env.ui.ok(f"Cluster '{name}' is up: {len(handle.nodes)} node(s) on {handle.row.provider}. "
+              f"Next: cloudtrain launch {task_file} -c {name}")
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("task_file", type=click.Path(dir_okay=False))
+@click.option("-c", "--cluster", "cluster_name", help="Cluster name (default: the task's name).")
+@click.option("--down", "down_after", is_flag=True,
+              help="Tear the cluster down after the run, whatever happened.")
+@click.option("-d", "--detach", is_flag=True, help="Start the job and return; see 'logs --follow'.")
+@click.option("-y", "--yes", is_flag=True, help="Do not ask before spending money.")
+@click.option("--env", "envs", multiple=True, metavar="K=V", help="Extra environment (repeatable).")
+@_guard
+def launch(task_file: str, cluster_name: str | None, down_after: bool, detach: bool, yes: bool,
+           envs: tuple[str, ...]) -> None:
+    """Run TASK_FILE on a cluster: up if needed, sync, setup, run on every node, stream logs.
+
+    Exits with the job's exit code (the first failing node's), 130 on Ctrl-C."""
+    from . import cluster as cl
+    from . import launch as ln
+    from .errors import UserError
+
+    _sigterm_as_interrupt()
+    task = _load(task_file)
+    overrides = _parse_env(envs)
+    if detach and down_after:
+        raise UserError("--detach and --down do not go together: the job would be torn down "
+                        "right after it starts.", "Drop one of them.")
+    env = _env()
+    name = cl.resolve_name(task, cluster_name, task_file)
+    plan = cl.plan(env, task, name)
+    if env.state.get_cluster(name) is None:
+        _confirm_cost(env, plan, yes)
+    outcome = None
+    try:
+        handle, fresh = cl.provision(env, task, name)
+        try:
+            with env.ui.status("Waiting for SSH on every node"):
+                group = cl.connect(env, handle)
+        except BaseException:
+            if fresh and not down_after:
+                cl._rollback(env, handle.provider, name)
+            raise
+        try:
+            cl.run_bootstrap(env, handle, group)
+            outcome = ln.run_task(env, handle, group, task, detach=detach, overrides=overrides)
+        finally:
+            group.close()
+    finally:
+        if down_after:
+            _teardown_shielded(env, name)
+    if outcome.detached:
+        env.ui.ok(f"Job {outcome.job_id} started on every node. Follow it: "
+                  f"cloudtrain logs {name} --follow")
+        return
+    if outcome.exit_code != 0:
+        from .errors import JobFailed
+
+        who = f"global rank {outcome.failed_rank} on node {outcome.failed_node}" \
+            if outcome.failed_rank is not None else f"node {outcome.failed_node}"
+        raise JobFailed(outcome.exit_code, outcome.failed_node,
+                        f"The job failed: {who} exited with code {outcome.exit_code}; the other "
+                        "nodes were stopped.",
+                        f"See 'cloudtrain logs {name} --node {outcome.failed_node}'.")
+    env.ui.ok(f"Job {outcome.job_id} succeeded on every node")
+
+
+def _teardown_shielded(env: Env, name: str) -> None:
+    """Teardown after --down: Ctrl-C cannot interrupt it halfway."""
+    from . import cluster as cl
+    from .errors import CloudtrainError
+
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    prev_term = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        if env.state.get_cluster(name) is not None or os.path.isdir(env.pctx.cluster_dir(name)):
+            cl.down(env, name, provider_name=None if env.state.get_cluster(name) else "local")
+    except CloudtrainError as exc:
+        env.ui.error(f"teardown of '{name}' failed: {exc}")
+        raise
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        signal.signal(signal.SIGTERM, prev_term)
+
+
+@cli.command(name="exec", context_settings=CONTEXT)
+@click.argument("cluster_name")
+@click.argument("command", nargs=-1, required=True)
+@click.option("--node", "node", type=int, help="Only this node (rank); default: every node.")
+@_guard
+def exec_(cluster_name: str, command: tuple[str, ...], node: int | None) -> None:
+    """Run COMMAND on the cluster's nodes (after '--'), with the job environment."""
+    from . import cluster as cl
+    from . import launch as ln
+
+    _sigterm_as_interrupt()
+    env = _env()
+    handle = cl.get_handle(env, cluster_name)
+    ranks = _ranks(handle, node)
+    group = cl.connect(env, handle, timeout=30)
+    try:
+        code, failed = ln.run_command(env, handle, group, " ".join(command), ranks)
+    finally:
+        group.close()
+    if code != 0:
+        from .errors import JobFailed
+
+        raise JobFailed(code, failed, f"The command exited with code {code} on node {failed}.")
+
+
+def _ranks(handle: Any, node: int | None) -> list[int]:
+    from .errors import UserError
+
+    ranks = [n.rank for n in handle.nodes]
+    if node is None:
+        return ranks
+    if node not in ranks:
+        raise UserError(f"Cluster '{handle.name}' has no node {node}.",
+                        f"Its nodes are 0..{len(ranks) - 1}.")
+    return [node]
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("cluster_name")
+@click.option("--node", "node", type=int, help="Only this node (rank).")
+@click.option("-f", "--follow", is_flag=True, help="Keep streaming while the job runs.")
+@click.option("--job", "job_id", help="A job id (default: the latest).")
+@_guard
+def logs(cluster_name: str, node: int | None, follow: bool, job_id: str | None) -> None:
+    """Replay the logs of the cluster's latest job (or --job), prefixed by node."""
+    from . import cluster as cl
+    from . import logs as lg
+
+    _sigterm_as_interrupt()
+    env = _env()
+    lg.show(env, cluster_name, node=node, follow=follow, job_id=job_id)
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("cluster_name")
+@click.option("--node", "node", type=int, default=0, show_default=True, help="Node rank.")
+@_guard
+def ssh(cluster_name: str, node: int) -> None:
+    """Open an SSH session on a node, with the cluster's key and pinned host key."""
+    import shutil
+
+    from . import cluster as cl
+    from .errors import UserError
+    from .keys import ssh_command_options
+
+    env = _env(quiet=True)
+    handle = cl.get_handle(env, cluster_name)
+    n = handle.nodes[_ranks(handle, node)[0]]
+    exe = shutil.which("ssh")
+    if exe is None:
+        raise UserError("The 'ssh' client is not installed.", "Install OpenSSH's client.")
+    args = ["ssh", *ssh_command_options(handle.keys, n.port, n.identity_file), "-t",
+            f"{n.user}@{n.host}"]
+    sys.stdout.flush()
+    os.execv(exe, args)
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("cluster_name", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--refresh", is_flag=True, help="Ask every provider (cloud APIs included).")
+@_guard
+def status(cluster_name: str | None, as_json: bool, refresh: bool) -> None:
+    """Show clusters and their nodes (local state, refreshed from cheap providers)."""
+    from . import cluster as cl
+
+    env = _env(quiet=as_json)
+    rows = cl.status(env, cluster_name, refresh_all=refresh)
+    if as_json:
+        out = [{
+            "name": r.name, "provider": r.provider, "status": r.status, "num_nodes": r.num_nodes,
+            "region": r.region, "instance_type": r.instance_type, "accelerators": r.accelerators,
+            "use_spot": r.use_spot, "hourly_price_per_node": r.hourly_price,
+            "created_at": r.created_at,
+            "nodes": [{"rank": n.rank, "host": n.host, "port": n.port, "internal_ip": n.internal_ip,
+                       "instance_id": n.instance_id, "status": n.status} for n in r.nodes],
+        } for r in rows]
+        click.echo(json.dumps(out, indent=2))
+        return
+    if not rows:
+        click.echo("No clusters.")
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    from .ui import color_ok
+
+    table = Table(box=None, pad_edge=False)
+    for col in ("NAME", "PROVIDER", "STATUS", "NODES", "INSTANCE", "$/H", "NODE ADDRESSES"):
+        table.add_column(col)
+    for r in rows:
+        price = "-" if r.hourly_price is None else f"{r.hourly_price * r.num_nodes:.2f}"
+        addrs = ", ".join(f"{n.rank}:{n.host}:{n.port}({n.status})" for n in r.nodes)
+        table.add_row(r.name, r.provider, r.status, str(r.num_nodes), r.instance_type or "-",
+                      price, addrs)
+    Console(no_color=not color_ok(sys.stdout), highlight=False,
+            color_system="auto" if color_ok(sys.stdout) else None, width=200).print(table)
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("names", nargs=-1)
+@click.option("-a", "--all", "all_", is_flag=True, help="Every cluster.")
+@click.option("-y", "--yes", is_flag=True, help="Do not ask.")
+@click.option("--provider", "provider_name",
+              help="Tear down by tag on this provider even with no local state.")
+@_guard
+def down(names: tuple[str, ...], all_: bool, yes: bool, provider_name: str | None) -> None:
+    """Tear clusters down and check with the provider that nothing is left."""
+    from . import cluster as cl
+    from .errors import CloudtrainError, UserError
+
+    _sigterm_as_interrupt()
+    env = _env()
+    if all_ and names:
+        raise UserError("Give cluster names or -a, not both.", "e.g. cloudtrain down my-job")
+    targets = [c.name for c in env.state.list_clusters()] if all_ else list(names)
+    if not targets:
+        if all_:
+            env.ui.info("No clusters.")
+            return
+        raise UserError("Name the cluster(s) to tear down, or -a for all.", "e.g. cloudtrain down my-job")
+    if not all_:
+        known = {c.name for c in env.state.list_clusters()}
+        for n in targets:
+            if n not in known and provider_name is None:
+                from .errors import ClusterNotFound
+
+                raise ClusterNotFound(n, sorted(known))
+    if not yes:
+        if not sys.stdin.isatty():
+            if all_:
+                raise UserError("'down -a' tears down every cluster.", "Add -y to confirm.")
+        elif not click.confirm(f"Tear down {', '.join(targets)}?", default=True, err=True):
+            return
+    failed: list[BaseException] = []
+    for n in targets:
+        try:
+            cl.down(env, n, provider_name=provider_name)
+        except CloudtrainError as exc:
+            env.ui.error(f"{n}: {exc}")
+            failed.append(exc)
+    if failed:
+        sys.exit(max(getattr(e, "exit_code", 1) for e in failed))
+
+
+def main() -> None:
+    cli(prog_name="cloudtrain")
+
+
+if __name__ == "__main__":
+    main()

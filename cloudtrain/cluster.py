@@ -1,0 +1,382 @@
+"""Cluster lifecycle: provision (idempotent, adopting what exists), wait for SSH, bootstrap,
+tear down (verified against the provider), status. The CLI is a thin layer over these."""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shlex
+import shutil
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from . import bootstrap as bootstrap_mod
+from . import registry
+from .errors import ClusterNotFound, ProviderError, UserError
+from .keys import ClusterKeys, ensure_keys, is_pinned, pin_host_keys
+from .paths import bootstrap_dir
+from .provider import ClusterRequest, Node, Plan, Provider, ProviderContext
+from .remote import Group, bash
+from .spec import Task, provider_options
+from .state import ClusterRow, NodeRow, State, open_state
+from .ui import UI
+
+SSH_TIMEOUT = float(os.environ.get("CLOUDTRAIN_SSH_TIMEOUT", "300"))
+
+
+@dataclass
+class Env:
+    home: Path
+    state: State
+    ui: UI
+
+    @property
+    def pctx(self) -> ProviderContext:
+        return ProviderContext(self.home)
+
+    def logs_dir(self, cluster: str) -> Path:
+        return self.home / "logs" / cluster
+
+
+def open_env(ui: UI) -> Env:
+    from .paths import home
+
+    h = home()
+    return Env(h, open_state(h), ui)
+
+
+@dataclass
+class Handle:
+    row: ClusterRow
+    provider: Provider
+    keys: ClusterKeys
+    learn: frozenset[int] = frozenset()
+    """Ranks whose host key may be learned on first contact (new nodes with none reported)."""
+
+    @property
+    def name(self) -> str:
+        return self.row.name
+
+    @property
+    def nodes(self) -> list[NodeRow]:
+        return self.row.nodes
+
+    @property
+    def head(self) -> NodeRow:
+        return self.row.nodes[0]
+
+
+def cluster_uid(env: Env, name: str) -> str:
+    """Unique across CLOUDTRAIN_HOMEs on one machine: marks the processes of this cluster."""
+    return hashlib.sha256(f"{env.home.resolve()}:{name}".encode()).hexdigest()[:12]
+
+
+def resolve_name(task: Task, override: str | None, task_path: str | None) -> str:
+    from .spec import NAME_RE
+
+    name = override or task.name
+    if not name and task_path:
+        stem = Path(task_path).stem.lower().replace("_", "-")
+        name = "".join(c for c in stem if c.isalnum() or c == "-").strip("-") or None
+    if not name:
+        raise UserError("The cluster has no name.", "Give one with -c NAME or 'name:' in the task.")
+    if not NAME_RE.match(name):
+        raise UserError(f"'{name}' is not a valid cluster name.",
+                        "Use 1-40 lowercase letters, digits and '-', starting with a letter.")
+    return name
+
+
+@contextmanager
+def cluster_lock(env: Env, name: str) -> Iterator[None]:
+    d = env.home / "locks"
+    d.mkdir(parents=True, exist_ok=True)
+    with open(d / f"{name}.lock", "w") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            env.ui.info(f"Waiting for another cloudtrain command working on '{name}'...")
+            fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
+def _node_rows(cluster: str, nodes: list[Node]) -> list[NodeRow]:
+    return [NodeRow(cluster=cluster, rank=n.rank, instance_id=n.instance_id, host=n.host,
+                    port=n.port, user=n.user, internal_ip=n.cluster_ip, status=n.status,
+                    root_dir=n.root_dir, identity_file=n.identity_file)
+            for n in sorted(nodes, key=lambda n: n.rank)]
+
+
+def _request(task: Task, name: str, public_key: str) -> ClusterRequest:
+    return ClusterRequest(name=name, num_nodes=task.num_nodes, resources=task.resources,
+                          options=provider_options(task), public_key=public_key)
+
+
+def plan(env: Env, task: Task, name: str) -> Plan:
+    """What ``up`` would do. Creates nothing, anywhere."""
+    provider = registry.get(task.resources.provider, env.pctx)
+    request = _request(task, name, public_key="")
+    provider.check(request)
+    p = provider.plan(request)
+    existing = env.state.get_cluster(name)
+    if existing is not None:
+        p.notes.insert(0, f"cluster '{name}' exists ({existing.status}); up adopts its nodes")
+    return p
+
+
+def check_mounts(task: Task, provider: Provider) -> None:
+    if provider.allows_absolute_mounts:
+        return
+    for remote in task.file_mounts:
+        if remote.startswith("/") or remote.startswith("~"):
+            raise UserError(
+                f"file_mounts target '{remote}' is an absolute path, and provider "
+                f"'{provider.name}' nodes share this machine's file system.",
+                "Use a path relative to the workdir on the node (e.g. 'data: ./data'), which works "
+                "on every provider.")
+
+
+def provision(env: Env, task: Task, name: str, *, keep_on_failure: bool = False) -> tuple[Handle, bool]:
+    """Make sure the cluster's nodes exist and run; adopt what exists. Returns the handle and
+    whether this call created the cluster (so a failure afterwards can roll it back)."""
+    existing = env.state.get_cluster(name)
+    if existing is not None and existing.provider != task.resources.provider:
+        raise UserError(
+            f"Cluster '{name}' already exists on provider '{existing.provider}'; the task asks for "
+            f"'{task.resources.provider}'.",
+            f"Use another name (-c) or take it down first: cloudtrain down {name}")
+    if existing is not None and existing.num_nodes != task.num_nodes:
+        raise UserError(
+            f"Cluster '{name}' has {existing.num_nodes} node(s); the task asks for {task.num_nodes}.",
+            f"Use another name (-c) or take it down first: cloudtrain down {name}")
+    provider = registry.get(task.resources.provider, env.pctx)
+    check_mounts(task, provider)
+    keys = ensure_keys(env.pctx.cluster_dir(name), comment=f"cloudtrain-{name}")
+    request = _request(task, name, keys.public_key())
+    provider.check(request)
+
+    with cluster_lock(env, name):
+        live = provider.list_nodes(name)
+        fresh = existing is None and not live
+        if (existing is not None and existing.status == "UP" and len(live) == task.num_nodes
+                and all(n.status == "running" for n in live)
+                and [n.instance_id for n in live] == [n.instance_id for n in existing.nodes]):
+            return Handle(existing, provider, keys), False
+
+        p = provider.plan(request)
+        row = ClusterRow(
+            name=name, provider=provider.name, status="INIT", num_nodes=task.num_nodes,
+            created_at=existing.created_at if existing else time.time(), updated_at=time.time(),
+            region=p.region, zone=p.zone, instance_type=p.instance_type,
+            accelerators=str(task.resources.accelerators) if task.resources.accelerators else None,
+            use_spot=task.resources.use_spot, hourly_price=p.hourly_price_per_node,
+            options=request.options.model_dump(mode="json") if request.options else {},
+            resources=task.resources.model_dump(mode="json"),
+        )
+        env.state.upsert_cluster(row)
+        try:
+            env.ui.step(f"Provisioning {task.num_nodes} node(s) on {provider.name} for '{name}'")
+            net = provider.ensure_network(request)
+            nodes = provider.create_nodes(request, net)
+            if len(nodes) != task.num_nodes:
+                raise ProviderError(f"the provider returned {len(nodes)} node(s) for "
+                                    f"{task.num_nodes} requested.", "Run 'cloudtrain up' again.")
+        except BaseException:
+            if fresh and not keep_on_failure:
+                _rollback(env, provider, name)
+            raise
+        old_ids = {n.rank: n.instance_id for n in (existing.nodes if existing else [])}
+        for n in nodes:
+            if n.host_keys:
+                pin_host_keys(keys.known_hosts, n.host, n.port, n.host_keys)
+        row.nodes = _node_rows(name, nodes)
+        env.state.replace_nodes(name, row.nodes)
+        master_port = getattr(provider, "master_port", None)
+        row.master_port = int(master_port(name)) if callable(master_port) else 29500
+        row.status = "UP"
+        env.state.upsert_cluster(row)
+        env.state.open_usage(row)
+        stored = env.state.get_cluster(name)
+        assert stored is not None
+        # Nodes that are new (not the instance we knew) may have their host key learned.
+        learn = frozenset(n.rank for n in nodes
+                          if not n.host_keys and old_ids.get(n.rank) != n.instance_id
+                          and not is_pinned(keys.known_hosts, n.host, n.port))
+        return Handle(stored, provider, keys, learn), fresh
+
+
+def _rollback(env: Env, provider: Provider, name: str) -> None:
+    env.ui.warn(f"Rolling back: removing what was created for '{name}'.")
+    try:
+        provider.terminate(name)
+        env.state.close_usage(name)
+        env.state.delete_cluster(name)
+        shutil.rmtree(env.pctx.cluster_dir(name), ignore_errors=True)
+    except Exception as exc:  # noqa: BLE001 - report, keep the original error
+        env.ui.error(f"Rollback of '{name}' failed: {exc}. Run 'cloudtrain down {name}'.")
+
+
+def connect(env: Env, handle: Handle, timeout: float = SSH_TIMEOUT) -> Group:
+    group = Group(handle.nodes, handle.keys)
+    try:
+        group.connect(timeout=timeout, learn=handle.learn)
+    except BaseException:
+        group.close()
+        raise
+    return group
+
+
+def node_env(handle: Handle) -> dict[str, str]:
+    fn = getattr(handle.provider, "node_env", None)
+    return dict(fn(handle.name)) if callable(fn) else {}
+
+
+def run_bootstrap(env: Env, handle: Handle, group: Group, force: bool = False) -> None:
+    extra = node_env(handle)
+    t0 = time.monotonic()
+    reports = bootstrap_mod.run(
+        group, lambda n: {**extra, "CLOUDTRAIN_NODE_IP": n.internal_ip}, force=force)
+    for rank, rep in sorted(reports.items()):
+        r = rep.results
+        env.state.set_node_bootstrap(
+            handle.name, rank, version=bootstrap_mod.version(), iface=r.get("iface") or None,
+            python_bin=r.get("python_bin") or None,
+            gpus=int(r["gpus"]) if r.get("gpus", "").isdigit() else None, info=r)
+        found = ", ".join(f"{k}={v}" for k, v in r.items() if v)
+        if rep.skipped:
+            env.ui.info(f"  node {rank}: bootstrap already done ({found})")
+        else:
+            steps = ", ".join(f"{name} {secs:.2f}s" for name, secs in rep.steps)
+            env.ui.info(f"  node {rank}: bootstrapped in {rep.seconds:.1f}s [{steps}] ({found})")
+    fresh = env.state.get_cluster(handle.name)
+    if fresh is not None:
+        handle.row.nodes = fresh.nodes
+    env.ui.ok(f"Nodes ready in {time.monotonic() - t0:.1f}s")
+
+
+def up(env: Env, task: Task, name: str, *, bootstrap: bool = True,
+       keep_on_failure: bool = False) -> Handle:
+    handle, fresh = provision(env, task, name, keep_on_failure=keep_on_failure)
+    try:
+        with env.ui.status("Waiting for SSH on every node"):
+            group = connect(env, handle)
+        try:
+            env.ui.ok(f"SSH up on {len(handle.nodes)} node(s)")
+            if bootstrap:
+                env.ui.step("Bootstrapping")
+                run_bootstrap(env, handle, group)
+        finally:
+            group.close()
+    except BaseException:
+        if fresh and not keep_on_failure:
+            _rollback(env, handle.provider, name)
+        raise
+    return handle
+
+
+def get_handle(env: Env, name: str) -> Handle:
+    row = env.state.get_cluster(name)
+    if row is None:
+        raise ClusterNotFound(name, [c.name for c in env.state.list_clusters()])
+    provider = registry.get(row.provider, env.pctx)
+    keys = ClusterKeys(env.pctx.cluster_dir(name) / "ssh")
+    return Handle(row, provider, keys)
+
+
+# --- stopping jobs and tearing down ----------------------------------------------------------
+
+def kill_command(job_dir: str, marker: str, grace: int = 5) -> str:
+    script = (bootstrap_dir() / "ctkill.sh").read_text()
+    return bash(script) + " _ " + " ".join(
+        shlex.quote(a) for a in (job_dir, marker, str(grace)))
+
+
+def stop_processes(env: Env, handle: Handle, marker: str, job_dirs: dict[int, str] | None = None,
+                   grace: int = 5, group: Group | None = None) -> dict[int, int]:
+    """Stop every process carrying ``marker`` (KEY=VALUE in its environment) on every node.
+    Returns how many were left per node (0 when clean)."""
+    own = group is None
+    if group is None:
+        try:
+            group = connect(env, handle, timeout=15)
+        except Exception as exc:  # noqa: BLE001 - unreachable nodes cannot run anything
+            env.ui.warn(f"Could not reach every node to stop processes: {exc}")
+            return {}
+    try:
+        res = group.run(lambda n: kill_command((job_dirs or {}).get(n.rank, ""), marker, grace),
+                        timeout=grace + 30)
+    finally:
+        if own:
+            group.close()
+    left = {}
+    for rank, r in res.items():
+        for line in r.stdout.splitlines():
+            if line.startswith("::left "):
+                left[rank] = int(line.split()[1])
+    return left
+
+
+def down(env: Env, name: str, provider_name: str | None = None) -> None:
+    row = env.state.get_cluster(name)
+    if row is None and provider_name is None:
+        raise ClusterNotFound(name, [c.name for c in env.state.list_clusters()])
+    pname = row.provider if row is not None else str(provider_name)
+    provider = registry.get(pname, env.pctx)
+    with cluster_lock(env, name):
+        if row is not None and row.nodes and not provider.powers_off:
+            # Machines we do not own: stop what we started on them before forgetting them.
+            handle = Handle(row, provider, ClusterKeys(env.pctx.cluster_dir(name) / "ssh"))
+            left = stop_processes(env, handle, f"CLOUDTRAIN_CLUSTER_ID={cluster_uid(env, name)}")
+            for rank, n in left.items():
+                if n:
+                    env.ui.warn(f"node {rank}: {n} process(es) of the cluster survived SIGKILL")
+        env.ui.step(f"Tearing down '{name}' on {pname}")
+        provider.terminate(name)
+        remaining = [n for n in provider.list_nodes(name) if n.status != "terminated"]
+        if remaining:
+            raise ProviderError(
+                f"after teardown, {pname} still lists {len(remaining)} node(s) of '{name}': "
+                + ", ".join(n.instance_id for n in remaining) + ".",
+                f"Run 'cloudtrain down {name}' again; nothing was forgotten locally.")
+        env.state.close_usage(name)
+        for launch in env.state.launches(name):
+            if launch.status == "RUNNING":
+                env.state.finish_launch(launch.job_id, "CANCELLED", None, None)
+        env.state.delete_cluster(name)
+        shutil.rmtree(env.pctx.cluster_dir(name), ignore_errors=True)
+    env.ui.ok(f"'{name}' is down; {pname} lists none of its nodes")
+
+
+def refresh(env: Env, row: ClusterRow) -> ClusterRow:
+    """Ask the provider what exists now and update the cached node statuses."""
+    provider = registry.get(row.provider, env.pctx)
+    live = {n.rank: n for n in provider.list_nodes(row.name)}
+    for n in row.nodes:
+        ln = live.get(n.rank)
+        n.status = ln.status if ln is not None and ln.instance_id == n.instance_id else "terminated"
+    if row.nodes:
+        env.state.replace_nodes(row.name, row.nodes)
+    if row.status == "UP" and any(n.status != "running" for n in row.nodes):
+        row.status = "DEGRADED"
+    return row
+
+
+def status(env: Env, name: str | None = None, refresh_all: bool = False) -> list[ClusterRow]:
+    rows = env.state.list_clusters()
+    if name is not None:
+        rows = [r for r in rows if r.name == name]
+        if not rows:
+            raise ClusterNotFound(name, [c.name for c in env.state.list_clusters()])
+    out = []
+    for row in rows:
+        cls = registry.provider_class(row.provider)
+        if refresh_all or getattr(cls, "list_is_cheap", False):
+            try:
+                row = refresh(env, row)
+            except Exception as exc:  # noqa: BLE001 - status must still show the rest
+                env.ui.warn(f"could not refresh '{row.name}' from {row.provider}: {exc}")
+        out.append(row)
+    return out

@@ -1,0 +1,116 @@
+"""The error tree.
+
+Every error cloudtrain raises on purpose is a :class:`CloudtrainError`. Each carries an
+``exit_code`` for the CLI and a ``hint`` that tells the user what to do next. The CLI prints
+``message`` and ``hint`` as one paragraph, never a traceback.
+
+    CloudtrainError (1)
+    ├── UserError (2)                 bad input: the user must change something
+    │   ├── SpecError                 the task file is wrong (names the field and line)
+    │   └── ClusterNotFound           no such cluster
+    ├── ProviderError (1)             the provider could not do what was asked
+    │   ├── CapacityError             try another zone
+    │   ├── QuotaError                try another region / raise the quota
+    │   ├── AuthError                 stop: nothing else will work
+    │   └── TransientError            retry with backoff
+    ├── RemoteError (1)               SSH / bootstrap / sync on a node failed
+    │   ├── SSHTimeout
+    │   └── HostKeyMismatch
+    └── JobFailed (job's exit code)   the user's job exited non-zero on a node
+"""
+
+from __future__ import annotations
+
+
+class CloudtrainError(Exception):
+    exit_code = 1
+
+    def __init__(self, message: str, hint: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        if self.hint:
+            return f"{self.message} {self.hint}"
+        return self.message
+
+
+class UserError(CloudtrainError):
+    exit_code = 2
+
+
+class SpecError(UserError):
+    """The task file is invalid. ``field`` is the dotted path of the offending field."""
+
+    def __init__(self, message: str, hint: str = "", field: str = "", line: int | None = None,
+                 source: str = "") -> None:
+        where = ""
+        if source:
+            where = f"{source}"
+            if line is not None:
+                where += f", line {line}"
+            where += ": "
+        if field:
+            message = f"{where}field '{field}': {message}"
+        else:
+            message = f"{where}{message}"
+        super().__init__(message, hint)
+        self.field = field
+        self.line = line
+
+
+class ClusterNotFound(UserError):
+    def __init__(self, name: str, known: list[str] | None = None) -> None:
+        hint = "Run 'cloudtrain status' to see your clusters."
+        if known:
+            from difflib import get_close_matches
+
+            close = get_close_matches(name, known, n=1)
+            if close:
+                hint = f"Did you mean '{close[0]}'? " + hint
+        super().__init__(f"No cluster named '{name}'.", hint)
+        self.name = name
+
+
+class ProviderError(CloudtrainError):
+    pass
+
+
+class CapacityError(ProviderError):
+    """No capacity for the requested shape here; another zone may have it."""
+
+
+class QuotaError(ProviderError):
+    """An account limit was hit; another region (or a quota increase) may help."""
+
+
+class AuthError(ProviderError):
+    """Credentials or permissions are missing: nothing else will work until fixed."""
+
+
+class TransientError(ProviderError):
+    """Throttling or a passing fault: retry with backoff."""
+
+
+class RemoteError(CloudtrainError):
+    pass
+
+
+class SSHTimeout(RemoteError):
+    pass
+
+
+class HostKeyMismatch(RemoteError):
+    pass
+
+
+class JobFailed(CloudtrainError):
+    def __init__(self, code: int, node: int | None, message: str, hint: str = "") -> None:
+        super().__init__(message, hint)
+        self.exit_code = code if 0 < code < 256 else 1
+        self.node = node
+
+
+class Interrupted(CloudtrainError):
+    exit_code = 130

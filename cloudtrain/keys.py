@@ -1,0 +1,106 @@
+"""Per-cluster SSH identity and pinned host keys.
+
+Each cluster gets its own ed25519 key (mode 0600) and its own known_hosts file. A node's host
+key is pinned either from what the provider reports at creation (the local provider generates
+the host keys itself; clouds may read them from the console) or, failing that, learned on the
+first contact with a freshly created node. After that, a different key is refused: there is no
+``StrictHostKeyChecking=no`` anywhere in cloudtrain.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class ClusterKeys:
+    dir: Path
+
+    @property
+    def private_key(self) -> Path:
+        return self.dir / "id_ed25519"
+
+    @property
+    def public_key_path(self) -> Path:
+        return self.dir / "id_ed25519.pub"
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.dir / "known_hosts"
+
+    def public_key(self) -> str:
+        return self.public_key_path.read_text().strip()
+
+
+def ensure_keys(cluster_dir: Path, comment: str) -> ClusterKeys:
+    """Create the cluster's key pair once; later calls return the same one."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    keys = ClusterKeys(cluster_dir / "ssh")
+    keys.dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(keys.dir, 0o700)
+    if keys.private_key.exists() and keys.public_key_path.exists():
+        return keys
+    key = Ed25519PrivateKey.generate()
+    priv = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                             serialization.NoEncryption())
+    pub = key.public_key().public_bytes(serialization.Encoding.OpenSSH,
+                                        serialization.PublicFormat.OpenSSH)
+    tmp = keys.private_key.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(priv)
+    os.replace(tmp, keys.private_key)
+    keys.public_key_path.write_text(pub.decode() + f" {comment}\n")
+    keys.known_hosts.touch(mode=0o600, exist_ok=True)
+    return keys
+
+
+def host_entry_name(host: str, port: int) -> str:
+    return host if port == 22 else f"[{host}]:{port}"
+
+
+def pin_host_keys(known_hosts: Path, host: str, port: int, key_lines: tuple[str, ...]) -> None:
+    """Record the given host keys ("ssh-ed25519 AAAA...") for host:port, replacing older ones
+    for that address (a new node at a reused address gets its own key)."""
+    name = host_entry_name(host, port)
+    lines = known_hosts.read_text().splitlines() if known_hosts.exists() else []
+    kept = [ln for ln in lines if ln.split(" ", 1)[0] != name]
+    for key in key_lines:
+        parts = key.split()
+        kept.append(f"{name} {parts[0]} {parts[1]}")
+    known_hosts.write_text("\n".join(kept) + ("\n" if kept else ""))
+    os.chmod(known_hosts, 0o600)
+
+
+def forget_host(known_hosts: Path, host: str, port: int) -> None:
+    pin_host_keys(known_hosts, host, port, ())
+
+
+def is_pinned(known_hosts: Path, host: str, port: int) -> bool:
+    if not known_hosts.exists():
+        return False
+    name = host_entry_name(host, port)
+    return any(ln.split(" ", 1)[0] == name for ln in known_hosts.read_text().splitlines())
+
+
+def ssh_command_options(keys: ClusterKeys, port: int, identity_file: str | None = None,
+                        connect_timeout: int = 10) -> list[str]:
+    """Options for the system ``ssh`` (used by rsync and ``cloudtrain ssh``): our key, our
+    known_hosts, strict checking, and nothing from the user's ssh config."""
+    return [
+        "-F", "/dev/null",
+        "-i", identity_file or str(keys.private_key),
+        "-p", str(port),
+        "-o", "IdentitiesOnly=yes",
+        "-o", f"UserKnownHostsFile={keys.known_hosts}",
+        "-o", "GlobalKnownHostsFile=/dev/null",
+        "-o", "StrictHostKeyChecking=yes",
+        "-o", "BatchMode=yes",
+        "-o", f"ConnectTimeout={connect_timeout}",
+        "-o", "ServerAliveInterval=15",
+        "-o", "LogLevel=ERROR",
+    ]

@@ -1,0 +1,89 @@
+"""``cloudtrain logs``: replay a job's per-node logs, or follow them live from the nodes."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path, PurePosixPath
+
+from .cluster import Env, connect, get_handle
+from .errors import UserError
+from .launch import LogSink, job_dir
+from .remote import bash
+
+
+def _latest_job(env: Env, name: str) -> str | None:
+    launches = [l for l in env.state.launches(name) if not l.job_id.startswith("exec-")]
+    if launches:
+        return launches[-1].job_id
+    folder = env.logs_dir(name)
+    if folder.is_dir():
+        jobs = sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith("exec-"))
+        if jobs:
+            return jobs[-1]
+    return None
+
+
+def _node_files(folder: Path, node: int | None) -> list[tuple[int, Path]]:
+    out = []
+    for f in folder.glob("node-*.log"):
+        stem = f.name[len("node-"):-len(".log")]
+        rank_s, _, kind = stem.partition(".")
+        if not rank_s.isdigit() or (node is not None and int(rank_s) != node):
+            continue
+        out.append((int(rank_s) * 2 + (0 if kind == "setup" else 1), f))
+    return sorted(out)
+
+
+def show(env: Env, name: str, *, node: int | None, follow: bool, job_id: str | None) -> None:
+    known = env.state.get_cluster(name)
+    job = job_id or _latest_job(env, name)
+    if job is None:
+        if known is None:
+            from .errors import ClusterNotFound
+
+            raise ClusterNotFound(name, [c.name for c in env.state.list_clusters()])
+        raise UserError(f"Cluster '{name}' has run no job yet.", f"Start one: cloudtrain launch TASK -c {name}")
+    launch = next((l for l in env.state.launches(name) if l.job_id == job), None)
+    folder = env.logs_dir(name) / job
+    running = launch is not None and launch.status == "RUNNING" and known is not None
+    if (follow and running) or (known is not None and not _node_files(folder, node)):
+        _stream_from_nodes(env, name, job, node, follow and running)
+        return
+    if not folder.is_dir():
+        raise UserError(f"No logs for job '{job}' of '{name}'.", "List jobs with 'cloudtrain status'.")
+    for key, f in _node_files(folder, node):
+        rank = key // 2
+        with open(f, errors="replace") as fh:
+            for line in fh:
+                env.ui.node_line(rank, line.rstrip("\n"))
+    if launch is not None and launch.exit_code not in (None, 0):
+        env.ui.warn(f"job {job} ended with exit code {launch.exit_code}"
+                    + (f" (node {launch.failed_node})" if launch.failed_node is not None else ""))
+
+
+def _stream_from_nodes(env: Env, name: str, job: str, node: int | None, follow: bool) -> None:
+    handle = get_handle(env, name)
+    ranks = [n.rank for n in handle.nodes if node is None or n.rank == node]
+    group = connect(env, handle, timeout=30)
+    sink = LogSink(env, env.logs_dir(name) / job, "", echo=True)
+
+    def cmd(n) -> str:  # type: ignore[no-untyped-def]
+        d = shlex.quote(job_dir(n, job))
+        log = str(PurePosixPath(job_dir(n, job)) / "node.log")
+        if follow:
+            return bash(f"if [ -r {d}/rc ]; then cat {shlex.quote(log)}; else "
+                        f"tail -n +1 -s 0.2 -F --pid=\"$(cat {d}/pid)\" {shlex.quote(log)}; fi")
+        return bash(f"cat {shlex.quote(log)} 2>/dev/null")
+
+    try:
+        group.run(cmd, on_line=sink, combine=True, ranks=ranks)
+        if follow:
+            rcs = group.run(lambda n: bash(f"cat {shlex.quote(job_dir(n, job))}/rc 2>/dev/null"), ranks=ranks)
+            codes = {r: int(res.stdout.strip()) for r, res in rcs.items() if res.stdout.strip().isdigit()}
+            if len(codes) == len(ranks):
+                bad = [(r, c) for r, c in sorted(codes.items()) if c != 0]
+                env.state.finish_launch(job, "FAILED" if bad else "SUCCEEDED",
+                                        bad[0][1] if bad else 0, bad[0][0] if bad else None)
+    finally:
+        sink.close()
+        group.close()

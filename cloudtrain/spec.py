@@ -1,0 +1,368 @@
+"""The task file: typed, validated, with errors that name the field and the line."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from difflib import get_close_matches
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
+                      model_validator)
+
+from .errors import SpecError
+from .yamlsrc import LocatedYaml, load_located
+
+NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,38}[a-z0-9]$|^[a-z]$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Accelerators(_Strict):
+    name: str
+    count: int = Field(ge=1, le=64)
+
+    def __str__(self) -> str:
+        return f"{self.name}:{self.count}"
+
+
+def _parse_accelerators(value: Any) -> Any:
+    if value is None or value == "none" or value == "":
+        return None
+    if isinstance(value, str):
+        name, _, count = value.partition(":")
+        name = name.strip()
+        if not name:
+            raise ValueError("expected NAME[:COUNT], e.g. A100:8")
+        if count == "":
+            return {"name": name, "count": 1}
+        try:
+            n = int(count)
+        except ValueError:
+            raise ValueError(f"the count '{count}' is not a whole number; write e.g. {name}:8") from None
+        return {"name": name, "count": n}
+    if isinstance(value, dict):
+        if set(value) <= {"name", "count"} and "name" in value:
+            return value
+        if len(value) != 1:
+            raise ValueError("give one GPU model, e.g. {A100: 8} or A100:8")
+        (name, count), = value.items()
+        if isinstance(count, bool) or not isinstance(count, int):
+            raise ValueError(f"the count '{count}' is not a whole number; write e.g. {{{name}: 8}}")
+        return {"name": str(name), "count": count}
+    raise ValueError("expected NAME[:COUNT] (e.g. A100:8) or {NAME: COUNT}")
+
+
+class Resources(BaseModel):
+    """Where and on what the nodes run. Provider-specific options sit under a key named
+    after the provider (``local:``, ``ssh:``, ...), validated by that provider's model."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    provider: str = "local"
+    region: str | None = None
+    zone: str | None = None
+    accelerators: Accelerators | None = None
+    instance_type: str | None = None
+    use_spot: bool = False
+    disk_size_gb: int = Field(200, ge=8, le=65536)
+    image: str | None = None
+    ports: list[int] = Field(default_factory=list)
+    ssh_cidr: str | None = None
+
+    @field_validator("accelerators", mode="before")
+    @classmethod
+    def _acc(cls, v: Any) -> Any:
+        return _parse_accelerators(v)
+
+    @field_validator("ports")
+    @classmethod
+    def _ports(cls, v: list[int]) -> list[int]:
+        for p in v:
+            if not 1 <= p <= 65535:
+                raise ValueError(f"port {p} is outside 1-65535")
+            if p == 22:
+                raise ValueError("port 22 is always open to ssh_cidr; list only extra ports")
+        return v
+
+    @field_validator("ssh_cidr")
+    @classmethod
+    def _cidr(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        try:
+            return str(ipaddress.ip_network(v, strict=False))
+        except ValueError:
+            raise ValueError(f"'{v}' is not an address range; write e.g. 203.0.113.7/32") from None
+
+    def provider_options_raw(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class Train(_Strict):
+    script: str | None = None
+    module: str | None = None
+    args: list[str] = Field(default_factory=list)
+    nproc_per_node: int | Literal["auto"] = "auto"
+    rendezvous: Literal["static", "c10d"] = "static"
+    max_restarts: int = Field(0, ge=0, le=100)
+    master_port: int | None = Field(None, ge=1024, le=65535)
+
+    @field_validator("args", mode="before")
+    @classmethod
+    def _args(cls, v: Any) -> Any:
+        if isinstance(v, list):
+            return [str(a) if isinstance(a, (int, float)) and not isinstance(a, bool) else a for a in v]
+        return v
+
+    @field_validator("nproc_per_node")
+    @classmethod
+    def _nproc(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and not 1 <= v <= 64:
+            raise ValueError("must be 'auto' or between 1 and 64")
+        return v
+
+    @model_validator(mode="after")
+    def _one_entry(self) -> Train:
+        if bool(self.script) == bool(self.module):
+            raise ValueError("give exactly one of 'script' (a file in workdir) or 'module' (pkg.mod)")
+        return self
+
+
+class Task(_Strict):
+    name: str | None = None
+    num_nodes: int = Field(1, ge=1, le=512)
+    resources: Resources = Field(default_factory=Resources)
+    workdir: str | None = None
+    file_mounts: dict[str, str] = Field(default_factory=dict)
+    envs: dict[str, str] = Field(default_factory=dict)
+    setup: str | None = None
+    run: str | None = None
+    train: Train | None = None
+    outputs: list[str] = Field(default_factory=list)
+    outputs_from: Literal["head", "all"] = "head"
+    outputs_dir: str = "cloudtrain-outputs"
+
+    # Set by load_task, not by the user: where relative paths start.
+    base_dir: Path = Field(default=Path("."), exclude=True)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str | None) -> str | None:
+        if v is not None and not NAME_RE.match(v):
+            raise ValueError("use 1-40 lowercase letters, digits and '-', starting with a letter, "
+                             "e.g. my-job")
+        return v
+
+    @field_validator("envs", mode="before")
+    @classmethod
+    def _envs(cls, v: Any) -> Any:
+        if isinstance(v, dict):
+            out = {}
+            for k, val in v.items():
+                if not isinstance(k, str) or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k):
+                    raise ValueError(f"'{k}' is not a valid environment variable name")
+                if isinstance(val, bool):
+                    val = "true" if val else "false"
+                elif isinstance(val, (int, float)):
+                    val = str(val)
+                elif val is None:
+                    val = ""
+                out[k] = val
+            return out
+        return v
+
+    @field_validator("outputs")
+    @classmethod
+    def _outputs(cls, v: list[str]) -> list[str]:
+        for p in v:
+            if p.startswith("/") or ".." in Path(p).parts:
+                raise ValueError(f"'{p}': outputs are paths inside workdir, e.g. checkpoints/")
+        return v
+
+    @model_validator(mode="after")
+    def _run_or_train(self) -> Task:
+        if self.run and self.train:
+            raise ValueError("give either 'run' or 'train', not both")
+        if not self.run and not self.train:
+            raise ValueError("give 'run' (a shell script) or 'train' (cloudtrain builds torchrun)")
+        return self
+
+    # --- resolved paths -------------------------------------------------------------------
+
+    def workdir_path(self) -> Path | None:
+        if self.workdir is None:
+            return None
+        return (self.base_dir / self.workdir).resolve()
+
+    def outputs_path(self) -> Path:
+        return (self.base_dir / self.outputs_dir).resolve()
+
+
+# ------------------------------------------------------------------------------------------
+# Loading and error messages
+
+
+_MODELS: dict[str, type[BaseModel]] = {"": Task, "resources": Resources, "train": Train}
+
+
+def _fields_at(loc: tuple[Any, ...]) -> list[str]:
+    model: type[BaseModel] | None = Task
+    for part in loc:
+        if model is None:
+            return []
+        f = model.model_fields.get(str(part))
+        if f is None:
+            return []
+        ann = f.annotation
+        model = None
+        for cand in (Resources, Train, Accelerators):
+            if ann is cand or (hasattr(ann, "__args__") and cand in getattr(ann, "__args__", ())):
+                model = cand
+    return [n for n in (model.model_fields if model else {}) if n != "base_dir"]
+
+
+def _clean_loc(loc: tuple[Any, ...]) -> tuple[Any, ...]:
+    # pydantic inserts union-branch names ("int", "literal['auto']", "function-after[...]")
+    return tuple(p for p in loc if not (isinstance(p, str) and ("[" in p or p in {"int", "str"})))
+
+
+def _error_from_validation(exc: ValidationError, located: LocatedYaml, source: str) -> SpecError:
+    errors = exc.errors()
+    # Prefer "unknown field" errors: they usually explain the rest.
+    errors.sort(key=lambda e: 0 if e["type"] == "extra_forbidden" else 1)
+    e = errors[0]
+    loc = _clean_loc(tuple(e["loc"]))
+    line = located.line_of(loc)
+    dotted = ".".join(str(p) for p in loc)
+    if e["type"] == "extra_forbidden":
+        known = _fields_at(loc[:-1])
+        close = get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6)
+        hint = f"Did you mean '{close[0]}'?" if close else (
+            f"Known fields here: {', '.join(known)}." if known else "Remove it.")
+        return SpecError("unknown field", hint=hint, field=dotted, line=line, source=source)
+    msg = e["msg"]
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, "):]
+    if e["type"] == "missing":
+        msg = "is required"
+    got = e.get("input")
+    if e["type"] not in ("missing", "value_error") and not isinstance(got, (dict, list)):
+        msg += f" (got {got!r})"
+    more = f" ({len(errors) - 1} more problem(s) after this one.)" if len(errors) > 1 else ""
+    return SpecError(msg, hint=("Fix it and run again." + more).strip(), field=dotted or "(top)",
+                     line=line, source=source)
+
+
+def parse_task(text: str, source: str = "task.yaml", base_dir: Path | None = None) -> Task:
+    located = load_located(text, source)
+    if not isinstance(located.data, dict):
+        raise SpecError("the task file must be a mapping of fields (name:, num_nodes:, run: ...)",
+                        source=source, line=1, hint="See the task-file reference in the README.")
+    try:
+        task = Task.model_validate(located.data)
+    except ValidationError as exc:
+        raise _error_from_validation(exc, located, source) from None
+    task = task.model_copy(update={"base_dir": (base_dir or Path(".")).resolve()})
+    _check_provider_options(task, located, source)
+    return task
+
+
+def _check_provider_options(task: Task, located: LocatedYaml, source: str) -> None:
+    from . import registry
+
+    extras = task.resources.provider_options_raw()
+    known = registry.names()
+    for key in extras:
+        if key != task.resources.provider:
+            line = located.line_of(("resources", key))
+            fields = [f for f in Resources.model_fields]
+            close = get_close_matches(key, fields + known, n=1, cutoff=0.6)
+            if key in known:
+                hint = (f"Options for '{key}' apply only with 'provider: {key}'; this task uses "
+                        f"'{task.resources.provider}'.")
+            else:
+                hint = f"Did you mean '{close[0]}'?" if close else \
+                    f"Known fields here: {', '.join(fields)}."
+            raise SpecError("unknown field", hint=hint, field=f"resources.{key}", line=line,
+                            source=source)
+    # Unknown provider names are reported now, before anything is created.
+    try:
+        registry.provider_class(task.resources.provider)
+    except SpecError:
+        raise
+    except Exception as exc:  # UserError from the registry
+        raise SpecError(getattr(exc, "message", str(exc)), hint=getattr(exc, "hint", ""),
+                        field="resources.provider", line=located.line_of(("resources", "provider")),
+                        source=source) from None
+
+
+def provider_options(task: Task) -> BaseModel | None:
+    """Validate ``resources.<provider>`` with the provider's own options model."""
+    from . import registry
+
+    cls = registry.provider_class(task.resources.provider)
+    model = getattr(cls, "options_model", None)
+    raw = task.resources.provider_options_raw().get(task.resources.provider, {})
+    if model is None:
+        if raw:
+            raise SpecError(f"provider '{task.resources.provider}' takes no options",
+                            field=f"resources.{task.resources.provider}", hint="Remove the section.")
+        return None
+    if raw is None:
+        raw = {}
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        e = exc.errors()[0]
+        loc = ".".join(str(p) for p in _clean_loc(tuple(e["loc"])))
+        field = f"resources.{task.resources.provider}" + (f".{loc}" if loc else "")
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            known = list(model.model_fields)
+            close = get_close_matches(str(e["loc"][-1]), known, n=1)
+            return_hint = f"Did you mean '{close[0]}'?" if close else f"Known fields: {', '.join(known)}."
+            raise SpecError("unknown field", field=field, hint=return_hint) from None
+        raise SpecError(msg, field=field, hint="Fix it and run again.") from None
+
+
+def load_task(path: str | Path) -> Task:
+    p = Path(path)
+    if not p.exists():
+        raise SpecError(f"task file '{p}' does not exist",
+                        hint="Check the path, or create one with 'cloudtrain init'.")
+    if p.is_dir():
+        raise SpecError(f"'{p}' is a directory, not a task file", hint="Pass the YAML file itself.")
+    try:
+        text = p.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(f"cannot read task file '{p}' ({exc})", hint="Check the file.") from None
+    task = parse_task(text, source=str(p), base_dir=p.parent)
+    check_paths(task, source=str(p))
+    return task
+
+
+def check_paths(task: Task, source: str = "task.yaml") -> None:
+    """Local files the task refers to must exist; checked before anything is created."""
+    wd = task.workdir_path()
+    if task.workdir is not None and (wd is None or not wd.is_dir()):
+        raise SpecError(f"the directory '{task.workdir}' does not exist (resolved to {wd})",
+                        field="workdir", source=source,
+                        hint="Point workdir at your project directory, relative to the task file.")
+    for remote, local in task.file_mounts.items():
+        lp = (task.base_dir / local).resolve()
+        if not lp.exists():
+            raise SpecError(f"the local path '{local}' does not exist (resolved to {lp})",
+                            field=f"file_mounts.{remote}", source=source,
+                            hint="Fix the path (relative to the task file) or remove the mount.")
+    if task.train and task.train.script:
+        if wd is None:
+            raise SpecError("train.script needs a workdir to find the script in", field="workdir",
+                            source=source, hint="Add 'workdir: .' (the task file's directory).")
+        if not (wd / task.train.script).is_file():
+            raise SpecError(f"the script '{task.train.script}' is not in workdir ({wd})",
+                            field="train.script", source=source,
+                            hint="Give the path relative to workdir.")

@@ -1,0 +1,95 @@
+"""Terminal output: progress and messages on stderr, job logs on stdout prefixed by node.
+
+No colour codes when the stream is not a terminal or ``NO_COLOR`` is set."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from typing import IO, TextIO
+
+_COLORS = ["cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_cyan",
+           "bright_magenta"]
+
+
+def color_ok(stream: IO[str]) -> bool:
+    if os.environ.get("NO_COLOR"):
+        return False
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+class UI:
+    def __init__(self, quiet: bool = False, out: TextIO | None = None, err: TextIO | None = None) -> None:
+        from rich.console import Console
+
+        self.quiet = quiet
+        self.out = out or sys.stdout
+        self.err_stream = err or sys.stderr
+        self.color = color_ok(self.err_stream)
+        self.out_color = color_ok(self.out)
+        self.console = Console(file=self.err_stream, no_color=not self.color,
+                               color_system="auto" if self.color else None, highlight=False,
+                               soft_wrap=True, force_terminal=self.color)
+        self._lock = threading.Lock()
+
+    # --- messages (stderr) -----------------------------------------------------------------
+
+    def info(self, msg: str) -> None:
+        if not self.quiet:
+            with self._lock:
+                self.console.print(msg, markup=False)
+
+    def step(self, msg: str) -> None:
+        if not self.quiet:
+            with self._lock:
+                self.console.print(f"[bold]»[/bold] {_esc(msg)}")
+
+    def ok(self, msg: str) -> None:
+        if not self.quiet:
+            with self._lock:
+                self.console.print(f"[green]✓[/green] {_esc(msg)}")
+
+    def warn(self, msg: str) -> None:
+        with self._lock:
+            self.console.print(f"[yellow]![/yellow] {_esc(msg)}")
+
+    def error(self, msg: str) -> None:
+        with self._lock:
+            self.console.print(f"[bold red]error:[/bold red] {_esc(msg)}")
+
+    def status(self, msg: str):  # type: ignore[no-untyped-def]
+        """A spinner while something runs (only on a terminal)."""
+        from contextlib import nullcontext
+
+        if self.quiet or not self.color:
+            if not self.quiet:
+                self.step(msg)
+            return nullcontext()
+        return self.console.status(_esc(msg))
+
+    # --- job output (stdout) ---------------------------------------------------------------
+
+    def raw_line(self, line: str) -> None:
+        with self._lock:
+            self.out.write(line + "\n")
+            self.out.flush()
+
+    def node_line(self, rank: int, line: str) -> None:
+        if self.out_color:
+            code = 36 + (rank % 2) if rank < 2 else 31 + (rank % 6)
+            prefix = f"\x1b[{code}m(node-{rank})\x1b[0m "
+        else:
+            prefix = f"(node-{rank}) "
+        with self._lock:
+            self.out.write(prefix + line + "\n")
+            self.out.flush()
+
+
+def _esc(s: str) -> str:
+    from rich.markup import escape
+
+    return escape(s)

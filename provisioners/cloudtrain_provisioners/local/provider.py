@@ -1,0 +1,260 @@
+from __future__ import annotations
+
+import getpass
+import hashlib
+import json
+import os
+import shutil
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from cloudtrain.errors import ProviderError, UserError
+from cloudtrain.provider import ClusterRequest, NetworkRef, Node, Plan, ProviderContext
+
+from . import netns, sshd
+
+MAX_LOCAL_NODES = 64
+
+
+class LocalOptions(BaseModel):
+    """``resources.local`` in a task file."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    network: Literal["loopback", "netns"] = "loopback"
+    python: str | None = Field(
+        None, description="Python of the environment the nodes use (default: cloudtrain's own).")
+
+
+def _free_port(address: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((address, 0))
+        return int(s.getsockname()[1])
+
+
+class LocalProvider:
+    name: ClassVar[str] = "local"
+    options_model: ClassVar[type[BaseModel] | None] = LocalOptions
+    allows_absolute_mounts: ClassVar[bool] = False
+    powers_off: ClassVar[bool] = True
+    list_is_cheap: ClassVar[bool] = True
+
+    def __init__(self, ctx: ProviderContext) -> None:
+        self.ctx = ctx
+
+    # --- helpers ---------------------------------------------------------------------------
+
+    def _dir(self, cluster: str) -> Path:
+        return self.ctx.cluster_dir(cluster) / "local"
+
+    def _layout_file(self, cluster: str) -> Path:
+        return self._dir(cluster) / "layout.json"
+
+    def _read_layout(self, cluster: str) -> dict[str, object] | None:
+        try:
+            return json.loads(self._layout_file(cluster).read_text())
+        except (OSError, ValueError):
+            return None
+
+    def _tag(self, cluster: str) -> str:
+        return hashlib.sha256(f"{self.ctx.home.resolve()}:{cluster}".encode()).hexdigest()[:6]
+
+    def _options(self, request: ClusterRequest) -> LocalOptions:
+        opts = request.options
+        return opts if isinstance(opts, LocalOptions) else LocalOptions()
+
+    # --- contract --------------------------------------------------------------------------
+
+    def check(self, request: ClusterRequest) -> None:
+        res = request.resources
+        if request.num_nodes > MAX_LOCAL_NODES:
+            raise UserError(f"num_nodes {request.num_nodes} is more than the local provider runs "
+                            f"({MAX_LOCAL_NODES}).", "Use fewer nodes, or a cloud provider.")
+        if res.accelerators is not None:
+            raise UserError(
+                f"resources.accelerators asks for {res.accelerators}, but local nodes have no GPUs "
+                "of their own.", "Remove 'accelerators' to run on CPU locally, or pick a cloud "
+                "provider (resources.provider: aws | gcp | azure).")
+        if res.use_spot:
+            raise UserError("resources.use_spot does not apply to the local provider.",
+                            "Remove 'use_spot' or pick a cloud provider.")
+        opts = self._options(request)
+        if opts.network == "netns":
+            netns.require()
+        if opts.python and not os.access(opts.python, os.X_OK):
+            raise UserError(f"resources.local.python '{opts.python}' is not an executable.",
+                            "Give the path of a python binary, e.g. /opt/venv/bin/python.")
+        sshd.find_sshd()
+        layout = self._read_layout(request.name)
+        if layout is not None and len(layout["nodes"]) != request.num_nodes:  # type: ignore[arg-type]
+            raise UserError(
+                f"local cluster '{request.name}' already has {len(layout['nodes'])} node(s); the "  # type: ignore[arg-type]
+                f"task asks for {request.num_nodes}.",
+                f"Take it down first ('cloudtrain down {request.name}') or use another name (-c).")
+        if layout is not None and layout.get("network") != opts.network:
+            raise UserError(
+                f"local cluster '{request.name}' runs with network '{layout.get('network')}'; the "
+                f"task asks for '{opts.network}'.",
+                f"Take it down first ('cloudtrain down {request.name}') or use another name (-c).")
+
+    def plan(self, request: ClusterRequest) -> Plan:
+        opts = self._options(request)
+        creates = [f"{request.num_nodes} sshd node(s) under {self._dir(request.name)}"]
+        if opts.network == "netns":
+            creates += [f"bridge ctbr{self._tag(request.name)} on a /24 of 10.213.0.0/16",
+                        f"{request.num_nodes} network namespace(s) with a veth each"]
+        else:
+            creates.append("one loopback address (127.x.y.z) per node")
+        return Plan(provider="local", num_nodes=request.num_nodes, region="this machine",
+                    instance_type="local-cpu", hourly_price_per_node=0.0, creates=creates,
+                    notes=["local nodes share this machine's CPUs, memory and disk"])
+
+    def ensure_network(self, request: ClusterRequest) -> NetworkRef:
+        opts = self._options(request)
+        layout = self._read_layout(request.name)
+        tag = self._tag(request.name)
+        if layout is None:
+            d = self._dir(request.name)
+            d.mkdir(parents=True, exist_ok=True)
+            h = int(tag, 16)
+            if opts.network == "netns":
+                subnet = netns.pick_subnet(h % 256)
+                addrs = [netns.Layout(tag, subnet).address(r) for r in range(request.num_nodes)]
+                ports = [22] * request.num_nodes
+            else:
+                subnet = f"127.{64 + h % 128}.{(h >> 8) % 256}.0/24"
+                base = subnet.rsplit(".", 1)[0]
+                addrs = [f"{base}.{10 + r}" for r in range(request.num_nodes)]
+                ports = [_free_port(a) for a in addrs]
+            layout = {
+                "network": opts.network, "tag": tag, "subnet": subnet, "user": getpass.getuser(),
+                "marker": f"{tag}-{request.name}",
+                "python": opts.python or sys.executable,
+                "master_port": 29500 if opts.network == "netns" else _free_port(addrs[0]),
+                "nodes": [{"rank": r, "address": a, "port": p}
+                          for r, (a, p) in enumerate(zip(addrs, ports))],
+            }
+            tmp = self._layout_file(request.name).with_suffix(".tmp")
+            tmp.write_text(json.dumps(layout, indent=1))
+            tmp.replace(self._layout_file(request.name))
+        if layout["network"] == "netns":
+            netns.create_bridge(netns.Layout(str(layout["tag"]), str(layout["subnet"])))
+            return NetworkRef(f"ctbr{layout['tag']}", f"bridge ctbr{layout['tag']} {layout['subnet']}")
+        return NetworkRef("lo", f"loopback {layout['subnet']}")
+
+    def create_nodes(self, request: ClusterRequest, network: NetworkRef) -> list[Node]:
+        layout = self._read_layout(request.name)
+        if layout is None:
+            raise ProviderError("ensure_network must run before create_nodes.")
+        is_netns = layout["network"] == "netns"
+        nl = netns.Layout(str(layout["tag"]), str(layout["subnet"])) if is_netns else None
+        for spec in layout["nodes"]:  # type: ignore[union-attr]
+            rank = int(spec["rank"])
+            node_dir = self._dir(request.name) / "nodes" / str(rank)
+            (node_dir / "root").mkdir(parents=True, exist_ok=True)
+            sshd.write_host_key(node_dir / "ssh_host_ed25519_key")
+            (node_dir / "authorized_keys").write_text(request.public_key.strip() + "\n")
+            sshd.write_config(node_dir, address=spec["address"], port=int(spec["port"]),
+                              user=str(layout["user"]), marker=str(layout["marker"]),
+                              home=node_dir / "root")
+            if nl is not None:
+                netns.create_node(nl, rank)
+            if sshd.pid(node_dir) is None:
+                sshd.start(node_dir, nl.namespace(rank) if nl else None)
+        return self.list_nodes(request.name)
+
+    def list_nodes(self, cluster: str) -> list[Node]:
+        layout = self._read_layout(cluster)
+        if layout is None:
+            return []
+        is_netns = layout["network"] == "netns"
+        nl = netns.Layout(str(layout["tag"]), str(layout["subnet"])) if is_netns else None
+        nodes = []
+        for spec in layout["nodes"]:  # type: ignore[union-attr]
+            rank = int(spec["rank"])
+            node_dir = self._dir(cluster) / "nodes" / str(rank)
+            alive = sshd.pid(node_dir) is not None
+            if nl is not None and not netns.namespace_exists(nl.namespace(rank)):
+                alive = False
+            pub = node_dir / "ssh_host_ed25519_key.pub"
+            host_keys = (" ".join(pub.read_text().split()[:2]),) if pub.exists() else ()
+            nodes.append(Node(
+                rank=rank, instance_id=f"local-{layout['tag']}-{rank}", host=str(spec["address"]),
+                port=int(spec["port"]), user=str(layout["user"]), internal_ip=str(spec["address"]),
+                status="running" if alive else "stopped", host_keys=host_keys,
+                root_dir=str(node_dir / "root"),
+            ))
+        return nodes
+
+    def master_port(self, cluster: str) -> int:
+        layout = self._read_layout(cluster) or {}
+        return int(layout.get("master_port") or 29500)  # type: ignore[call-overload]
+
+    def node_env(self, cluster: str) -> dict[str, str]:
+        """Hints for bootstrap: local nodes use an existing Python environment."""
+        layout = self._read_layout(cluster) or {}
+        return {"CLOUDTRAIN_PYTHON": str(layout.get("python") or sys.executable)}
+
+    def terminate(self, cluster: str) -> None:
+        d = self._dir(cluster)
+        layout = self._read_layout(cluster)
+        if layout is None:
+            if d.exists():
+                shutil.rmtree(d, ignore_errors=True)
+            self._remove_orphans(cluster)
+            return
+        nodes = layout["nodes"]  # type: ignore[assignment]
+        for spec in nodes:  # type: ignore[union-attr]
+            sshd.stop(d / "nodes" / str(spec["rank"]))
+        left = sshd.kill_marked(str(layout["marker"]))
+        nl = None
+        if layout["network"] == "netns":
+            nl = netns.Layout(str(layout["tag"]), str(layout["subnet"]))
+            for spec in nodes:  # type: ignore[union-attr]
+                ns = nl.namespace(int(spec["rank"]))
+                for p in netns.namespace_pids(ns):
+                    try:
+                        os.kill(p, 9)
+                    except ProcessLookupError:
+                        pass
+                netns.delete_node(nl, int(spec["rank"]))
+            netns.delete_bridge(nl)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            alive = [s for s in nodes if sshd.pid(d / "nodes" / str(s["rank"])) is not None]  # type: ignore[index]
+            if not alive:
+                break
+            time.sleep(0.05)
+        shutil.rmtree(d, ignore_errors=True)
+        problems = [f"process {p}" for p in left]
+        if nl is not None:
+            problems += netns.leftovers(nl, len(nodes))  # type: ignore[arg-type]
+        if d.exists():
+            problems.append(f"directory {d}")
+        if problems:
+            raise ProviderError(f"local cluster '{cluster}' was not fully removed: "
+                                + ", ".join(problems) + ".",
+                                "Run 'cloudtrain down' again; if it persists, remove them by hand.")
+
+    def _remove_orphans(self, cluster: str) -> None:
+        # Namespaces/bridge named by this cluster's tag but without a layout file (a crash
+        # between creating them and writing the layout): find them by name and remove them.
+        if netns.available() is not None:
+            return
+        tag = self._tag(cluster)
+        nl = netns.Layout(tag, "10.213.0.0/24")
+        prefix = f"ct-{tag}-"
+        for ns in netns.list_namespaces():
+            if ns.startswith(prefix) and ns[len(prefix):].isdigit():
+                for p in netns.namespace_pids(ns):
+                    try:
+                        os.kill(p, 9)
+                    except ProcessLookupError:
+                        pass
+                netns.delete_node(nl, int(ns[len(prefix):]))
+        netns.delete_bridge(nl)

@@ -1,0 +1,146 @@
+"""The ``ssh`` provider: machines the user already has.
+
+``up`` reaches them and bootstraps; ``down`` stops the processes cloudtrain started there and
+forgets the hosts. It never powers anything off and never deletes the user's files.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+from pathlib import Path
+from typing import ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from cloudtrain.errors import UserError
+from cloudtrain.provider import ClusterRequest, NetworkRef, Node, Plan, ProviderContext
+
+DEFAULT_KEYS = ("id_ed25519", "id_ecdsa", "id_rsa")
+
+
+class SSHHost(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    address: str
+    port: int = Field(22, ge=1, le=65535)
+    user: str = Field(default_factory=getpass.getuser)
+    identity_file: str | None = None
+    internal_ip: str | None = Field(
+        None, description="Address the other hosts reach this one at (default: address).")
+
+
+class SSHOptions(BaseModel):
+    """``resources.ssh`` in a task file."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    hosts: list[SSHHost] = Field(min_length=1)
+
+    @field_validator("hosts", mode="before")
+    @classmethod
+    def _strings(cls, v: object) -> object:
+        # Also accept "user@host:port" strings.
+        if isinstance(v, list):
+            out = []
+            for h in v:
+                if isinstance(h, str):
+                    user, _, rest = h.rpartition("@")
+                    addr, _, port = rest.partition(":")
+                    d: dict[str, object] = {"address": addr}
+                    if user:
+                        d["user"] = user
+                    if port:
+                        d["port"] = int(port) if port.isdigit() else port
+                    out.append(d)
+                else:
+                    out.append(h)
+            return out
+        return v
+
+
+class SSHProvider:
+    name: ClassVar[str] = "ssh"
+    options_model: ClassVar[type[BaseModel] | None] = SSHOptions
+    allows_absolute_mounts: ClassVar[bool] = True
+    powers_off: ClassVar[bool] = False
+    list_is_cheap: ClassVar[bool] = True
+
+    def __init__(self, ctx: ProviderContext) -> None:
+        self.ctx = ctx
+
+    def _file(self, cluster: str) -> Path:
+        return self.ctx.cluster_dir(cluster) / "ssh-hosts.json"
+
+    @staticmethod
+    def _opts(request: ClusterRequest) -> SSHOptions:
+        if not isinstance(request.options, SSHOptions):
+            raise UserError("provider 'ssh' needs its hosts: resources.ssh.hosts is missing.",
+                            "Add e.g.  ssh: {hosts: [{address: 203.0.113.10, user: ubuntu, "
+                            "identity_file: ~/.ssh/id_ed25519}]}")
+        return request.options
+
+    @staticmethod
+    def _identity(h: SSHHost) -> str:
+        if h.identity_file:
+            p = Path(h.identity_file).expanduser()
+            if not p.is_file():
+                raise UserError(f"resources.ssh.hosts: identity_file '{h.identity_file}' for "
+                                f"{h.address} does not exist.", "Fix the path.")
+            return str(p)
+        for name in DEFAULT_KEYS:
+            p = Path.home() / ".ssh" / name
+            if p.is_file():
+                return str(p)
+        raise UserError(f"resources.ssh.hosts: no identity_file for {h.address}, and no default "
+                        "key in ~/.ssh.", "Give identity_file for each host.")
+
+    def check(self, request: ClusterRequest) -> None:
+        opts = self._opts(request)
+        if len(opts.hosts) != request.num_nodes:
+            raise UserError(
+                f"num_nodes is {request.num_nodes} but resources.ssh.hosts lists "
+                f"{len(opts.hosts)} host(s).", "Make them match.")
+        for h in opts.hosts:
+            self._identity(h)
+        if request.resources.use_spot:
+            raise UserError("resources.use_spot does not apply to the ssh provider.",
+                            "Remove it.")
+
+    def plan(self, request: ClusterRequest) -> Plan:
+        opts = self._opts(request)
+        return Plan(provider="ssh", num_nodes=request.num_nodes, region="your hosts",
+                    instance_type="existing", hourly_price_per_node=None,
+                    creates=[f"a folder ~/cloudtrain/{request.name} on "
+                             + ", ".join(h.address for h in opts.hosts)],
+                    notes=["existing machines: cloudtrain never powers them off"])
+
+    def ensure_network(self, request: ClusterRequest) -> NetworkRef:
+        return NetworkRef("", "the hosts' own network")
+
+    def create_nodes(self, request: ClusterRequest, network: NetworkRef) -> list[Node]:
+        opts = self._opts(request)
+        records = [{"rank": i, "address": h.address, "port": h.port, "user": h.user,
+                    "identity_file": self._identity(h), "internal_ip": h.internal_ip or h.address}
+                   for i, h in enumerate(opts.hosts)]
+        f = self._file(request.name)
+        f.parent.mkdir(parents=True, exist_ok=True)
+        tmp = f.with_suffix(".tmp")
+        tmp.write_text(json.dumps(records, indent=1))
+        os.replace(tmp, f)
+        return self.list_nodes(request.name)
+
+    def list_nodes(self, cluster: str) -> list[Node]:
+        try:
+            records = json.loads(self._file(cluster).read_text())
+        except (OSError, ValueError):
+            return []
+        return [Node(rank=r["rank"], instance_id=f"{r['user']}@{r['address']}:{r['port']}",
+                     host=r["address"], port=r["port"], user=r["user"],
+                     internal_ip=r["internal_ip"], status="running",
+                     root_dir=f"cloudtrain/{cluster}", identity_file=r["identity_file"])
+                for r in records]
+
+    def terminate(self, cluster: str) -> None:
+        self._file(cluster).unlink(missing_ok=True)
