@@ -9,12 +9,14 @@ import shlex
 import threading
 import time
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path, PurePosixPath
 from typing import Callable, TextIO
 
 from . import bootstrap as bootstrap_mod
 from . import sync, torchrun
 from .cluster import Env, Handle, cluster_uid, stop_processes
+from .paths import bootstrap_dir
 from .errors import Interrupted, JobFailed, RemoteError, UserError
 from .remote import Group, Result, bash
 from .spec import Task
@@ -79,7 +81,8 @@ def script(node: NodeRow, env_vars: dict[str, str], body: str) -> str:
         lines.append(f"export {k}={shlex.quote(v)}")
     if node.python_bin:
         lines.append(f"export PATH={shlex.quote(node.python_bin)}:\"$PATH\"")
-    lines.append(f"cd {shlex.quote(sync.workdir_on(node))} || exit 1")
+    wd = shlex.quote(sync.workdir_on(node))
+    lines.append(f"mkdir -p {wd} && cd {wd} || exit 1")
     lines.append(body)
     return "\n".join(lines) + "\n"
 
@@ -130,9 +133,14 @@ class LogSink:
 # --- the run ---------------------------------------------------------------------------------
 
 def start_command(node: NodeRow, jdir: str, detach: bool) -> str:
-    ctjob = str(PurePosixPath(bootstrap_mod.script_dir(node)) / "ctjob.sh")
-    args = [ctjob, jdir] + (["--detach"] if detach else [])
-    return "bash " + " ".join(shlex.quote(a) for a in args)
+    """ctjob.sh travels inline, so a job (or exec) needs nothing uploaded beforehand."""
+    args = [jdir] + (["--detach"] if detach else [])
+    return bash(_ctjob_script()) + " _ " + " ".join(shlex.quote(a) for a in args)
+
+
+@lru_cache(maxsize=1)
+def _ctjob_script() -> str:
+    return (bootstrap_dir() / "ctjob.sh").read_text()
 
 
 class _Job:

@@ -8,8 +8,8 @@ from difflib import get_close_matches
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
-                      model_validator)
+from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
+                      field_validator, model_validator)
 
 from .errors import SpecError
 from .yamlsrc import LocatedYaml, load_located
@@ -148,6 +148,12 @@ class Task(_Strict):
 
     # Set by load_task, not by the user: where relative paths start.
     base_dir: Path = Field(default=Path("."), exclude=True)
+    # Set by parse_task: the file's name and key lines, so later checks can name the line.
+    _located: LocatedYaml | None = PrivateAttr(default=None)
+    _source: str = PrivateAttr(default="")
+
+    def line_of(self, *path: Any) -> int | None:
+        return self._located.line_of(path) if self._located is not None else None
 
     @field_validator("name")
     @classmethod
@@ -267,6 +273,7 @@ def parse_task(text: str, source: str = "task.yaml", base_dir: Path | None = Non
     except ValidationError as exc:
         raise _error_from_validation(exc, located, source) from None
     task = task.model_copy(update={"base_dir": (base_dir or Path(".")).resolve()})
+    task._located, task._source = located, source
     _check_provider_options(task, located, source)
     return task
 
@@ -306,11 +313,13 @@ def provider_options(task: Task) -> BaseModel | None:
 
     cls = registry.provider_class(task.resources.provider)
     model = getattr(cls, "options_model", None)
-    raw = task.resources.provider_options_raw().get(task.resources.provider, {})
+    name = task.resources.provider
+    raw = task.resources.provider_options_raw().get(name, {})
+    where = {"source": task._source, "line": task.line_of("resources", name)}
     if model is None:
         if raw:
-            raise SpecError(f"provider '{task.resources.provider}' takes no options",
-                            field=f"resources.{task.resources.provider}", hint="Remove the section.")
+            raise SpecError(f"provider '{name}' takes no options",
+                            field=f"resources.{name}", hint="Remove the section.", **where)
         return None
     if raw is None:
         raw = {}
@@ -318,15 +327,17 @@ def provider_options(task: Task) -> BaseModel | None:
         return model.model_validate(raw)
     except ValidationError as exc:
         e = exc.errors()[0]
-        loc = ".".join(str(p) for p in _clean_loc(tuple(e["loc"])))
-        field = f"resources.{task.resources.provider}" + (f".{loc}" if loc else "")
+        clean = _clean_loc(tuple(e["loc"]))
+        loc = ".".join(str(p) for p in clean)
+        field = f"resources.{name}" + (f".{loc}" if loc else "")
+        where["line"] = task.line_of("resources", name, *clean)
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             known = list(model.model_fields)
             close = get_close_matches(str(e["loc"][-1]), known, n=1)
             return_hint = f"Did you mean '{close[0]}'?" if close else f"Known fields: {', '.join(known)}."
-            raise SpecError("unknown field", field=field, hint=return_hint) from None
-        raise SpecError(msg, field=field, hint="Fix it and run again.") from None
+            raise SpecError("unknown field", field=field, hint=return_hint, **where) from None
+        raise SpecError(msg, field=field, hint="Fix it and run again.", **where) from None
 
 
 def load_task(path: str | Path) -> Task:
@@ -350,19 +361,22 @@ def check_paths(task: Task, source: str = "task.yaml") -> None:
     wd = task.workdir_path()
     if task.workdir is not None and (wd is None or not wd.is_dir()):
         raise SpecError(f"the directory '{task.workdir}' does not exist (resolved to {wd})",
-                        field="workdir", source=source,
+                        field="workdir", source=source, line=task.line_of("workdir"),
                         hint="Point workdir at your project directory, relative to the task file.")
     for remote, local in task.file_mounts.items():
         lp = (task.base_dir / local).resolve()
         if not lp.exists():
             raise SpecError(f"the local path '{local}' does not exist (resolved to {lp})",
                             field=f"file_mounts.{remote}", source=source,
+                            line=task.line_of("file_mounts", remote),
                             hint="Fix the path (relative to the task file) or remove the mount.")
     if task.train and task.train.script:
         if wd is None:
             raise SpecError("train.script needs a workdir to find the script in", field="workdir",
-                            source=source, hint="Add 'workdir: .' (the task file's directory).")
+                            source=source, line=task.line_of("train", "script"),
+                            hint="Add 'workdir: .' (the task file's directory).")
         if not (wd / task.train.script).is_file():
             raise SpecError(f"the script '{task.train.script}' is not in workdir ({wd})",
                             field="train.script", source=source,
+                            line=task.line_of("train", "script"),
                             hint="Give the path relative to workdir.")

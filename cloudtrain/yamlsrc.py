@@ -18,6 +18,14 @@ class LocatedYaml:
         self.data = data
         self.lines = lines
 
+    def __eq__(self, other: object) -> bool:
+        # Tasks keep their LocatedYaml privately; two parses of the same text compare equal.
+        if not isinstance(other, LocatedYaml):
+            return NotImplemented
+        return (self.data, self.lines) == (other.data, other.lines)
+
+    __hash__ = None  # type: ignore[assignment]
+
     def line_of(self, path: Path_) -> int | None:
         path = tuple(path)
         while path:
@@ -65,6 +73,14 @@ def load_located(text: str, source: str) -> LocatedYaml:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        context, context_mark = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+        unclosed = str(context).startswith(("while parsing a flow", "while scanning a quoted"))
+        if mark is not None and context_mark is not None and (
+                unclosed or mark.index >= len(text.rstrip())):
+            # An unclosed bracket or quote is noticed lines later (or past the last line):
+            # point at where it opened.
+            problem = f"{context}: {problem}" if context else problem
+            mark = context_mark
         raise SpecError(f"this is not valid YAML ({problem})", source=source,
                         line=(mark.line + 1) if mark else None,
                         hint="Check the indentation and quoting around that line.") from None

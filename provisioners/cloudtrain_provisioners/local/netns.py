@@ -6,6 +6,7 @@ import ipaddress
 import shutil
 import subprocess
 from dataclasses import dataclass
+from pathlib import Path
 
 from cloudtrain.errors import ProviderError, UserError
 
@@ -93,6 +94,17 @@ def create_bridge(layout: Layout) -> None:
     _ip("link", "set", layout.bridge, "up")
 
 
+def write_hosts(layout: Layout, num_nodes: int, names: list[str]) -> None:
+    """/etc/netns/<ns>/hosts, which 'ip netns exec' mounts over /etc/hosts inside the node:
+    the nodes' addresses resolve (both ways) without any DNS."""
+    lines = ["127.0.0.1 localhost", "::1 localhost"]
+    lines += [f"{layout.address(r)} {names[r]}" for r in range(num_nodes)]
+    for r in range(num_nodes):
+        d = Path("/etc/netns") / layout.namespace(r)
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "hosts").write_text("\n".join(lines) + "\n")
+
+
 def create_node(layout: Layout, rank: int) -> None:
     ns, veth = layout.namespace(rank), layout.host_veth(rank)
     if _ip("netns", "pids", ns, check=False).returncode != 0:
@@ -108,7 +120,8 @@ def create_node(layout: Layout, rank: int) -> None:
     _ip("-n", ns, "link", "set", "lo", "up")
     _ip("-n", ns, "addr", "replace", f"{layout.address(rank)}/{prefix}", "dev", NODE_IFACE)
     _ip("-n", ns, "link", "set", NODE_IFACE, "up")
-    _ip("-n", ns, "route", "replace", "default", "via", layout.gateway)
+    # No default route on purpose: a node reaches its cluster and this machine, nothing else
+    # (and name lookups fail at once instead of timing out).
 
 
 def namespace_exists(name: str) -> bool:
@@ -125,6 +138,7 @@ def delete_node(layout: Layout, rank: int) -> None:
     _ip("link", "del", layout.host_veth(rank), check=False)
     if namespace_exists(ns):
         _ip("netns", "del", ns, check=False)
+    shutil.rmtree(Path("/etc/netns") / ns, ignore_errors=True)
 
 
 def delete_bridge(layout: Layout) -> None:
@@ -138,6 +152,8 @@ def leftovers(layout: Layout, num_nodes: int) -> list[str]:
     for r in range(num_nodes):
         if namespace_exists(layout.namespace(r)):
             left.append(f"namespace {layout.namespace(r)}")
+        if (Path("/etc/netns") / layout.namespace(r)).exists():
+            left.append(f"/etc/netns/{layout.namespace(r)}")
     return left
 
 

@@ -153,6 +153,9 @@ class LocalProvider:
             raise ProviderError("ensure_network must run before create_nodes.")
         is_netns = layout["network"] == "netns"
         nl = netns.Layout(str(layout["tag"]), str(layout["subnet"])) if is_netns else None
+        if nl is not None:
+            netns.write_hosts(nl, len(layout["nodes"]),  # type: ignore[arg-type]
+                              [f"{request.name}-node-{r}" for r in range(len(layout["nodes"]))])  # type: ignore[arg-type]
         for spec in layout["nodes"]:  # type: ignore[union-attr]
             rank = int(spec["rank"])
             node_dir = self._dir(request.name) / "nodes" / str(rank)

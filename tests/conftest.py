@@ -1,0 +1,125 @@
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+DEMO = REPO / "templates" / "demo"
+
+
+def _has_torch() -> bool:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+needs_sshd = pytest.mark.skipif(shutil.which("sshd") is None and not Path("/usr/sbin/sshd").exists(),
+                                reason="OpenSSH server not installed")
+needs_torch = pytest.mark.skipif(not _has_torch(), reason="PyTorch not installed")
+needs_netns = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None,
+                                 reason="network namespaces need root and iproute2")
+
+
+class CLI:
+    """Runs the real ``cloudtrain`` command line in a subprocess with its own home."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update({"CLOUDTRAIN_HOME": str(self.home), "NO_COLOR": "1", "CLOUDTRAIN_SSH_TIMEOUT": "60"})
+        env.update(extra)
+        return env
+
+    def run(self, *args: str, timeout: float = 300, cwd: Path | None = None,
+            **extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "cloudtrain", *args], capture_output=True,
+                              text=True, timeout=timeout, env=self.env(**extra), cwd=cwd)
+
+    def popen(self, *args: str, **extra: str) -> subprocess.Popen[str]:
+        return subprocess.Popen([sys.executable, "-m", "cloudtrain", *args], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=self.env(**extra))
+
+    def status(self) -> list[dict[str, object]]:
+        import json
+
+        r = self.run("status", "--json")
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)
+
+
+def processes_with(needle: str) -> list[int]:
+    """pids whose command line or environment mentions ``needle``."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            data = (entry / "cmdline").read_bytes() + b"\0" + (entry / "environ").read_bytes()
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if stat.rsplit(")", 1)[-1].split()[0] == "Z":
+            continue
+        if needle.encode() in data:
+            out.append(int(entry.name))
+    return out
+
+
+def wait_until(pred, timeout: float, step: float = 0.1) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(step)
+    return bool(pred())
+
+
+def ct_network_objects() -> set[str]:
+    """cloudtrain's namespaces (ct-*) and bridges (ctbr*) that exist now."""
+    ns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    found = {line.split()[0] for line in ns.splitlines() if line.startswith("ct-")}
+    found |= {ln.split(":")[1].strip().split("@")[0] for ln in links.splitlines() if ": ctbr" in ln}
+    return found
+
+
+def assert_nothing_left(home: Path) -> None:
+    """No sshd, no process, no node directory of this home's clusters remains."""
+    assert wait_until(lambda: not processes_with(str(home)), 10), \
+        f"processes left: {processes_with(str(home))}"
+    clusters = home / "clusters"
+    left = [p for p in clusters.iterdir()] if clusters.exists() else []
+    assert not left, f"cluster directories left: {left}"
+
+
+@pytest.fixture
+def cli(tmp_path: Path):  # type: ignore[no-untyped-def]
+    home = tmp_path / "home"
+    home.mkdir()
+    c = CLI(home)
+    yield c
+    # Whatever a test did, leave nothing running.
+    subprocess.run([sys.executable, "-m", "cloudtrain", "down", "-a", "-y"], env=c.env(),
+                   capture_output=True, timeout=120)
+    for pid in processes_with(str(home)):
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.fixture
+def demo_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "proj"
+    shutil.copytree(DEMO, d, ignore=shutil.ignore_patterns("cloudtrain-outputs", "__pycache__"))
+    return d

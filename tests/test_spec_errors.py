@@ -1,0 +1,250 @@
+"""Malformed task files, run through the real CLI: every one must be refused with exit code 2,
+a short message that names the field (and the line, where the YAML has one), no traceback,
+and nothing created under CLOUDTRAIN_HOME."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sqlite3
+import subprocess
+import sys
+from dataclasses import dataclass
+from dataclasses import field as dc_field
+from pathlib import Path
+
+import pytest
+
+MAX_MESSAGE = 600
+
+# The local provider's check looks for OpenSSH's sshd even for a dry run.
+needs_sshd = pytest.mark.skipif(
+    shutil.which("sshd") is None and not Path("/usr/sbin/sshd").exists(),
+    reason="OpenSSH server not installed")
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    yaml: str | None
+    """The task file's text; None: pass a path that does not exist."""
+    field: str | None = None
+    """The dotted field the message must name (quoted, as the CLI prints it)."""
+    line: int | None = None
+    """The 1-based line the message must point at; None: the YAML has no single line for it."""
+    says: tuple[str, ...] = ()
+    """Further words the message must contain (a suggestion, the bad value ...)."""
+    any_of: tuple[str, ...] = ()
+    """At least one of these must appear."""
+    command: tuple[str, ...] = ("launch",)
+    files: dict[str, str] = dc_field(default_factory=dict)
+    """Extra files next to the task file (relative path -> content)."""
+    names_file: bool = True
+    """The message names the task file (spec errors do; a provider's own checks need not)."""
+
+
+DRY = ("up", "--dry-run")
+
+CASES = [
+    # --- YAML itself --------------------------------------------------------------------------
+    Case("yaml-bad-indentation",
+         "name: job\nnum_nodes: 1\n  run: echo hi\n",
+         line=3, says=("not valid YAML",)),
+    Case("yaml-bad-indentation-dry-run",
+         "num_nodes: 1\n  run: echo hi\n",
+         line=2, says=("not valid YAML",), command=DRY),
+    Case("yaml-unclosed-bracket-points-at-opening",
+         "num_nodes: 1\nrun: [echo hi\nsetup: true\n",
+         line=2, says=("not valid YAML",)),
+    Case("yaml-unclosed-flow-mapping-points-at-opening",
+         "name: job\nresources: {provider: local,\n  ports: [8080]\nrun: echo hi\n",
+         line=2, says=("not valid YAML",)),
+    Case("yaml-unclosed-quote-at-end-of-file-points-at-opening",
+         "name: job\nnum_nodes: 1\nrun: \"echo hi\n",
+         line=3, says=("not valid YAML",)),
+    Case("yaml-duplicate-key",
+         "num_nodes: 1\nrun: echo hi\nnum_nodes: 2\n",
+         field="num_nodes", line=3, says=("twice",)),
+    Case("yaml-duplicate-nested-key-dry-run",
+         "resources:\n  provider: local\n  provider: local\nrun: echo hi\n",
+         field="resources.provider", line=3, says=("twice",), command=DRY),
+    Case("empty-file", "", says=("empty",)),
+    Case("only-a-comment", "# nothing here\n", says=("empty",)),
+    Case("top-level-list-instead-of-mapping",
+         "- num_nodes: 1\n- run: echo hi\n",
+         line=1, says=("mapping",)),
+    Case("task-file-does-not-exist", None, says=("does not exist",)),
+    # --- unknown and misspelt fields ----------------------------------------------------------
+    Case("misspelt-top-level-num_node-suggests-num_nodes",
+         "name: job\nnum_node: 2\nrun: echo hi\n",
+         field="num_node", line=2, says=("num_nodes", "unknown field")),
+    Case("misspelt-nested-acelerators-suggests-accelerators",
+         "num_nodes: 1\nresources:\n  acelerators: A100:1\nrun: echo hi\n",
+         field="resources.acelerators", line=3, says=("Did you mean 'accelerators'",)),
+    Case("misspelt-train-field-suggests-script",
+         "workdir: .\ntrain:\n  scrpit: train.py\n",
+         field="train.scrpit", line=3, says=("'script'",)),
+    # --- wrong types and values ---------------------------------------------------------------
+    Case("num_nodes-is-a-word",
+         "num_nodes: two\nrun: echo hi\n",
+         field="num_nodes", line=1, says=("two",)),
+    Case("num_nodes-is-zero",
+         "run: echo hi\nnum_nodes: 0\n",
+         field="num_nodes", line=2, says=("1",)),
+    Case("accelerators-count-is-a-word",
+         "resources:\n  provider: local\n  accelerators: A100:three\nrun: echo hi\n",
+         field="resources.accelerators", line=3, says=("three",)),
+    Case("ssh_cidr-is-not-a-network",
+         "resources:\n  ssh_cidr: 10.0.0.300/32\nrun: echo hi\n",
+         field="resources.ssh_cidr", line=2, says=("10.0.0.300/32",)),
+    Case("port-out-of-range",
+         "run: echo hi\nresources:\n  ports: [8080, 70000]\n",
+         field="resources.ports", line=3, says=("70000",)),
+    Case("bad-cluster-name",
+         "name: My_Job\nrun: echo hi\n",
+         field="name", line=1, says=("lowercase",)),
+    Case("outputs-absolute-path",
+         "run: echo hi\noutputs: [ckpt/, /etc]\n",
+         field="outputs", line=2, says=("/etc",)),
+    # --- run / train --------------------------------------------------------------------------
+    Case("run-and-train-both",
+         "workdir: .\nrun: echo hi\ntrain:\n  script: train.py\n",
+         says=("'run'", "'train'", "not both"), files={"train.py": "print(1)\n"}),
+    Case("neither-run-nor-train",
+         "num_nodes: 1\nname: job\n",
+         says=("'run'", "'train'")),
+    Case("train-script-and-module-both",
+         "workdir: .\ntrain:\n  script: train.py\n  module: pkg.train\n",
+         field="train", line=2, says=("script", "module"), files={"train.py": "print(1)\n"}),
+    Case("train-script-missing-from-workdir",
+         "workdir: .\ntrain:\n  script: missing.py\n",
+         field="train.script", line=3, says=("missing.py",)),
+    Case("workdir-directory-missing",
+         "num_nodes: 1\nworkdir: ./no-such-dir\nrun: echo hi\n",
+         field="workdir", line=2, says=("no-such-dir",)),
+    # --- providers and their options ----------------------------------------------------------
+    Case("unknown-provider-awz",
+         "resources:\n  provider: awz\nrun: echo hi\n",
+         field="resources.provider", line=2, says=("awz",), any_of=("'aws'", "local, ssh")),
+    Case("unknown-provider-awz-dry-run",
+         "run: echo hi\nresources:\n  provider: awz\n",
+         field="resources.provider", line=3, says=("awz",), any_of=("'aws'", "local, ssh"),
+         command=DRY),
+    Case("ssh-options-under-local-provider",
+         "resources:\n  provider: local\n  ssh:\n    hosts: [{address: 10.0.0.1}]\nrun: echo hi\n",
+         field="resources.ssh", line=3, says=("provider: ssh",)),
+    Case("local-network-option-bogus-dry-run",
+         "resources:\n  provider: local\n  local:\n    network: bogus\nrun: echo hi\n",
+         field="resources.local.network", line=4, says=("netns",), command=DRY),
+    Case("local-option-misspelt-suggests-network",
+         "run: echo hi\nresources:\n  local:\n    netwrk: netns\n",
+         field="resources.local.netwrk", line=4, says=("'network'",)),
+    Case("accelerators-on-local-provider-dry-run",
+         "resources:\n  accelerators: A100:8\nrun: echo hi\n",
+         says=("resources.accelerators", "A100:8"), command=DRY, names_file=False),
+]
+
+
+def _env(home: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({"CLOUDTRAIN_HOME": str(home), "NO_COLOR": "1"})
+    return env
+
+
+def _cloudtrain(home: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "cloudtrain", *args], capture_output=True,
+                          text=True, timeout=60, env=_env(home), cwd=cwd, stdin=subprocess.DEVNULL)
+
+
+def _created(home: Path) -> list[str]:
+    """What a refused command must not have left behind."""
+    found = []
+    clusters = home / "clusters"
+    if clusters.exists():
+        found += [str(p) for p in clusters.rglob("*")]
+    db = home / "state.db"
+    if db.exists():
+        with sqlite3.connect(db) as conn:
+            rows = conn.execute("SELECT name FROM clusters").fetchall()
+        found += [f"clusters row {r[0]!r}" for r in rows]
+    return found
+
+
+@pytest.fixture
+def home(tmp_path: Path):  # type: ignore[no-untyped-def]
+    h = tmp_path / "home"
+    yield h
+    # Should a case ever be accepted by mistake, take down whatever it started.
+    if _created(h):
+        subprocess.run([sys.executable, "-m", "cloudtrain", "down", "-a", "-y"], env=_env(h),
+                       capture_output=True, timeout=120)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_malformed_task_is_refused_cleanly(case: Case, tmp_path: Path, home: Path) -> None:
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    for rel, content in case.files.items():
+        (proj / rel).parent.mkdir(parents=True, exist_ok=True)
+        (proj / rel).write_text(content)
+    task_file = proj / "task.yaml"
+    if case.yaml is not None:
+        task_file.write_text(case.yaml)
+
+    r = _cloudtrain(home, *case.command, str(task_file), cwd=tmp_path)
+    err = r.stderr
+    context = f"\n--- stdout:\n{r.stdout}\n--- stderr:\n{err}"
+
+    assert r.returncode == 2, context
+    assert "Traceback" not in err and "Traceback" not in r.stdout, context
+    assert err.startswith("error: "), context
+    assert len(err) < MAX_MESSAGE, f"message is {len(err)} chars{context}"
+    if case.names_file:
+        assert str(task_file) in err, f"the message should name the task file{context}"
+    if case.field is not None:
+        assert f"field '{case.field}'" in err, context
+    lines = re.findall(r"\bline (\d+)\b", err)
+    if case.line is not None:
+        assert lines == [str(case.line)], f"expected 'line {case.line}'{context}"
+    for word in case.says:
+        assert word in err, f"expected {word!r}{context}"
+    if case.any_of:
+        assert any(w in err for w in case.any_of), f"expected one of {case.any_of}{context}"
+    assert _created(home) == [], context
+
+
+def test_case_ids_are_unique() -> None:
+    ids = [c.id for c in CASES]
+    assert len(ids) == len(set(ids))
+    assert len(CASES) >= 14
+
+
+@needs_sshd
+def test_valid_minimal_task_dry_run_plans_local_and_creates_nothing(tmp_path: Path,
+                                                                    home: Path) -> None:
+    task_file = tmp_path / "hello.yaml"
+    task_file.write_text("num_nodes: 1\nrun: echo hi\n")
+    r = _cloudtrain(home, "up", "--dry-run", str(task_file), cwd=tmp_path)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    assert "Traceback" not in out
+    assert "dry run" in out
+    assert re.search(r"provider\s+local\b", out), out
+    assert "cluster 'hello'" in out, out
+    assert re.search(r"nodes\s+1\b", out), out
+    assert _created(home) == []
+
+
+@needs_sshd
+def test_valid_task_with_local_options_dry_run(tmp_path: Path, home: Path) -> None:
+    """The options a provider does accept get through, and show up in the plan."""
+    task_file = tmp_path / "two.yaml"
+    task_file.write_text("name: two-nodes\nnum_nodes: 2\nresources:\n  local:\n"
+                         "    network: loopback\nrun: echo hi\n")
+    r = _cloudtrain(home, "up", "--dry-run", str(task_file), cwd=tmp_path)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    assert "cluster 'two-nodes'" in out and re.search(r"nodes\s+2\b", out), out
+    assert "loopback" in out, out
+    assert _created(home) == []
