@@ -6,7 +6,8 @@ Measured three (or four) ways, each warmed up once and then run N times:
 * ``python -c pass``           the interpreter's own floor on this machine (for context)
 * ``python -m cloudtrain``     the same interpreter, module entry point
 * ``<scripts>/cloudtrain``     the real console script from sysconfig's scripts dir (the target)
-* ``cloudtrain`` on PATH       only when it differs (e.g. a pyenv shim): shown for information
+* ``cloudtrain`` on PATH / the pyenv shim, when they differ from the above: for information
+  (a pyenv shim runs bash and ``pyenv exec`` first, which costs more than cloudtrain itself)
 
 Target: the real console script's median <= 0.15 s.
 
@@ -59,9 +60,15 @@ def main() -> int:
     script = real_script()
     if script:
         variants.append((f"{script} --help", [script, "--help"], True))
-    on_path = shutil.which("cloudtrain")
-    if on_path and (script is None or os.path.realpath(on_path) != os.path.realpath(script)):
-        variants.append((f"{on_path} --help (PATH, info)", [on_path, "--help"], False))
+    # What a shell would run: the PATH entry (under `pyenv exec`, PATH already starts with the
+    # real bin dir) and, if pyenv is installed, its shim, which adds bash start-up on top.
+    seen = {os.path.realpath(script)} if script else set()
+    shim_root = os.environ.get("PYENV_ROOT") or os.path.expanduser("~/.pyenv")
+    for label, cand in (("PATH", shutil.which("cloudtrain")),
+                        ("pyenv shim", os.path.join(shim_root, "shims", "cloudtrain"))):
+        if cand and os.access(cand, os.X_OK) and os.path.realpath(cand) not in seen:
+            seen.add(os.path.realpath(cand))
+            variants.append((f"{cand} --help ({label}, info)", [cand, "--help"], False))
     if script is None:
         # No console script installed next to this interpreter: judge the module entry point.
         variants[1] = (variants[1][0], variants[1][1], True)

@@ -54,6 +54,7 @@ class Run:
     wall: float                   # CLI exit - t0
     phases: dict[str, float] = field(default_factory=dict)
     tail: str = ""
+    lines: list[tuple[float, str]] = field(default_factory=list)  # (s since start, line)
 
 
 @dataclass
@@ -105,7 +106,8 @@ def one_launch(task: Path, home: Path, stamps: Path, nodes: int) -> Run:
     return Run(code=code if complete or code != 0 else -1,
                overhead=(max(vals) - t0) if complete else None,
                first_start=(min(vals) - t0) if complete else None,
-               wall=t1 - t0, phases=phases, tail=tail)
+               wall=t1 - t0, phases=phases, tail=tail,
+               lines=[(t - t0, text) for t, text in lines])
 
 
 def bench_count(root: Path, home: Path, nodes: int, repeats: int) -> CountResult:
@@ -128,6 +130,16 @@ def bench_count(root: Path, home: Path, nodes: int, repeats: int) -> CountResult
         if r.code != 0:
             print(f"\n[{nodes:>2} node(s)] warm launch failed (exit {r.code}):\n{r.tail}", flush=True)
     print(flush=True)
+    # Outliers: show what the CLI printed, with timestamps, to see where the time went.
+    ok = res.ok_warm()
+    if len(ok) >= 2:
+        med = median([x.overhead for x in ok])  # type: ignore[misc]
+        for i, r in enumerate(res.warm):
+            if r.overhead is not None and r.overhead > max(2 * med, med + 1.0):
+                print(f"[{nodes:>2} node(s)] warm launch {i + 1} is an outlier "
+                      f"({r.overhead:.2f} s vs median {med:.2f} s); its output:")
+                for t, text in r.lines:
+                    print(f"    {t:7.3f}s  {text}")
     return res
 
 

@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# Stop every process of a job on this node: its process group, and anything else whose
-# environment carries the job's id (workers that started their own session).
-#   usage: ctkill.sh JOB_DIR JOB_ID [GRACE_SECONDS]
+# Stop every process of a job (or cluster) on this node: the job's process group, and anything
+# else whose environment carries the marker (workers that started their own session).
+#   usage: ctkill.sh JOB_DIR MARKER [GRACE_SECONDS]
+#   JOB_DIR may be empty; MARKER is KEY=VALUE, e.g. CLOUDTRAIN_JOB_ID=20261121-101500-ab12cd
 # Prints "::left N" with the number of processes still alive at the end (0 when clean).
 set -u
 job_dir=$1
-job_id=$2
+marker=$2
 grace=${3:-5}
 
 job_pids() {
     local f
-    grep -lzx "CLOUDTRAIN_JOB_ID=$job_id" /proc/[0-9]*/environ 2>/dev/null | while read -r f; do
+    grep -lzxF "$marker" /proc/[0-9]*/environ 2>/dev/null | while read -r f; do
         f=${f#/proc/}
         echo "${f%/environ}"
     done
@@ -18,7 +19,7 @@ job_pids() {
 
 signal_all() {
     local sig=$1 p
-    if [ -r "$job_dir/pid" ]; then
+    if [ -n "$job_dir" ] && [ -r "$job_dir/pid" ]; then
         kill "-$sig" -- "-$(cat "$job_dir/pid")" 2>/dev/null || true
     fi
     for p in $(job_pids); do

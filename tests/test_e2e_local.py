@@ -137,12 +137,13 @@ num_nodes: 2
 run: |
   echo "started on $CLOUDTRAIN_NODE_RANK"
   python -c "import time; time.sleep(600)" &
+  setsid sleep 601 &   # escapes the job's process group: found by its environment marker
   sleep 600
 """)
     args = ["launch", str(task)] + (["--down"] if down else [])
     proc = cli.popen(*args)
     marker = "CLOUDTRAIN_CLUSTER=sleepy"
-    assert wait_until(lambda: len(processes_with(marker)) >= 4, 90), proc.stderr
+    assert wait_until(lambda: len(processes_with(marker)) >= 6, 90), proc.stderr
     proc.send_signal(signal.SIGINT)
     t0 = time.monotonic()
     gone = wait_until(lambda: not processes_with(marker), 10)

@@ -204,8 +204,8 @@ def test_malformed_task_is_refused_cleanly(case: Case, tmp_path: Path, home: Pat
         assert str(task_file) in err, f"the message should name the task file{context}"
     if case.field is not None:
         assert f"field '{case.field}'" in err, context
-    lines = re.findall(r"\bline (\d+)\b", err)
     if case.line is not None:
+        lines = re.findall(r"\bline (\d+)\b", err)
         assert lines == [str(case.line)], f"expected 'line {case.line}'{context}"
     for word in case.says:
         assert word in err, f"expected {word!r}{context}"

@@ -79,6 +79,10 @@ def write_config(node_dir: Path, *, address: str, port: int, user: str, marker: 
         "Subsystem sftp internal-sftp",
         # Each node gets its own home (its own ~, no login dotfiles of this machine's user).
         f"SetEnv {MARKER}={marker} HOME={home}",
+        # ...and starts there, as a login on a separate machine would (rsync's relative
+        # paths, ~, and scripts' relative paths all land in the node's own directory).
+        'ForceCommand cd "$HOME" || exit 1; if [ -n "$SSH_ORIGINAL_COMMAND" ]; then '
+        'exec /bin/sh -c "$SSH_ORIGINAL_COMMAND"; else exec "${SHELL:-/bin/sh}" -l; fi',
         "LogLevel ERROR",
     ]
     if openssh_version() >= (9, 8):
