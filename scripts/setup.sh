@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Prepare a fresh machine for the demo and the tests: system packages (when root with apt),
+# then a virtual environment in .venv with cloudtrain (editable), its dev extras and PyTorch.
+# Safe to run again: it only installs what is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ] || need+=(openssh-server)
+command -v ssh >/dev/null 2>&1 || need+=(openssh-client)
+command -v rsync >/dev/null 2>&1 || need+=(rsync)
+command -v shellcheck >/dev/null 2>&1 || need+=(shellcheck)
+command -v ip >/dev/null 2>&1 || need+=(iproute2)
+command -v pgrep >/dev/null 2>&1 || need+=(procps)
+if [ "${#need[@]}" -gt 0 ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "setup: installing ${need[*]}"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+    else
+        echo "setup: please install: ${need[*]} (e.g. sudo apt-get install ${need[*]})" >&2
+        exit 1
+    fi
+fi
+
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+    "$PY" -m venv .venv
+fi
+if ! .venv/bin/python -c "import cloudtrain, torch, pytest, paramiko" >/dev/null 2>&1 \
+        || [ pyproject.toml -nt .venv/.installed ]; then
+    .venv/bin/python -m pip install -q --upgrade pip >/dev/null
+    .venv/bin/python -m pip install -q -c constraints-dev.txt torch -e ".[dev]"
+    touch .venv/.installed
+fi
+echo "setup: ready ($(.venv/bin/python -c 'import torch, cloudtrain; print("cloudtrain", cloudtrain.__version__, "torch", torch.__version__)'))"
