@@ -97,10 +97,6 @@ def machine_line() -> str:
 
 # --- temp homes, teardown, and signals -----------------------------------------------------------
 
-class Interrupted(Exception):
-    pass
-
-
 def sigterm_as_interrupt() -> None:
     """SIGTERM behaves like Ctrl-C, so the ``finally`` teardown runs for both."""
     def handler(signum: int, frame: object) -> None:

@@ -195,7 +195,8 @@ def report(results: list[CountResult], target4: float, target_ratio: float, repe
     if 4 in med:
         print(f"overhead at 4 nodes <= {target4:.2f} s: {fmt(med[4])} s -> {verdict(med[4] <= target4)}")
     else:
-        print(f"overhead at 4 nodes <= {target4:.2f} s: not measured (add 4 to --nodes)")
+        print(f"overhead at 4 nodes <= {target4:.2f} s: not measured "
+              "(needs 4 in --nodes and a completed run)")
     if 1 in med and 16 in med:
         ratio = med[16] / med[1]
         print(f"overhead 16 nodes / 1 node <= {target_ratio:.2f}x: {ratio:.2f}x "

@@ -196,7 +196,6 @@ def launch(task_file: str, cluster_name: str | None, down_after: bool, detach: b
                 cl._rollback(env, handle.provider, name)
             raise
         try:
-            cl.run_bootstrap(env, handle, group)
             outcome = ln.run_task(env, handle, group, task, detach=detach, overrides=overrides)
         finally:
             group.close()

@@ -15,7 +15,7 @@ from typing import Callable, TextIO
 
 from . import bootstrap as bootstrap_mod
 from . import sync, torchrun
-from .cluster import Env, Handle, cluster_uid, stop_processes
+from .cluster import Env, Handle, cluster_uid, run_bootstrap, stop_processes
 from .paths import bootstrap_dir
 from .errors import Interrupted, JobFailed, RemoteError, UserError
 from .remote import Group, Result, bash
@@ -227,19 +227,29 @@ def _read_worker_failures(group: Group, handle: Handle, job_id: str) -> tuple[in
     return None if best is None else (best[1], best[2], best[3])
 
 
-def _prep(group: Group, plan_mounts: list[str]) -> dict[int, tuple[str, str]]:
-    """One round trip per node: what was last synced and set up there."""
+@dataclass(frozen=True)
+class NodeFacts:
+    bootstrapped: bool
+    sync_fp: str
+    setup_hash: str
+
+
+def _prep(group: Group, plan_mounts: list[str]) -> dict[int, NodeFacts]:
+    """One round trip per node: is it bootstrapped with these scripts, and what was last
+    synced and set up there."""
     def cmd(n: NodeRow) -> str:
         root = shlex.quote(n.root_dir)
+        stamp = shlex.quote(str(PurePosixPath(bootstrap_mod.script_dir(n)) / ".done"))
         mk = " ".join(shlex.quote(str(PurePosixPath(sync.mount_target(n, m)).parent)) for m in plan_mounts)
         return bash(f"mkdir -p {root}/workdir {root}/jobs {mk}; "
+                    f"if [ -f {stamp} ]; then echo boot=yes; fi; "
                     f"echo \"sync=$(cat {root}/.sync-fp 2>/dev/null)\"; "
                     f"echo \"setup=$(cat {root}/.setup-hash 2>/dev/null)\"")
     res = group.run(cmd).raise_on_failure("Preparing the nodes")
     out = {}
     for rank, r in res.items():
         kv = dict(line.split("=", 1) for line in r.stdout.splitlines() if "=" in line)
-        out[rank] = (kv.get("sync", ""), kv.get("setup", ""))
+        out[rank] = NodeFacts(kv.get("boot") == "yes", kv.get("sync", ""), kv.get("setup", ""))
     return out
 
 
@@ -259,7 +269,9 @@ def sync_plan(task: Task) -> sync.SyncPlan:
             pass
     mounts = tuple(sync.Mount((task.base_dir / local).resolve(), remote)
                    for remote, local in task.file_mounts.items())
-    return sync.SyncPlan(workdir=wd, mounts=mounts, protect=tuple(task.outputs),
+    # Outputs and mount targets inside the workdir survive the workdir sync's --delete.
+    inside = tuple(m.remote for m in mounts if not m.remote.startswith(("/", "~")))
+    return sync.SyncPlan(workdir=wd, mounts=mounts, protect=tuple(task.outputs) + inside,
                          exclude=tuple(exclude))
 
 
@@ -267,6 +279,10 @@ def run_task(env: Env, handle: Handle, group: Group, task: Task, *, detach: bool
              overrides: dict[str, str] | None = None, job_id: str | None = None) -> Outcome:
     overrides = overrides or {}
     job_id = job_id or new_job_id()
+    prep = _prep(group, list(task.file_mounts))
+    if not all(f.bootstrapped and n.python_bin for n, f in zip(handle.nodes, prep.values())):
+        env.ui.step("Bootstrapping")
+        run_bootstrap(env, handle, group)
     nodes = handle.nodes
     ranks = [n.rank for n in nodes]
     if task.train is not None:
@@ -285,8 +301,7 @@ def run_task(env: Env, handle: Handle, group: Group, task: Task, *, detach: bool
     fp = plan.fingerprint()
     setup_hash = hashlib.sha256(f"{task.setup or ''}\0{fp}\0{sorted(task.envs.items())}".encode()
                                 ).hexdigest()[:32]
-    prep = _prep(group, list(task.file_mounts))
-    stale = [n for n in nodes if prep[n.rank][0] != fp]
+    stale = [n for n in nodes if prep[n.rank].sync_fp != fp]
     if stale and (plan.workdir is not None or plan.mounts):
         env.ui.step(f"Syncing {plan.workdir or 'file mounts'} to {len(stale)} node(s)")
         errors = sync.push_all(plan, stale, handle.keys)
@@ -302,7 +317,7 @@ def run_task(env: Env, handle: Handle, group: Group, task: Task, *, detach: bool
 
     # 2. setup, once per (setup, workdir content) per node
     if task.setup:
-        todo = [n.rank for n in nodes if prep[n.rank][1] != setup_hash]
+        todo = [n.rank for n in nodes if prep[n.rank].setup_hash != setup_hash]
         if todo:
             env.ui.step(f"Running setup on {len(todo)} node(s)")
             sink = LogSink(env, logs, ".setup", echo=True)

@@ -6,6 +6,7 @@ inside the methods (or factories) that talk to the cloud.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from importlib.metadata import EntryPoint, entry_points
 from typing import TYPE_CHECKING
 
@@ -21,6 +22,7 @@ GROUP = "cloudtrain.providers"
 _instances: dict[str, Provider] = {}
 
 
+@lru_cache(maxsize=1)
 def _entry_points() -> dict[str, EntryPoint]:
     return {ep.name: ep for ep in entry_points(group=GROUP)}
 

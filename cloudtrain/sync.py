@@ -160,7 +160,9 @@ def push(plan: SyncPlan, node: NodeRow, keys: ClusterKeys) -> None:
         target = mount_target(node, m.remote)
         src = f"{m.local}/" if m.local.is_dir() else str(m.local)
         dst = target + "/" if m.local.is_dir() else target
-        _run([_rsync_bin(), "-a", "-e", _ssh_e(keys, node), src, _dest(node, dst)],
+        parent = shlex.quote(str(PurePosixPath(target).parent))
+        _run([_rsync_bin(), "-a", "-e", _ssh_e(keys, node),
+              f"--rsync-path=mkdir -p {parent} && rsync", src, _dest(node, dst)],
              f"syncing {m.local}", node)
 
 

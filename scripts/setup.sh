@@ -30,7 +30,7 @@ fi
 if ! .venv/bin/python -c "import cloudtrain, torch, pytest, paramiko" >/dev/null 2>&1 \
         || [ pyproject.toml -nt .venv/.installed ]; then
     .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-    .venv/bin/python -m pip install -q -c constraints-dev.txt torch -e ".[dev]"
+    .venv/bin/python -m pip install -q -c constraints-dev.txt torch numpy -e ".[dev]"
     touch .venv/.installed
 fi
 echo "setup: ready ($(.venv/bin/python -c 'import torch, cloudtrain; print("cloudtrain", cloudtrain.__version__, "torch", torch.__version__)'))"
