@@ -1,0 +1,81 @@
+"""A new cluster whose provisioning fails is rolled back; an existing one is never touched."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+
+from cloudtrain import registry
+from cloudtrain.cluster import open_env, provision
+from cloudtrain.errors import CapacityError
+from cloudtrain.provider import ClusterRequest, NetworkRef, Node, Plan, ProviderContext
+from cloudtrain.spec import parse_task
+from cloudtrain.ui import UI
+
+
+class HalfBuilt:
+    """Creates its network, then runs out of capacity half-way through the nodes."""
+
+    name: ClassVar[str] = "local"
+    options_model = None
+    allows_absolute_mounts: ClassVar[bool] = True
+    powers_off: ClassVar[bool] = True
+    list_is_cheap: ClassVar[bool] = True
+
+    def __init__(self) -> None:
+        self.resources: set[str] = set()
+        self.terminated = 0
+
+    def check(self, request: ClusterRequest) -> None:
+        pass
+
+    def plan(self, request: ClusterRequest) -> Plan:
+        return Plan(provider=self.name, num_nodes=request.num_nodes, hourly_price_per_node=2.0)
+
+    def ensure_network(self, request: ClusterRequest) -> NetworkRef:
+        self.resources.add("sg")
+        return NetworkRef("sg")
+
+    def create_nodes(self, request: ClusterRequest, network: NetworkRef) -> list[Node]:
+        self.resources.add("node-0")
+        raise CapacityError("no capacity for node 1 in zone a", "try another zone")
+
+    def list_nodes(self, cluster: str) -> list[Node]:
+        return [Node(0, "node-0", "127.0.0.1")] if "node-0" in self.resources else []
+
+    def terminate(self, cluster: str) -> None:
+        self.terminated += 1
+        self.resources.clear()
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("CLOUDTRAIN_HOME", str(tmp_path))
+    p = HalfBuilt()
+    registry.register_instance("local", p)  # type: ignore[arg-type]
+    yield p
+    registry.unregister_instance("local")
+
+
+def test_failed_new_cluster_is_rolled_back(fake: HalfBuilt) -> None:
+    env = open_env(UI(quiet=True))
+    task = parse_task("name: rb\nnum_nodes: 2\nrun: 'true'\n")
+    with pytest.raises(CapacityError):
+        provision(env, task, "rb")
+    assert fake.terminated == 1 and fake.resources == set()
+    assert env.state.get_cluster("rb") is None
+    assert not (env.home / "clusters" / "rb").exists()
+    # The interval opened nowhere: nothing was billed to the ledger for a cluster never up.
+    assert [u for u in env.state.usage() if u.ended_at is None] == []
+
+
+def test_keep_on_failure_keeps_what_was_built(fake: HalfBuilt) -> None:
+    env = open_env(UI(quiet=True))
+    task = parse_task("name: rb\nnum_nodes: 2\nrun: 'true'\n")
+    with pytest.raises(CapacityError):
+        provision(env, task, "rb", keep_on_failure=True)
+    assert fake.terminated == 0 and fake.resources == {"sg", "node-0"}
+    row = env.state.get_cluster("rb")
+    assert row is not None and row.status == "INIT"
