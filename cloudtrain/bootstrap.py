@@ -42,6 +42,17 @@ def _bundle() -> tuple[str, bytes]:
     return h.hexdigest()[:12], buf.getvalue()
 
 
+@lru_cache(maxsize=None)
+def _script_text(name: str) -> str:
+    return (bootstrap_dir() / name).read_text()
+
+
+def inline(name: str, *args: str) -> str:
+    """A command that runs the bootstrap script ``name`` with ``args`` on a node, the script
+    travelling in the command itself: nothing has to be uploaded beforehand."""
+    return bash(_script_text(name)) + " _ " + " ".join(shlex.quote(a) for a in args)
+
+
 def version() -> str:
     return _bundle()[0]
 

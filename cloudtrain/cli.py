@@ -151,7 +151,8 @@ def up(task_file: str, cluster_name: str | None, yes: bool, dry_run: bool, no_bo
         return
     if env.state.get_cluster(name) is None:
         _confirm_cost(env, plan, yes)
-    handle = cl.up(env, task, name, bootstrap=not no_bootstrap, keep_on_failure=keep_on_failure)
+    handle = cl.up(env, task, name, bootstrap=not no_bootstrap, keep_on_failure=keep_on_failure,
+                   planned=plan)
     env.ui.ok(f"Cluster '{name}' is up: {len(handle.nodes)} node(s) on {handle.row.provider}. "
               f"Next: cloudtrain launch {task_file} -c {name}")
 
@@ -185,23 +186,12 @@ def launch(task_file: str, cluster_name: str | None, down_after: bool, detach: b
     plan = cl.plan(env, task, name)
     if env.state.get_cluster(name) is None:
         _confirm_cost(env, plan, yes)
-    outcome = None
     try:
-        handle, fresh = cl.provision(env, task, name)
-        try:
-            with env.ui.status("Waiting for SSH on every node"):
-                group = cl.connect(env, handle)
-        except BaseException:
-            if fresh and not down_after:
-                cl._rollback(env, handle.provider, name)
-            raise
-        try:
+        with cl.opened(env, task, name, planned=plan) as (handle, group, _):
             outcome = ln.run_task(env, handle, group, task, detach=detach, overrides=overrides)
-        finally:
-            group.close()
     finally:
         if down_after:
-            _teardown_shielded(env, name)
+            _teardown_shielded(env, name, task.resources.provider)
     if outcome.detached:
         env.ui.ok(f"Job {outcome.job_id} started on every node. Follow it: "
                   f"cloudtrain logs {name} --follow")
@@ -218,8 +208,9 @@ def launch(task_file: str, cluster_name: str | None, down_after: bool, detach: b
     env.ui.ok(f"Job {outcome.job_id} succeeded on every node")
 
 
-def _teardown_shielded(env: Env, name: str) -> None:
-    """Teardown after --down: Ctrl-C cannot interrupt it halfway."""
+def _teardown_shielded(env: Env, name: str, provider_name: str) -> None:
+    """Teardown after --down: Ctrl-C cannot interrupt it halfway. ``provider_name`` (the
+    task's) finds what a half-built cluster left when no state row was written."""
     from . import cluster as cl
     from .errors import CloudtrainError
 
@@ -227,7 +218,7 @@ def _teardown_shielded(env: Env, name: str) -> None:
     prev_term = signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         if env.state.get_cluster(name) is not None or os.path.isdir(env.pctx.cluster_dir(name)):
-            cl.down(env, name, provider_name=None if env.state.get_cluster(name) else "local")
+            cl.down(env, name, provider_name=provider_name)
     except CloudtrainError as exc:
         env.ui.error(f"teardown of '{name}' failed: {exc}")
         raise
@@ -281,7 +272,6 @@ def _ranks(handle: Any, node: int | None) -> list[int]:
 @_guard
 def logs(cluster_name: str, node: int | None, follow: bool, job_id: str | None) -> None:
     """Replay the logs of the cluster's latest job (or --job), prefixed by node."""
-    from . import cluster as cl
     from . import logs as lg
 
     _sigterm_as_interrupt()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
-import shlex
 import shutil
 import time
 from contextlib import contextmanager
@@ -18,9 +17,8 @@ from . import bootstrap as bootstrap_mod
 from . import registry
 from .errors import ClusterNotFound, ProviderError, UserError
 from .keys import ClusterKeys, ensure_keys, is_pinned, pin_host_keys
-from .paths import bootstrap_dir
 from .provider import ClusterRequest, Node, Plan, Provider, ProviderContext
-from .remote import Group, bash
+from .remote import Group
 from .spec import Task, provider_options
 from .state import ClusterRow, NodeRow, State, open_state
 from .ui import UI
@@ -139,9 +137,12 @@ def check_mounts(task: Task, provider: Provider) -> None:
                 "on every provider.")
 
 
-def provision(env: Env, task: Task, name: str, *, keep_on_failure: bool = False) -> tuple[Handle, bool]:
+def provision(env: Env, task: Task, name: str, *, keep_on_failure: bool = False,
+              planned: Plan | None = None) -> tuple[Handle, bool]:
     """Make sure the cluster's nodes exist and run; adopt what exists. Returns the handle and
-    whether this call created the cluster (so a failure afterwards can roll it back)."""
+    whether this call created the cluster (so a failure afterwards can roll it back).
+    ``planned``: the result of :func:`plan` for this task, when the caller has it already
+    (the provider's check and plan are then not asked again)."""
     existing = env.state.get_cluster(name)
     if existing is not None and existing.provider != task.resources.provider:
         raise UserError(
@@ -156,7 +157,8 @@ def provision(env: Env, task: Task, name: str, *, keep_on_failure: bool = False)
     check_mounts(task, provider)
     keys = ensure_keys(env.pctx.cluster_dir(name), comment=f"cloudtrain-{name}")
     request = _request(task, name, keys.public_key())
-    provider.check(request)
+    if planned is None:
+        provider.check(request)
 
     with cluster_lock(env, name):
         live = provider.list_nodes(name)
@@ -166,7 +168,7 @@ def provision(env: Env, task: Task, name: str, *, keep_on_failure: bool = False)
                 and [n.instance_id for n in live] == [n.instance_id for n in existing.nodes]):
             return Handle(existing, provider, keys), False
 
-        p = provider.plan(request)
+        p = planned or provider.plan(request)
         row = ClusterRow(
             name=name, provider=provider.name, status="INIT", num_nodes=task.num_nodes,
             created_at=existing.created_at if existing else time.time(), updated_at=time.time(),
@@ -257,23 +259,38 @@ def run_bootstrap(env: Env, handle: Handle, group: Group, force: bool = False) -
     env.ui.ok(f"Nodes ready in {time.monotonic() - t0:.1f}s")
 
 
-def up(env: Env, task: Task, name: str, *, bootstrap: bool = True,
-       keep_on_failure: bool = False) -> Handle:
-    handle, fresh = provision(env, task, name, keep_on_failure=keep_on_failure)
+@contextmanager
+def opened(env: Env, task: Task, name: str, *, keep_on_failure: bool = False,
+           planned: Plan | None = None) -> Iterator[tuple[Handle, Group, bool]]:
+    """Provision and connect to every node; yields (handle, connections, created by this
+    call). A cluster this call created is rolled back when it cannot be reached."""
+    handle, fresh = provision(env, task, name, keep_on_failure=keep_on_failure, planned=planned)
     try:
         with env.ui.status("Waiting for SSH on every node"):
             group = connect(env, handle)
-        try:
-            env.ui.ok(f"SSH up on {len(handle.nodes)} node(s)")
-            if bootstrap:
-                env.ui.step("Bootstrapping")
-                run_bootstrap(env, handle, group)
-        finally:
-            group.close()
     except BaseException:
         if fresh and not keep_on_failure:
             _rollback(env, handle.provider, name)
         raise
+    try:
+        yield handle, group, fresh
+    finally:
+        group.close()
+
+
+def up(env: Env, task: Task, name: str, *, bootstrap: bool = True,
+       keep_on_failure: bool = False, planned: Plan | None = None) -> Handle:
+    with opened(env, task, name, keep_on_failure=keep_on_failure, planned=planned) as (
+            handle, group, fresh):
+        env.ui.ok(f"SSH up on {len(handle.nodes)} node(s)")
+        if bootstrap:
+            env.ui.step("Bootstrapping")
+            try:
+                run_bootstrap(env, handle, group)
+            except BaseException:
+                if fresh and not keep_on_failure:
+                    _rollback(env, handle.provider, name)
+                raise
     return handle
 
 
@@ -289,9 +306,7 @@ def get_handle(env: Env, name: str) -> Handle:
 # --- stopping jobs and tearing down ----------------------------------------------------------
 
 def kill_command(job_dir: str, marker: str, grace: int = 5) -> str:
-    script = (bootstrap_dir() / "ctkill.sh").read_text()
-    return bash(script) + " _ " + " ".join(
-        shlex.quote(a) for a in (job_dir, marker, str(grace)))
+    return bootstrap_mod.inline("ctkill.sh", job_dir, marker, str(grace))
 
 
 def stop_processes(env: Env, handle: Handle, marker: str, job_dirs: dict[int, str] | None = None,

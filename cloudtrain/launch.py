@@ -9,14 +9,12 @@ import shlex
 import threading
 import time
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path, PurePosixPath
 from typing import Callable, TextIO
 
 from . import bootstrap as bootstrap_mod
 from . import sync, torchrun
 from .cluster import Env, Handle, cluster_uid, run_bootstrap, stop_processes
-from .paths import bootstrap_dir
 from .errors import Interrupted, JobFailed, RemoteError, UserError
 from .remote import Group, Result, bash
 from .spec import Task
@@ -132,15 +130,9 @@ class LogSink:
 
 # --- the run ---------------------------------------------------------------------------------
 
-def start_command(node: NodeRow, jdir: str, detach: bool) -> str:
+def start_command(jdir: str, detach: bool) -> str:
     """ctjob.sh travels inline, so a job (or exec) needs nothing uploaded beforehand."""
-    args = [jdir] + (["--detach"] if detach else [])
-    return bash(_ctjob_script()) + " _ " + " ".join(shlex.quote(a) for a in args)
-
-
-@lru_cache(maxsize=1)
-def _ctjob_script() -> str:
-    return (bootstrap_dir() / "ctjob.sh").read_text()
+    return bootstrap_mod.inline("ctjob.sh", jdir, *(["--detach"] if detach else []))
 
 
 class _Job:
@@ -183,10 +175,9 @@ class _Job:
             t.start()
 
     def run(self, detach: bool = False) -> dict[int, Result]:
-        nodes = {n.rank: n for n in self.handle.nodes}
         jdirs = self._jdirs()
         try:
-            res = self.group.run(lambda n: start_command(n, jdirs[n.rank], detach),
+            res = self.group.run(lambda n: start_command(jdirs[n.rank], detach),
                                  stdin=lambda n: self.scripts[n.rank].encode(),
                                  on_line=None if detach else self.sink, combine=True,
                                  ranks=self.ranks, on_done=None if detach else self._on_done)
@@ -199,7 +190,6 @@ class _Job:
             raise Interrupted("Interrupted; the job was stopped on every node.") from None
         if self._stopper is not None:
             self._stopper.join()
-        del nodes
         return res
 
     def first_failure(self) -> tuple[int, int | None] | None:

@@ -10,7 +10,7 @@ import pytest
 from cloudtrain import registry
 from cloudtrain.cluster import open_env, provision
 from cloudtrain.errors import CapacityError
-from cloudtrain.provider import ClusterRequest, NetworkRef, Node, Plan, ProviderContext
+from cloudtrain.provider import ClusterRequest, NetworkRef, Node, Plan
 from cloudtrain.spec import parse_task
 from cloudtrain.ui import UI
 
