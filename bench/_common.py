@@ -16,7 +16,10 @@ import sys
 import sysconfig
 import time
 from pathlib import Path
-from typing import Iterator, Sequence
+import tempfile
+from typing import Callable, Iterator, Sequence, TypeVar
+
+T = TypeVar("T")
 
 
 # --- which cloudtrain to run -------------------------------------------------------------------
@@ -182,6 +185,43 @@ def down(home: Path, name: str) -> None:
     if proc.returncode != 0:
         print(f"[bench] 'cloudtrain down {name}' exited {proc.returncode}:\n"
               f"{proc.stdout}{proc.stderr}", file=sys.stderr)
+
+
+def begin(prefix: str, title: str) -> tuple[Path, Path]:
+    """Start a benchmark: SIGTERM acts as Ctrl-C, a fresh temp root with its CLOUDTRAIN_HOME,
+    and the header lines every script prints. Returns (root, home)."""
+    sigterm_as_interrupt()
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    home = root / "home"
+    print(f"# {title}")
+    print(f"# machine: {machine_line()}")
+    print(f"# cloudtrain: {' '.join(cloudtrain_cmd())}; CLOUDTRAIN_HOME={home}")
+    return root, home
+
+
+def run_counts(root: Path, home: Path, counts: Sequence[int], per_count: Callable[[int], T],
+               cluster_of: Callable[[int], str], keep_files: bool = False,
+               prepare: Callable[[], None] | None = None) -> tuple[list[T], bool]:
+    """Run ``per_count(n)`` for each node count, tearing each count's cluster down after it and
+    everything at the end, on Ctrl-C and SIGTERM too. Returns (results, interrupted)."""
+    results: list[T] = []
+    interrupted = False
+    try:
+        if prepare is not None:
+            prepare()
+        for n in counts:
+            try:
+                results.append(per_count(n))
+            finally:
+                down(home, cluster_of(n))
+    except KeyboardInterrupt:
+        interrupted = True
+        print("\n[bench] interrupted: tearing everything down...", file=sys.stderr, flush=True)
+    finally:
+        t = time.monotonic()
+        teardown(home, root, keep_files=keep_files)
+        print(f"# teardown done in {time.monotonic() - t:.1f} s", flush=True)
+    return results, interrupted
 
 
 def timed_lines(cmd: list[str], env: dict[str, str], cwd: Path | None = None,

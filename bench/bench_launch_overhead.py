@@ -28,14 +28,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (cloudtrain_cmd, ct_env, down, fmt, iter_csv_ints, machine_line,  # noqa: E402
-                     median, sigterm_as_interrupt, table, teardown, timed_lines, verdict)
+from _common import (begin, cloudtrain_cmd, ct_env, fmt, iter_csv_ints, median, run_counts,
+                     table, timed_lines, verdict)
 
 # Progress lines of `cloudtrain launch` (stderr), in the order they appear on a warm launch.
 PHASES = [
@@ -219,28 +217,11 @@ def main() -> int:
     args = ap.parse_args()
     counts = list(iter_csv_ints(args.nodes))
 
-    sigterm_as_interrupt()
-    root = Path(tempfile.mkdtemp(prefix="ctbench-launch-"))
-    home = root / "home"
-    print(f"# cloudtrain launch overhead, local provider, node counts {counts}, {args.repeats} warm "
-          f"launch(es) each")
-    print(f"# machine: {machine_line()}")
-    print(f"# cloudtrain: {' '.join(cloudtrain_cmd())}; CLOUDTRAIN_HOME={home}")
-    results: list[CountResult] = []
-    interrupted = False
-    try:
-        for n in counts:
-            try:
-                results.append(bench_count(root, home, n, args.repeats))
-            finally:
-                down(home, f"bl-n{n}")
-    except KeyboardInterrupt:
-        interrupted = True
-        print("\n[bench] interrupted: tearing everything down...", file=sys.stderr, flush=True)
-    finally:
-        t = time.monotonic()
-        teardown(home, root, keep_files=args.keep_files)
-        print(f"# teardown done in {time.monotonic() - t:.1f} s", flush=True)
+    root, home = begin("ctbench-launch-", f"cloudtrain launch overhead, local provider, node "
+                       f"counts {counts}, {args.repeats} warm launch(es) each")
+    results, interrupted = run_counts(root, home, counts,
+                                      lambda n: bench_count(root, home, n, args.repeats),
+                                      lambda n: f"bl-n{n}", keep_files=args.keep_files)
     report(results, args.target_4, args.target_ratio, args.repeats)
     return 130 if interrupted else 0
 

@@ -31,13 +31,12 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (cloudtrain_cmd, ct_env, down, fmt, iter_csv_ints, machine_line,  # noqa: E402
-                     median, sigterm_as_interrupt, table, teardown, timed_lines, verdict)
+from _common import (begin, cloudtrain_cmd, ct_env, fmt, iter_csv_ints, median, run_counts,
+                     table, timed_lines, verdict)
 
 SYNCED_RE = re.compile(r"Synced in ([0-9.]+)s")
 
@@ -214,36 +213,24 @@ def main() -> int:
     args = ap.parse_args()
     counts = list(iter_csv_ints(args.nodes))
 
-    sigterm_as_interrupt()
-    root = Path(tempfile.mkdtemp(prefix="ctbench-sync-"))
-    home = root / "home"
+    root, home = begin("ctbench-sync-", f"cloudtrain workdir sync, local provider, node counts {counts}")
     # Before cloudtrain is imported: the library reads CLOUDTRAIN_HOME when it opens its state.
     os.environ["CLOUDTRAIN_HOME"] = str(home)
     os.environ["NO_COLOR"] = "1"
-    print(f"# cloudtrain workdir sync, local provider, node counts {counts}")
-    print(f"# machine: {machine_line()}")
-    print(f"# cloudtrain: {' '.join(cloudtrain_cmd())}; CLOUDTRAIN_HOME={home}")
-    results: list[dict[str, object]] = []
-    interrupted = False
-    size = 0
-    try:
-        wd = root / "wd"
+    wd = root / "wd"
+    sizes: list[int] = []
+
+    def prepare() -> None:
         t = time.monotonic()
-        size = make_workdir(wd, args.files, args.file_mb)
+        sizes.append(make_workdir(wd, args.files, args.file_mb))
         print(f"# workdir {wd}: {args.files} x {args.file_mb:g} MB random + 6 small .py "
-              f"({size / 1e6:.0f} MB) written in {time.monotonic() - t:.1f} s", flush=True)
-        for n in counts:
-            try:
-                results.append(bench_nodes(root, home, wd, n, args.repeats))
-            finally:
-                down(home, f"bs-n{n}")
-    except KeyboardInterrupt:
-        interrupted = True
-        print("\n[bench] interrupted: tearing everything down...", file=sys.stderr, flush=True)
-    finally:
-        t = time.monotonic()
-        teardown(home, root, keep_files=args.keep_files)
-        print(f"# teardown done in {time.monotonic() - t:.1f} s", flush=True)
+              f"({sizes[0] / 1e6:.0f} MB) written in {time.monotonic() - t:.1f} s", flush=True)
+
+    results, interrupted = run_counts(root, home, counts,
+                                      lambda n: bench_nodes(root, home, wd, n, args.repeats),
+                                      lambda n: f"bs-n{n}", keep_files=args.keep_files,
+                                      prepare=prepare)
+    size = sizes[0] if sizes else 0
     report(results, args.repeats, args.target, size)
     return 130 if interrupted else 0
 
