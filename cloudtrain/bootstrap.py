@@ -18,6 +18,7 @@ from typing import Callable
 from .errors import RemoteError
 from .paths import bootstrap_dir
 from .remote import Group, bash
+from .spec import BootstrapSpec
 from .state import NodeRow
 
 TAIL_LINES = 20
@@ -63,15 +64,51 @@ def script_dir(node: NodeRow) -> str:
 
 
 @dataclass
+class StepReport:
+    """One bootstrap step on one node: what it found, installed or skipped, and how long it
+    took."""
+
+    name: str
+    seconds: float = 0.0
+    outcome: str = ""        # "found" | "installed" | "skip" | "" (no word from the step)
+    detail: str = ""
+
+
+@dataclass
 class NodeReport:
     rank: int
     skipped: bool = False
-    steps: list[tuple[str, float]] = field(default_factory=list)
+    steps: list[StepReport] = field(default_factory=list)
     results: dict[str, str] = field(default_factory=dict)
     tail: list[str] = field(default_factory=list)
     error: str | None = None
     failed_step: str | None = None
+    failure: str | None = None  # the script's own account of what went wrong and the fix
     seconds: float = 0.0
+
+    @property
+    def installed(self) -> list[StepReport]:
+        return [s for s in self.steps if s.outcome == "installed"]
+
+
+def node_env(cfg: BootstrapSpec, node: NodeRow, extra: dict[str, str]) -> dict[str, str]:
+    """What ``node.sh`` is told on one node: the provider's variables, the node's address and
+    folder, and the task's bootstrap choices."""
+    env = {**extra, "CLOUDTRAIN_NODE_IP": node.internal_ip, "CLOUDTRAIN_ROOT": node.root_dir,
+           "CLOUDTRAIN_TORCH": cfg.torch}
+    if cfg.python:
+        env["CLOUDTRAIN_PYTHON"] = cfg.python
+    if cfg.torch_index:
+        env["CLOUDTRAIN_TORCH_INDEX"] = cfg.torch_index
+    if cfg.cuda_toolkit:
+        env["CLOUDTRAIN_CUDA_TOOLKIT"] = "1"
+    return env
+
+
+def stamp_path(node: NodeRow, env: dict[str, str]) -> str:
+    """The file that says this node was bootstrapped with these scripts and these choices."""
+    key = hashlib.sha256(repr(sorted(env.items())).encode()).hexdigest()[:10]
+    return str(PurePosixPath(script_dir(node)) / f".done-{key}")
 
 
 def _command(node: NodeRow, env: dict[str, str], force: bool) -> str:
@@ -80,17 +117,16 @@ def _command(node: NodeRow, env: dict[str, str], force: bool) -> str:
     exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
     script = f"""
 set -o pipefail
-root={shlex.quote(root)}; d={shlex.quote(d)}
+root={shlex.quote(root)}; d={shlex.quote(d)}; stamp={shlex.quote(stamp_path(node, env))}
 mkdir -p "$root/workdir" "$root/jobs" "$root/bootstrap" || exit 90
-if [ -f "$d/.done" ] && [ {int(force)} = 0 ]; then
-    echo ::skipped; cat "$d/.done"; cat > /dev/null; exit 0
+if [ -f "$stamp" ] && [ {int(force)} = 0 ]; then
+    echo ::skipped; cat "$stamp"; cat > /dev/null; exit 0
 fi
 rm -rf "$d.tmp" && mkdir -p "$d.tmp" && tar -xzf - -C "$d.tmp" || exit 91
 rm -rf "$d" && mv "$d.tmp" "$d" || exit 92
-cd "$d" || exit 93
-env {exports} bash ./node.sh 2>&1 | tee "$d/bootstrap.log"
+env {exports} bash "$d/node.sh" 2>&1 | tee "$d/bootstrap.log"
 rc=${{PIPESTATUS[0]}}
-if [ "$rc" = 0 ]; then grep '^::result ' "$d/bootstrap.log" > "$d/.done"; fi
+if [ "$rc" = 0 ]; then grep -E '^::(result|step|found|installed|skip) ' "$d/bootstrap.log" > "$stamp"; fi
 exit "$rc"
 """
     return bash(script)
@@ -104,20 +140,32 @@ def run(group: Group, env_for: Callable[[NodeRow], dict[str, str]], *, force: bo
     reports = {n.rank: NodeReport(n.rank) for n in group.nodes}
     lock = threading.Lock()
 
+    starts: dict[int, list[float]] = {r: [] for r in reports}
+
     def on_line(rank: int, line: str) -> None:
         rep = reports[rank]
         now = time.monotonic()
+        tag, _, rest = line.partition(" ")
         with lock:
             if line == "::skipped":
                 rep.skipped = True
-            elif line.startswith("::step "):
-                name = line[len("::step "):].strip()
-                rep.steps.append((name, now))  # start time for now; durations at the end
+            elif tag == "::step":
+                rep.steps.append(StepReport(rest.strip()))
+                starts[rank].append(now)
                 if on_step is not None:
-                    on_step(rank, name)
-            elif line.startswith("::result "):
-                k, _, v = line[len("::result "):].partition("=")
+                    on_step(rank, rest.strip())
+            elif tag in ("::found", "::installed", "::skip") and rep.steps:
+                cur = rep.steps[-1]
+                if tag == "::installed":
+                    # "installed KEY TEXT": the key names what for the results; show the text
+                    _, _, rest = rest.partition(" ")
+                if cur.outcome != "installed":
+                    cur.outcome, cur.detail = tag[2:], rest.strip()
+            elif tag == "::result":
+                k, _, v = rest.partition("=")
                 rep.results[k.strip()] = v.strip()
+            elif tag == "::fail":
+                rep.failure = rest.strip()
             else:
                 rep.tail = (rep.tail + [line])[-TAIL_LINES:]
 
@@ -129,19 +177,23 @@ def run(group: Group, env_for: Callable[[NodeRow], dict[str, str]], *, force: bo
     for rank, r in res.items():
         rep = reports[rank]
         rep.seconds = end - t_start
-        starts = [t for _, t in rep.steps] + [end]
-        rep.steps = [(name, starts[i + 1] - t0) for i, (name, t0) in enumerate(rep.steps)]
+        marks = starts[rank] + [end]
+        for i, st in enumerate(rep.steps):
+            st.seconds = 0.0 if rep.skipped else marks[i + 1] - marks[i]
         if not r.ok:
             rep.error = str(r.error) if r.error else f"exit {r.exit_code}"
-            rep.failed_step = rep.steps[-1][0] if rep.steps else "upload"
+            rep.failed_step = rep.steps[-1].name if rep.steps else "upload"
             failed.append(rep)
     if failed:
         parts = []
         for rep in failed:
             tail = "\n    ".join(rep.tail[-8:]) or "(no output)"
-            parts.append(f"node {rep.rank}: step '{rep.failed_step}' failed ({rep.error}); last lines:\n    {tail}")
+            why = f"\n  {rep.failure}" if rep.failure else ""
+            parts.append(f"node {rep.rank}: step '{rep.failed_step}' failed ({rep.error}).{why}"
+                         f"\n  last log lines:\n    {tail}")
         raise RemoteError("Bootstrap failed.\n" + "\n".join(parts),
-                          "Fix the cause on the node (see the lines above; the full log is in "
-                          "<node>/" + "cloudtrain/bootstrap/<version>/bootstrap.log), then run "
-                          "'cloudtrain up' again: nodes already done are skipped.")
+                          "Fix the cause on the node (the full log is "
+                          "~/cloudtrain/bootstrap/<version>/bootstrap.log there), then run "
+                          "'cloudtrain up' again: nodes already done are skipped, and installs "
+                          "already made are not redone.")
     return reports

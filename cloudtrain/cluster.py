@@ -11,7 +11,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from . import bootstrap as bootstrap_mod
 from . import registry
@@ -19,7 +19,7 @@ from .errors import ClusterNotFound, ProviderError, UserError
 from .keys import ClusterKeys, ensure_keys, is_pinned, pin_host_keys
 from .provider import ClusterRequest, Node, Plan, Provider, ProviderContext
 from .remote import Group
-from .spec import Task, provider_options
+from .spec import BootstrapSpec, Task, provider_options
 from .state import ClusterRow, NodeRow, State, open_state
 from .ui import UI
 
@@ -236,27 +236,41 @@ def node_env(handle: Handle) -> dict[str, str]:
     return dict(fn(handle.name)) if callable(fn) else {}
 
 
-def run_bootstrap(env: Env, handle: Handle, group: Group, force: bool = False) -> None:
+def bootstrap_env(handle: Handle, cfg: BootstrapSpec) -> Callable[[NodeRow], dict[str, str]]:
     extra = node_env(handle)
+    return lambda n: bootstrap_mod.node_env(cfg, n, extra)
+
+
+def run_bootstrap(env: Env, handle: Handle, group: Group, cfg: BootstrapSpec,
+                  force: bool = False) -> None:
     t0 = time.monotonic()
-    reports = bootstrap_mod.run(
-        group, lambda n: {**extra, "CLOUDTRAIN_NODE_IP": n.internal_ip}, force=force)
+    reports = bootstrap_mod.run(group, bootstrap_env(handle, cfg), force=force)
     for rank, rep in sorted(reports.items()):
         r = rep.results
         env.state.set_node_bootstrap(
             handle.name, rank, version=bootstrap_mod.version(), iface=r.get("iface") or None,
             python_bin=r.get("python_bin") or None,
             gpus=int(r["gpus"]) if r.get("gpus", "").isdigit() else None, info=r)
-        found = ", ".join(f"{k}={v}" for k, v in r.items() if v)
-        if rep.skipped:
-            env.ui.info(f"  node {rank}: bootstrap already done ({found})")
-        else:
-            steps = ", ".join(f"{name} {secs:.2f}s" for name, secs in rep.steps)
-            env.ui.info(f"  node {rank}: bootstrapped in {rep.seconds:.1f}s [{steps}] ({found})")
+        _show_report(env, rep)
     fresh = env.state.get_cluster(handle.name)
     if fresh is not None:
         handle.row.nodes = fresh.nodes
     env.ui.ok(f"Nodes ready in {time.monotonic() - t0:.1f}s")
+
+
+def _show_report(env: Env, rep: bootstrap_mod.NodeReport) -> None:
+    """Per node: what each step found or installed, and how long it took."""
+    if rep.skipped:
+        env.ui.info(f"  node {rep.rank}: already bootstrapped with these scripts; found "
+                    + "; ".join(f"{s.name}: {s.detail}" for s in rep.steps
+                                if s.outcome == "found" and s.name in ("gpu", "python", "torch")))
+        return
+    what = ", ".join(s.name for s in rep.installed) or "nothing"
+    env.ui.info(f"  node {rep.rank}: bootstrapped in {rep.seconds:.1f}s, installed {what}")
+    width = max((len(s.name) for s in rep.steps), default=0)
+    for s in rep.steps:
+        word = {"found": "found", "installed": "INSTALLED", "skip": "skipped"}.get(s.outcome, "done")
+        env.ui.info(f"    {s.name:<{width}}  {s.seconds:6.2f}s  {word:<9}  {s.detail}".rstrip())
 
 
 @contextmanager
@@ -286,7 +300,7 @@ def up(env: Env, task: Task, name: str, *, bootstrap: bool = True,
         if bootstrap:
             env.ui.step("Bootstrapping")
             try:
-                run_bootstrap(env, handle, group)
+                run_bootstrap(env, handle, group, task.bootstrap)
             except BaseException:
                 if fresh and not keep_on_failure:
                     _rollback(env, handle.provider, name)

@@ -14,7 +14,7 @@ from typing import Callable, TextIO
 
 from . import bootstrap as bootstrap_mod
 from . import sync, torchrun
-from .cluster import Env, Handle, cluster_uid, run_bootstrap, stop_processes
+from .cluster import Env, Handle, bootstrap_env, cluster_uid, run_bootstrap, stop_processes
 from .errors import Interrupted, JobFailed, RemoteError, UserError
 from .remote import Group, Result, bash
 from .spec import Task
@@ -224,12 +224,13 @@ class NodeFacts:
     setup_hash: str
 
 
-def _prep(group: Group, plan_mounts: list[str]) -> dict[int, NodeFacts]:
+def _prep(group: Group, plan_mounts: list[str],
+          boot_env: Callable[[NodeRow], dict[str, str]]) -> dict[int, NodeFacts]:
     """One round trip per node: is it bootstrapped with these scripts, and what was last
     synced and set up there."""
     def cmd(n: NodeRow) -> str:
         root = shlex.quote(n.root_dir)
-        stamp = shlex.quote(str(PurePosixPath(bootstrap_mod.script_dir(n)) / ".done"))
+        stamp = shlex.quote(bootstrap_mod.stamp_path(n, boot_env(n)))
         mk = " ".join(shlex.quote(str(PurePosixPath(sync.mount_target(n, m)).parent)) for m in plan_mounts)
         return bash(f"mkdir -p {root}/workdir {root}/jobs {mk}; "
                     f"if [ -f {stamp} ]; then echo boot=yes; fi; "
@@ -269,10 +270,10 @@ def run_task(env: Env, handle: Handle, group: Group, task: Task, *, detach: bool
              overrides: dict[str, str] | None = None, job_id: str | None = None) -> Outcome:
     overrides = overrides or {}
     job_id = job_id or new_job_id()
-    prep = _prep(group, list(task.file_mounts))
+    prep = _prep(group, list(task.file_mounts), bootstrap_env(handle, task.bootstrap))
     if not all(f.bootstrapped and n.python_bin for n, f in zip(handle.nodes, prep.values())):
         env.ui.step("Bootstrapping")
-        run_bootstrap(env, handle, group)
+        run_bootstrap(env, handle, group, task.bootstrap)
     nodes = handle.nodes
     ranks = [n.rank for n in nodes]
     if task.train is not None:

@@ -132,6 +132,39 @@ class Train(_Strict):
         return self
 
 
+_REQ_RE = re.compile(r"^torch(\s*(==|>=|<=|~=|<|>|!=)\s*[0-9][0-9A-Za-z.+*]*)?(\s*,\s*(==|>=|<=|~=|<|>|!=)\s*[0-9][0-9A-Za-z.+*]*)*$")
+
+
+class BootstrapSpec(_Strict):
+    """What bootstrap installs where a node lacks it (nothing is reinstalled where present)."""
+
+    torch: str = "torch"
+    torch_index: str | None = None
+    cuda_toolkit: bool = False
+    python: str | None = None  # a Python on the nodes to use first (e.g. a conda env)
+
+    @field_validator("python")
+    @classmethod
+    def _python(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith("/"):
+            raise ValueError("give the absolute path of a python on the nodes, e.g. /opt/conda/bin/python")
+        return v
+
+    @field_validator("torch")
+    @classmethod
+    def _torch(cls, v: str) -> str:
+        if not _REQ_RE.match(v.strip()):
+            raise ValueError("write a pip requirement for torch, e.g. 'torch' or 'torch==2.13.0'")
+        return v.strip()
+
+    @field_validator("torch_index")
+    @classmethod
+    def _index(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^https?://[^\s'\"]+$", v):
+            raise ValueError("write the wheel index URL, e.g. https://download.pytorch.org/whl/cu126")
+        return v
+
+
 class Task(_Strict):
     name: str | None = None
     num_nodes: int = Field(1, ge=1, le=512)
@@ -142,6 +175,7 @@ class Task(_Strict):
     setup: str | None = None
     run: str | None = None
     train: Train | None = None
+    bootstrap: BootstrapSpec = Field(default_factory=BootstrapSpec)
     outputs: list[str] = Field(default_factory=list)
     outputs_from: Literal["head", "all"] = "head"
     outputs_dir: str = "cloudtrain-outputs"

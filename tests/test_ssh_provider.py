@@ -3,7 +3,9 @@ stand in for the user's hosts."""
 
 from __future__ import annotations
 
+
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -31,6 +33,8 @@ resources:
   ssh:
     hosts:
 {entries}
+bootstrap:
+  python: {sys.executable}
 run: |
   echo "on $CLOUDTRAIN_NODE_RANK head=$CLOUDTRAIN_HEAD_IP"
   sleep 300 &
