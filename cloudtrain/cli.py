@@ -128,6 +128,29 @@ def cli() -> None:
 
 
 @cli.command(context_settings=CONTEXT)
+@click.argument("directory", default=".", type=click.Path(file_okay=False))
+@click.option("--force", is_flag=True, help="Overwrite files the template would replace.")
+@_guard
+def init(directory: str, force: bool) -> None:
+    """Start a project in DIRECTORY from the training template: a DDP training script and
+    example tasks (local 2-node demo, AWS 2 x A100:8)."""
+    from pathlib import Path
+
+    from .scaffold import scaffold
+    from .ui import UI
+
+    ui = UI()
+    dest = Path(directory)
+    written = scaffold(dest, force=force)
+    for p in written:
+        ui.info(f"  {p}")
+    where = "" if dest.resolve() == Path.cwd().resolve() else f"{directory.rstrip('/')}/"
+    ui.ok(f"Project ready ({len(written)} files). Next:\n"
+          f"  cloudtrain launch {where}task.yaml --down        # 2 local nodes x 2 processes\n"
+          f"  cloudtrain up {where}task-aws.yaml --dry-run     # 2 x A100:8 on AWS: the plan first")
+
+
+@cli.command(context_settings=CONTEXT)
 @click.argument("task_file", type=click.Path(dir_okay=False))
 @click.option("-c", "--cluster", "cluster_name", help="Cluster name (default: the task's name).")
 @click.option("-y", "--yes", is_flag=True, help="Do not ask before spending money.")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-DEMO = REPO / "templates" / "demo"
+DEMO = REPO / "tests" / "fixtures" / "demo"
 
 
 def _has_torch() -> bool:

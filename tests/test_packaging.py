@@ -87,17 +87,18 @@ def test_wheel_bootstrap_and_templates_live_in_site_packages(venv_python: Path) 
                               "       'tf': sorted(str(p.relative_to(t)) for p in t.rglob('*'))}")
     assert Path(out["b"]).resolve() == sp / "cloudtrain" / "_data" / "bootstrap", out
     assert Path(out["t"]).resolve() == sp / "cloudtrain" / "_data" / "templates", out
-    for name in ("node.sh", "ctjob.sh", "ctkill.sh", "ctworker.sh"):
+    for name in ("node.sh", "lib.sh", "versions.tsv", "cuda_drivers.tsv", "ctjob.sh", "ctkill.sh",
+                 "ctworker.sh"):
         assert name in out["bf"], out["bf"]
         assert (sp / "cloudtrain" / "_data" / "bootstrap" / name).stat().st_size > 0
-    for rel in ("demo/ddp_demo.py", "demo/task.yaml"):
+    for rel in ("train/train.py", "train/task.yaml", "train/task-aws.yaml", "train/README.md"):
         assert rel in out["tf"], out["tf"]
-    # The shipped demo task is itself a valid task file.
-    task = sp / "cloudtrain" / "_data" / "templates" / "demo" / "task.yaml"
+    # The shipped example task is itself a valid task file.
+    task = sp / "cloudtrain" / "_data" / "templates" / "train" / "task.yaml"
     out = _probe(venv_python, f"from cloudtrain.spec import load_task\n"
                               f"t = load_task({str(task)!r})\n"
-                              f"out = [t.name, t.num_nodes, t.train.script]")
-    assert out == ["demo", 2, "ddp_demo.py"]
+                              f"out = [t.num_nodes, t.train.script, t.train.nproc_per_node]")
+    assert out == [2, "train.py", 2]
 
 
 def test_wheel_provider_entry_points_load_from_the_venv(venv_python: Path) -> None:
