@@ -414,6 +414,17 @@ def down(names: tuple[str, ...], all_: bool, yes: bool, provider_name: str | Non
         sys.exit(max(getattr(e, "exit_code", 1) for e in failed))
 
 
+def _register_commands() -> None:
+    """Commands kept in their own modules (each imports only click at module level)."""
+    from . import cmd_catalog, cmd_cost, cmd_report
+
+    for mod in (cmd_catalog, cmd_cost, cmd_report):
+        mod.register(cli)
+
+
+_register_commands()
+
+
 def main() -> None:
     cli(prog_name="cloudtrain")
 

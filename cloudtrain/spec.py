@@ -72,6 +72,7 @@ class Resources(BaseModel):
     image: str | None = None
     ports: list[int] = Field(default_factory=list)
     ssh_cidr: str | None = None
+    max_hourly_cost: float | None = Field(None, gt=0)   # USD per hour for the whole cluster
 
     @field_validator("accelerators", mode="before")
     @classmethod
@@ -179,6 +180,8 @@ class Task(_Strict):
     outputs: list[str] = Field(default_factory=list)
     outputs_from: Literal["head", "all"] = "head"
     outputs_dir: str = "cloudtrain-outputs"
+    max_cost_usd: float | None = Field(None, gt=0)  # budget for this task's cluster, USD
+    max_hours: float | None = Field(None, gt=0)     # how long it is expected/allowed to run
 
     # Set by load_task, not by the user: where relative paths start.
     base_dir: Path = Field(default=Path("."), exclude=True)

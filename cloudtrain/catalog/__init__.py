@@ -1,0 +1,1 @@
+"""GPU offers and prices (see model.py for the records)."""

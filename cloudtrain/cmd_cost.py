@@ -1,0 +1,9 @@
+"""``cloudtrain cost TASK``: ranked offers, estimates, memory fit."""
+
+from __future__ import annotations
+
+import click
+
+
+def register(cli: click.Group) -> None:
+    """Add this module's commands to the top-level group."""

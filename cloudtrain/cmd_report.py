@@ -1,0 +1,9 @@
+"""``cloudtrain cost-report``: the spend ledger."""
+
+from __future__ import annotations
+
+import click
+
+
+def register(cli: click.Group) -> None:
+    """Add this module's commands to the top-level group."""
