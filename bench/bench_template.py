@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -54,11 +53,18 @@ def run_once(nproc: int, args: argparse.Namespace, gpus: int) -> dict[str, objec
         if args.hidden:
             cmd += ["--hidden", str(args.hidden)]
         env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-        before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+        # A fresh wrapper process per run, so its children's peak RSS is this run's alone.
+        wrapper = ("import resource, subprocess, sys\n"
+                   "rc = subprocess.run(sys.argv[1:]).returncode\n"
+                   "print('maxrss_kb', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss,"
+                   " file=sys.stderr)\n"
+                   "sys.exit(rc)")
         t0 = time.monotonic()
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+        r = subprocess.run([sys.executable, "-c", wrapper, *cmd], env=env, capture_output=True,
+                           text=True, timeout=args.timeout)
         wall = time.monotonic() - t0
-        rss_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+        kb = [ln.split()[1] for ln in r.stderr.splitlines() if ln.startswith("maxrss_kb ")]
+        rss_mb = int(kb[-1]) / 1024 if kb else None
         if r.returncode != 0:
             raise SystemExit(f"train.py with {nproc} process(es) failed ({r.returncode}):\n"
                              f"{r.stderr[-3000:]}")
@@ -66,7 +72,7 @@ def run_once(nproc: int, args: argparse.Namespace, gpus: int) -> dict[str, objec
         return {"nproc": nproc, "backend": res["backend"], "precision": res["precision"],
                 "samples_per_sec": float(res["samples_per_sec"]),
                 "gpu_peak_mb": res.get("peak_mem_mb"),
-                "rss_peak_mb": rss_mb if rss_mb > before / 1024 else None, "wall": wall}
+                "rss_peak_mb": rss_mb, "wall": wall}
 
 
 def main() -> int:
