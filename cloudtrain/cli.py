@@ -180,6 +180,15 @@ def up(task_file: str, cluster_name: str | None, yes: bool, dry_run: bool, no_bo
               f"Next: cloudtrain launch {task_file} -c {name}")
 
 
+def _finite(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    """Option callback: reject nan and inf, which click's FloatRange lets through."""
+    import math
+
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"{value} is not a finite number.", ctx, param)
+    return value
+
+
 @cli.command(context_settings=CONTEXT)
 @click.argument("task_file", type=click.Path(dir_okay=False))
 @click.option("-c", "--cluster", "cluster_name", help="Cluster name (default: the task's name).")
@@ -188,15 +197,32 @@ def up(task_file: str, cluster_name: str | None, yes: bool, dry_run: bool, no_bo
 @click.option("-d", "--detach", is_flag=True, help="Start the job and return; see 'logs --follow'.")
 @click.option("-y", "--yes", is_flag=True, help="Do not ask before spending money.")
 @click.option("--env", "envs", multiple=True, metavar="K=V", help="Extra environment (repeatable).")
+@click.option("--max-cost", "max_cost", type=click.FloatRange(min=0, min_open=True), metavar="USD",
+              callback=_finite,
+              help="Budget for the cluster in USD (overrides the task's max_cost_usd).")
+@click.option("--hours", "hours", type=click.FloatRange(min=0, min_open=True), metavar="H",
+              callback=_finite,
+              help="Hours the run may take, for the budget's estimate (overrides max_hours).")
+@click.option("--no-budget", is_flag=True, help="Ignore max_cost_usd: no estimate, no watch.")
 @_guard
 def launch(task_file: str, cluster_name: str | None, down_after: bool, detach: bool, yes: bool,
-           envs: tuple[str, ...]) -> None:
+           envs: tuple[str, ...], max_cost: float | None, hours: float | None,
+           no_budget: bool) -> None:
     """Run TASK_FILE on a cluster: up if needed, sync, setup, run on every node, stream logs.
 
-    Exits with the job's exit code (the first failing node's), 130 on Ctrl-C."""
+    With a budget (max_cost_usd, or --max-cost), launch refuses (exit 2, nothing created)
+    when what the cluster has cost so far plus its $/h x hours (--hours, or max_hours)
+    exceeds it, or when no hours are given. While the job runs it warns at 80% of the budget
+    and, at 100%, stops the job everywhere, tears the cluster down and exits 3. The budget
+    covers the whole cluster, earlier launches on it included. -d cannot be watched: it is
+    refused with a budget (use --no-budget to launch detached without one).
+
+    Exits with the job's exit code (the first failing node's), 3 when the budget was
+    reached, 130 on Ctrl-C."""
+    from . import budget as bg
     from . import cluster as cl
     from . import launch as ln
-    from .errors import UserError
+    from .errors import CloudtrainError, UserError
 
     _sigterm_as_interrupt()
     task = _load(task_file)
@@ -204,17 +230,51 @@ def launch(task_file: str, cluster_name: str | None, down_after: bool, detach: b
     if detach and down_after:
         raise UserError("--detach and --down do not go together: the job would be torn down "
                         "right after it starts.", "Drop one of them.")
+    budget = bg.resolve(task.max_cost_usd, task.max_hours, max_cost=max_cost, hours=hours,
+                        no_budget=no_budget)
+    if budget is not None and detach:
+        raise UserError(
+            f"A budget of ${budget.max_cost_usd:.2f} is set, and only a launch that stays in the "
+            "foreground can watch it (-d returns right away; nothing would stop the job at 100%).",
+            "Drop -d, or pass --no-budget to launch detached without the guard.")
     env = _env()
     name = cl.resolve_name(task, cluster_name, task_file)
     plan = cl.plan(env, task, name)
-    if env.state.get_cluster(name) is None:
+    existing = env.state.get_cluster(name)
+    if budget is not None:
+        from .ledger import cluster_spend
+
+        estimate = bg.check_before_launch(
+            budget, cluster=name,
+            price_per_node=existing.hourly_price if existing else plan.hourly_price_per_node,
+            num_nodes=existing.num_nodes if existing else plan.num_nodes,
+            spent=cluster_spend(env.state, name) if existing else 0.0)
+        env.ui.info(f"Estimate for {budget.hours:g} h: ${estimate:.4f} of the "
+                    f"${budget.max_cost_usd:.4f} budget.")
+    if existing is None:
         _confirm_cost(env, plan, yes)
+    over: bg.BudgetExceeded | None = None
     try:
-        with cl.opened(env, task, name, planned=plan) as (handle, group, _):
-            outcome = ln.run_task(env, handle, group, task, detach=detach, overrides=overrides)
+        try:
+            with cl.opened(env, task, name, planned=plan) as (handle, group, _):
+                guard = None if budget is None else bg.Watch(env.state, name,
+                                                             budget.max_cost_usd, env.ui)
+                outcome = ln.run_task(env, handle, group, task, detach=detach,
+                                      overrides=overrides, guard=guard)
+        except bg.BudgetExceeded as exc:
+            over = exc
+            env.state.mark_usage_end(name, exc.reason)   # the ledger's reason, once it is down
     finally:
-        if down_after:
-            _teardown_shielded(env, name, task.resources.provider)
+        if down_after or over is not None:
+            try:
+                _teardown_shielded(env, name, plan.provider or task.resources.provider or "local")
+            except CloudtrainError:
+                if over is not None:
+                    env.ui.error(f"The budget was reached ({over.reason}) and the job stopped, "
+                                 f"but the cluster is still up: run 'cloudtrain down {name}'.")
+                raise
+    if over is not None:
+        raise over
     if outcome.detached:
         env.ui.ok(f"Job {outcome.job_id} started on every node. Follow it: "
                   f"cloudtrain logs {name} --follow")

@@ -15,7 +15,8 @@ from typing import Callable, Iterator
 
 from . import bootstrap as bootstrap_mod
 from . import registry
-from .errors import ClusterNotFound, ProviderError, UserError
+from .catalog.model import Offer
+from .errors import CapacityError, ClusterNotFound, ProviderError, QuotaError, UserError
 from .keys import ClusterKeys, ensure_keys, is_pinned, pin_host_keys
 from .provider import ClusterRequest, Node, Plan, Provider, ProviderContext
 from .remote import Group
@@ -113,13 +114,24 @@ def _request(task: Task, name: str, public_key: str) -> ClusterRequest:
                           options=provider_options(task), public_key=public_key)
 
 
-def plan(env: Env, task: Task, name: str) -> Plan:
-    """What ``up`` would do. Creates nothing, anywhere."""
-    provider = registry.get(task.resources.provider, env.pctx)
+def plan(env: Env, task: Task, name: str, *, offers: list[Offer] | None = None) -> Plan:
+    """What ``up`` would do. Creates nothing, anywhere. A task with GPUs (or an instance type)
+    that names no provider, or a cloud but no region, gets the planner's cheapest feasible
+    offer (from ``offers``, or the catalog when None)."""
+    from . import planner
+
+    existing = env.state.get_cluster(name)
+    picked = None
+    if planner.needs_pick(task):
+        picked = planner.pick_for_up(task, offers, existing,
+                                     load=lambda: planner.catalog_offers(env.home))
+        task = planner.resolved(task, picked[0])
+    provider = registry.get(str(task.resources.provider), env.pctx)
     request = _request(task, name, public_key="")
     provider.check(request)
     p = provider.plan(request)
-    existing = env.state.get_cluster(name)
+    if picked is not None:
+        planner.fill(p, *picked)
     if existing is not None:
         p.notes.insert(0, f"cluster '{name}' exists ({existing.status}); up adopts its nodes")
     return p
@@ -143,6 +155,16 @@ def provision(env: Env, task: Task, name: str, *, keep_on_failure: bool = False,
     whether this call created the cluster (so a failure afterwards can roll it back).
     ``planned``: the result of :func:`plan` for this task, when the caller has it already
     (the provider's check and plan are then not asked again)."""
+    from . import planner
+
+    if planner.needs_pick(task):  # the planner picks, and fails over down its ranked list
+        return _provision_picked(env, task, name, keep_on_failure=keep_on_failure,
+                                 planned=planned)
+    return _provision(env, task, name, keep_on_failure=keep_on_failure, planned=planned)
+
+
+def _provision(env: Env, task: Task, name: str, *, keep_on_failure: bool,
+               planned: Plan | None) -> tuple[Handle, bool]:
     existing = env.state.get_cluster(name)
     if existing is not None and existing.provider != task.resources.provider:
         raise UserError(
@@ -208,6 +230,29 @@ def provision(env: Env, task: Task, name: str, *, keep_on_failure: bool = False,
                           if not n.host_keys and old_ids.get(n.rank) != n.instance_id
                           and not is_pinned(keys.known_hosts, n.host, n.port))
         return Handle(stored, provider, keys, learn), fresh
+
+
+def _provision_picked(env: Env, task: Task, name: str, *, keep_on_failure: bool,
+                      planned: Plan | None) -> tuple[Handle, bool]:
+    """Provision on the planner's pick; when that offer has no capacity or quota, roll back
+    and take the next one of the same ranked list."""
+    from . import planner
+
+    planned = planned or plan(env, task, name)
+    choices = [planned, *planned.alternatives]
+    for i, choice in enumerate(choices):
+        resolved = planner.resolved(task, choice)
+        p = choice if i == 0 else planner.fill(plan(env, resolved, name), choice, [], [])
+        try:
+            return _provision(env, resolved, name, keep_on_failure=keep_on_failure, planned=p)
+        except (CapacityError, QuotaError) as exc:
+            if keep_on_failure or i + 1 == len(choices) or env.state.get_cluster(name) is not None:
+                raise
+            nxt = choices[i + 1]
+            env.ui.warn(f"{choice.provider} {choice.instance_type} in {choice.region}: "
+                        f"{exc.message} Failing over to {nxt.provider} {nxt.instance_type} in "
+                        f"{nxt.region}.")
+    raise AssertionError("unreachable")
 
 
 def _rollback(env: Env, provider: Provider, name: str) -> None:

@@ -65,7 +65,7 @@ def catalog_info(as_json: bool) -> None:
             "user": "user-local (written by 'cloudtrain catalog refresh')"}.get(cat.info.kind,
                                                                               cat.info.kind)
     rows = [("catalog", kind), ("path", cat.info.path),
-            ("as of", f"{cat.info.as_of} ({_age(age)})")]
+            ("as of", f"{cat.info.as_of} ({describe_age(age)})")]
     if cat.note:
         rows.append(("note", cat.note))
     rows += [("source", cat.info.source),
@@ -82,7 +82,7 @@ def catalog_info(as_json: bool) -> None:
         click.echo("corrections: none")
 
 
-def _age(days: float | None) -> str:
+def describe_age(days: float | None) -> str:
     if days is None:
         return "age unknown"
     if days < 1:
@@ -170,7 +170,7 @@ def _footer(cat: Catalog, shown: int, total: int) -> None:
     msg = f"{shown} offer{'s' if shown != 1 else ''}"
     if total > shown:
         msg += f" (of {total}; --all for every one)"
-    msg += (f". Prices: {where}, as of {cat.info.as_of} ({_age(age)}); "
+    msg += (f". Prices: {where}, as of {cat.info.as_of} ({describe_age(age)}); "
             "see 'cloudtrain catalog info'.")
     click.echo(msg, err=True)
 

@@ -10,7 +10,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Callable, TextIO
+from typing import TYPE_CHECKING, Callable, TextIO
 
 from . import bootstrap as bootstrap_mod
 from . import sync, torchrun
@@ -19,6 +19,9 @@ from .errors import Interrupted, JobFailed, RemoteError, UserError
 from .remote import Group, Result, bash
 from .spec import Task
 from .state import NodeRow
+
+if TYPE_CHECKING:
+    from .budget import Watch
 
 STOP_GRACE = 3
 
@@ -151,6 +154,7 @@ class _Job:
         self.stopping = threading.Event()
         self._stopper: threading.Thread | None = None
         self.lock = threading.Lock()
+        self._last_stop = 0.0
 
     def _jdirs(self) -> dict[int, str]:
         return {n.rank: job_dir(n, self.job_id) for n in self.handle.nodes}
@@ -160,8 +164,19 @@ class _Job:
             return
         self.stopping.set()
         self.env.ui.warn(reason)
+        self._last_stop = time.monotonic()
         stop_processes(self.env, self.handle, f"CLOUDTRAIN_JOB_ID={self.job_id}", self._jdirs(),
                        grace=STOP_GRACE, group=self.group)
+
+    def stop_for_budget(self, reason: str) -> None:
+        """Called by the budget watch at 100 %, and again on its later polls while this job
+        still runs: a node whose job started just after the first stop is stopped too."""
+        if not self.stopping.is_set():
+            self.stop_everywhere(f"{reason}: stopping job {self.job_id} on every node")
+        elif time.monotonic() - self._last_stop >= 1.0:
+            self._last_stop = time.monotonic()
+            stop_processes(self.env, self.handle, f"CLOUDTRAIN_JOB_ID={self.job_id}",
+                           self._jdirs(), grace=STOP_GRACE, group=self.group)
 
     def _on_done(self, r: Result) -> None:
         code = r.exit_code if r.error is None else None
@@ -267,13 +282,56 @@ def sync_plan(task: Task) -> sync.SyncPlan:
 
 
 def run_task(env: Env, handle: Handle, group: Group, task: Task, *, detach: bool = False,
-             overrides: dict[str, str] | None = None, job_id: str | None = None) -> Outcome:
+             overrides: dict[str, str] | None = None, job_id: str | None = None,
+             guard: Watch | None = None) -> Outcome:
+    """``guard``: a budget watch that runs from here until the job ends (foreground only). When
+    it reaches the budget, the job is stopped on every node, outputs are pulled back, the
+    launch is recorded as BUDGET and :class:`~cloudtrain.budget.BudgetExceeded` is raised (the
+    caller tears the cluster down)."""
+    if guard is None:
+        return _run_task(env, handle, group, task, detach=detach, overrides=overrides,
+                         job_id=job_id, guard=None)
+    if detach:
+        raise UserError("A budget cannot be watched on a detached launch.",
+                        "Run it in the foreground, or launch with --no-budget.")
+    guard.start()
+    try:
+        return _run_task(env, handle, group, task, detach=False, overrides=overrides,
+                         job_id=job_id, guard=guard)
+    finally:
+        guard.stop()
+
+
+def _run_guarded(job: _Job, guard: Watch | None, detach: bool = False) -> dict[int, Result]:
+    if guard is None:
+        return job.run(detach=detach)
+    guard.attach(job.stop_for_budget)
+    try:
+        return job.run(detach=detach)
+    finally:
+        guard.detach()
+
+
+def _budget_spent(env: Env, guard: Watch | None, job_id: str | None) -> None:
+    """Between steps: raise once the watch has found the budget spent."""
+    if guard is None or not guard.exceeded.is_set():
+        return
+    err = guard.error()
+    if job_id is not None:
+        env.state.finish_launch(job_id, "BUDGET", err.exit_code, None, err.reason)
+    raise err
+
+
+def _run_task(env: Env, handle: Handle, group: Group, task: Task, *, detach: bool,
+              overrides: dict[str, str] | None, job_id: str | None,
+              guard: Watch | None) -> Outcome:
     overrides = overrides or {}
     job_id = job_id or new_job_id()
     prep = _prep(group, list(task.file_mounts), bootstrap_env(handle, task.bootstrap))
     if not all(f.bootstrapped and n.python_bin for n, f in zip(handle.nodes, prep.values())):
         env.ui.step("Bootstrapping")
         run_bootstrap(env, handle, group, task.bootstrap)
+    _budget_spent(env, guard, None)
     nodes = handle.nodes
     ranks = [n.rank for n in nodes]
     if task.train is not None:
@@ -302,6 +360,7 @@ def run_task(env: Env, handle: Handle, group: Group, task: Task, *, detach: bool
                               "Check the nodes with 'cloudtrain status' and run launch again.")
         env.ui.ok(f"Synced in {time.monotonic() - t0:.2f}s")
     _mark(group, [n.rank for n in stale], ".sync-fp", fp)
+    _budget_spent(env, guard, None)
 
     logs = env.logs_dir(handle.name) / job_id
     env.state.add_launch(handle.name, job_id, task.name, detach)
@@ -316,12 +375,13 @@ def run_task(env: Env, handle: Handle, group: Group, task: Task, *, detach: bool
                                       task.setup) for n in nodes}
             job = _Job(env, handle, group, job_id + "-setup", scripts, sink, todo)
             try:
-                res = job.run()
+                res = _run_guarded(job, guard)
             except Interrupted:
                 env.state.finish_launch(job_id, "INTERRUPTED", 130, None)
                 raise
             finally:
                 sink.close()
+            _budget_spent(env, guard, job_id)
             first = job.first_failure()
             if first is not None:
                 rank, code = first
@@ -344,12 +404,18 @@ def run_task(env: Env, handle: Handle, group: Group, task: Task, *, detach: bool
     env.ui.step(f"Running job {job_id} on {len(nodes)} node(s)")
     job = _Job(env, handle, group, job_id, scripts, sink, ranks)
     try:
-        res = job.run(detach=detach)
+        res = _run_guarded(job, guard, detach=detach)
     except Interrupted:
         env.state.finish_launch(job_id, "INTERRUPTED", 130, None)
         raise
     finally:
         sink.close()
+    if guard is not None and guard.exceeded.is_set():
+        # Stopped for the budget: what the job wrote (a checkpoint on SIGTERM) comes back
+        # before the caller tears the cluster down.
+        if task.outputs:
+            pull_outputs(env, handle, task)
+        _budget_spent(env, guard, job_id)
     if detach:
         not_started = [r for r in res.values() if not r.ok]
         if not_started:

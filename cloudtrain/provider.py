@@ -100,6 +100,9 @@ class Plan:
     hourly_price_per_node: float | None = None
     creates: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    alternatives: list[Plan] = field(default_factory=list)
+    """When the planner chose the offer (no provider in the task): the next offers in rank
+    order, which ``up`` fails over to when this one has no capacity or quota."""
 
 
 @dataclass(frozen=True)

@@ -62,7 +62,9 @@ class Resources(BaseModel):
 
     model_config = ConfigDict(extra="allow", frozen=True)
 
-    provider: str = "local"
+    # None: the planner picks the cheapest cloud with credentials (only when accelerators or
+    # instance_type are given; without them the default stays "local", see _default_provider).
+    provider: str | None = None
     region: str | None = None
     zone: str | None = None
     accelerators: Accelerators | None = None
@@ -73,6 +75,14 @@ class Resources(BaseModel):
     ports: list[int] = Field(default_factory=list)
     ssh_cidr: str | None = None
     max_hourly_cost: float | None = Field(None, gt=0)   # USD per hour for the whole cluster
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_provider(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("provider") is None:
+            if data.get("accelerators") in (None, "", "none") and not data.get("instance_type"):
+                return {**data, "provider": "local"}
+        return data
 
     @field_validator("accelerators", mode="before")
     @classmethod
@@ -300,7 +310,10 @@ def _error_from_validation(exc: ValidationError, located: LocatedYaml, source: s
                      line=line, source=source)
 
 
-def parse_task(text: str, source: str = "task.yaml", base_dir: Path | None = None) -> Task:
+def parse_task(text: str, source: str = "task.yaml", base_dir: Path | None = None, *,
+               known_providers: tuple[str, ...] = ()) -> Task:
+    """``known_providers``: names accepted even when not installed (``cost`` prices clouds
+    whose provider is not installed yet)."""
     located = load_located(text, source)
     if not isinstance(located.data, dict):
         raise SpecError("the task file must be a mapping of fields (name:, num_nodes:, run: ...)",
@@ -311,11 +324,12 @@ def parse_task(text: str, source: str = "task.yaml", base_dir: Path | None = Non
         raise _error_from_validation(exc, located, source) from None
     task = task.model_copy(update={"base_dir": (base_dir or Path(".")).resolve()})
     task._located, task._source = located, source
-    _check_provider_options(task, located, source)
+    _check_provider_options(task, located, source, known_providers)
     return task
 
 
-def _check_provider_options(task: Task, located: LocatedYaml, source: str) -> None:
+def _check_provider_options(task: Task, located: LocatedYaml, source: str,
+                            known_providers: tuple[str, ...] = ()) -> None:
     from . import registry
 
     extras = task.resources.provider_options_raw()
@@ -326,14 +340,16 @@ def _check_provider_options(task: Task, located: LocatedYaml, source: str) -> No
             fields = [f for f in Resources.model_fields]
             close = get_close_matches(key, fields + known, n=1, cutoff=0.6)
             if key in known:
-                hint = (f"Options for '{key}' apply only with 'provider: {key}'; this task uses "
-                        f"'{task.resources.provider}'.")
+                uses = f"'{task.resources.provider}'" if task.resources.provider else "none"
+                hint = f"Options for '{key}' apply only with 'provider: {key}'; this task names {uses}."
             else:
                 hint = f"Did you mean '{close[0]}'?" if close else \
                     f"Known fields here: {', '.join(fields)}."
             raise SpecError("unknown field", hint=hint, field=f"resources.{key}", line=line,
                             source=source)
     # Unknown provider names are reported now, before anything is created.
+    if task.resources.provider is None or task.resources.provider in known_providers:
+        return
     try:
         registry.provider_class(task.resources.provider)
     except SpecError:
@@ -348,9 +364,11 @@ def provider_options(task: Task) -> BaseModel | None:
     """Validate ``resources.<provider>`` with the provider's own options model."""
     from . import registry
 
-    cls = registry.provider_class(task.resources.provider)
-    model = getattr(cls, "options_model", None)
     name = task.resources.provider
+    if name is None:  # not resolved yet (the planner picks it): nothing to validate against
+        return None
+    cls = registry.provider_class(name)
+    model = getattr(cls, "options_model", None)
     raw = task.resources.provider_options_raw().get(name, {})
     where = {"source": task._source, "line": task.line_of("resources", name)}
     if model is None:
@@ -377,7 +395,7 @@ def provider_options(task: Task) -> BaseModel | None:
         raise SpecError(msg, field=field, hint="Fix it and run again.", **where) from None
 
 
-def load_task(path: str | Path) -> Task:
+def load_task(path: str | Path, *, known_providers: tuple[str, ...] = ()) -> Task:
     p = Path(path)
     if not p.exists():
         raise SpecError(f"task file '{p}' does not exist",
@@ -388,7 +406,7 @@ def load_task(path: str | Path) -> Task:
         text = p.read_text()
     except (OSError, UnicodeDecodeError) as exc:
         raise SpecError(f"cannot read task file '{p}' ({exc})", hint="Check the file.") from None
-    task = parse_task(text, source=str(p), base_dir=p.parent)
+    task = parse_task(text, source=str(p), base_dir=p.parent, known_providers=known_providers)
     check_paths(task, source=str(p))
     return task
 

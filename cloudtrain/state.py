@@ -3,6 +3,17 @@
 SQLite in WAL mode with a busy timeout, every write in its own short ``BEGIN IMMEDIATE``
 transaction, so several ``cloudtrain`` processes can share it. The provider stays the truth
 about what exists; these rows are what we last saw, plus history (launches, usage).
+
+The usage ledger: one row per interval during which a cluster's nodes existed (created ->
+terminated, or started -> stopped), with the hourly price per node in force when the interval
+opened. Rows outlive the cluster (``down`` deletes the cluster and its nodes, never usage), and
+a price is never rewritten afterwards: costs come from these rows alone (see ledger.py).
+
+Schema versions (``PRAGMA user_version``): 0/1 the first release; 2 adds ``usage.end_reason``
+(why the interval closed: "terminated", "stopped", "budget: $X of $Y"),
+``usage.cluster_created_at`` (tells a re-created cluster of the same name from the earlier one),
+``usage.max_cost_usd``, ``clusters.max_cost_usd`` (the budget in force) and
+``launches.end_reason``. Older databases are migrated in place when opened.
 """
 
 from __future__ import annotations
@@ -28,7 +39,8 @@ CREATE TABLE IF NOT EXISTS clusters (
     options_json TEXT NOT NULL DEFAULT '{}',
     resources_json TEXT NOT NULL DEFAULT '{}',
     created_at REAL NOT NULL,
-    updated_at REAL NOT NULL
+    updated_at REAL NOT NULL,
+    max_cost_usd REAL
 );
 CREATE TABLE IF NOT EXISTS nodes (
     cluster TEXT NOT NULL,
@@ -58,7 +70,8 @@ CREATE TABLE IF NOT EXISTS launches (
     started_at REAL NOT NULL,
     ended_at REAL,
     exit_code INTEGER,
-    failed_node INTEGER
+    failed_node INTEGER,
+    end_reason TEXT
 );
 CREATE TABLE IF NOT EXISTS usage (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -69,11 +82,26 @@ CREATE TABLE IF NOT EXISTS usage (
     use_spot INTEGER NOT NULL DEFAULT 0,
     hourly_price_per_node REAL,
     started_at REAL NOT NULL,
-    ended_at REAL
+    ended_at REAL,
+    end_reason TEXT,
+    cluster_created_at REAL,
+    max_cost_usd REAL
 );
 CREATE INDEX IF NOT EXISTS usage_cluster ON usage(cluster);
 CREATE INDEX IF NOT EXISTS launches_cluster ON launches(cluster);
 """
+
+SCHEMA_VERSION = 2
+
+# Columns added after the first release: (table, column, declaration). A database created
+# before them gets them through ALTER TABLE when it is opened.
+ADDED_COLUMNS = (
+    ("clusters", "max_cost_usd", "REAL"),
+    ("launches", "end_reason", "TEXT"),
+    ("usage", "end_reason", "TEXT"),
+    ("usage", "cluster_created_at", "REAL"),
+    ("usage", "max_cost_usd", "REAL"),
+)
 
 
 @dataclass
@@ -113,6 +141,7 @@ class ClusterRow:
     options: dict[str, object] = field(default_factory=dict)
     resources: dict[str, object] = field(default_factory=dict)
     nodes: list[NodeRow] = field(default_factory=list)
+    max_cost_usd: float | None = None
 
 
 @dataclass
@@ -127,6 +156,7 @@ class LaunchRow:
     ended_at: float | None
     exit_code: int | None
     failed_node: int | None
+    end_reason: str | None = None
 
 
 @dataclass
@@ -143,14 +173,48 @@ class UsageRow:
     hourly_price_per_node: float | None
     started_at: float
     ended_at: float | None
+    end_reason: str | None = None
+    cluster_created_at: float | None = None
+    """The cluster's creation time: intervals of one cluster share it (a stop and start keeps
+    it; a cluster taken down and created again under the same name gets a new one)."""
+    max_cost_usd: float | None = None
 
 
 class State:
     def __init__(self, path: Path) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
-        with self._connect() as db:
+        db = self._connect()
+        try:
             db.executescript(SCHEMA)
+        finally:
+            db.close()
+        self._migrate()
+
+    def _migrate(self) -> None:
+        """Bring a database written by an older cloudtrain to SCHEMA_VERSION (idempotent, and
+        safe when several processes open the same old database at once)."""
+        with self._read() as db:
+            if db.execute("PRAGMA user_version").fetchone()[0] >= SCHEMA_VERSION:
+                return
+        with self._write() as db:
+            if db.execute("PRAGMA user_version").fetchone()[0] >= SCHEMA_VERSION:
+                return
+            for table, column, decl in ADDED_COLUMNS:
+                have = {r["name"] for r in db.execute(f"PRAGMA table_info({table})")}
+                if column not in have:
+                    db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
+            # Before end_reason existed, an interval closed only when its cluster went down.
+            db.execute("UPDATE usage SET end_reason='terminated' "
+                       "WHERE ended_at IS NOT NULL AND end_reason IS NULL")
+            # Intervals of a cluster that still exists, opened since it was created, are its own;
+            # older ones (an earlier cluster of the same name) stay apart (NULL).
+            db.execute("""UPDATE usage SET cluster_created_at=(
+                              SELECT c.created_at FROM clusters c WHERE c.name=usage.cluster)
+                          WHERE cluster_created_at IS NULL AND EXISTS (
+                              SELECT 1 FROM clusters c WHERE c.name=usage.cluster
+                              AND usage.started_at >= c.created_at)""")
+            db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
     def _connect(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
@@ -189,8 +253,8 @@ class State:
             db.execute(
                 """INSERT INTO clusters (name, provider, status, num_nodes, region, zone,
                    instance_type, accelerators, use_spot, hourly_price, master_port, options_json,
-                   resources_json, created_at, updated_at)
-                   VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
+                   resources_json, created_at, updated_at, max_cost_usd)
+                   VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
                    ON CONFLICT(name) DO UPDATE SET provider=excluded.provider,
                    status=excluded.status, num_nodes=excluded.num_nodes, region=excluded.region,
                    zone=excluded.zone, instance_type=excluded.instance_type,
@@ -201,8 +265,17 @@ class State:
                 (row.name, row.provider, row.status, row.num_nodes, row.region, row.zone,
                  row.instance_type, row.accelerators, int(row.use_spot), row.hourly_price,
                  row.master_port, json.dumps(row.options), json.dumps(row.resources),
-                 row.created_at or now, now),
+                 row.created_at or now, now, row.max_cost_usd),
             )
+        # (max_cost_usd is left alone on update: only set_budget changes a cluster's budget.)
+
+    def set_budget(self, name: str, max_cost_usd: float | None) -> None:
+        """The budget in force for the cluster (and its open usage interval)."""
+        with self._write() as db:
+            db.execute("UPDATE clusters SET max_cost_usd=?, updated_at=? WHERE name=?",
+                       (max_cost_usd, time.time(), name))
+            db.execute("UPDATE usage SET max_cost_usd=? WHERE cluster=? AND ended_at IS NULL",
+                       (max_cost_usd, name))
 
     def set_cluster_status(self, name: str, status: str) -> None:
         with self._write() as db:
@@ -239,7 +312,7 @@ class State:
             zone=r["zone"], instance_type=r["instance_type"], accelerators=r["accelerators"],
             use_spot=bool(r["use_spot"]), hourly_price=r["hourly_price"],
             master_port=r["master_port"], options=json.loads(r["options_json"]),
-            resources=json.loads(r["resources_json"]),
+            resources=json.loads(r["resources_json"]), max_cost_usd=r["max_cost_usd"],
         )
 
     # --- nodes -----------------------------------------------------------------------------
@@ -302,11 +375,12 @@ class State:
             return int(cur.lastrowid or 0)
 
     def finish_launch(self, job_id: str, status: str, exit_code: int | None,
-                      failed_node: int | None) -> None:
+                      failed_node: int | None, reason: str | None = None) -> None:
         with self._write() as db:
             db.execute(
-                "UPDATE launches SET status=?, exit_code=?, failed_node=?, ended_at=? WHERE job_id=?",
-                (status, exit_code, failed_node, time.time(), job_id),
+                "UPDATE launches SET status=?, exit_code=?, failed_node=?, ended_at=?, "
+                "end_reason=? WHERE job_id=?",
+                (status, exit_code, failed_node, time.time(), reason, job_id),
             )
 
     def launches(self, cluster: str | None = None) -> list[LaunchRow]:
@@ -320,12 +394,15 @@ class State:
                               task_name=r["task_name"], status=r["status"],
                               detached=bool(r["detached"]), started_at=r["started_at"],
                               ended_at=r["ended_at"], exit_code=r["exit_code"],
-                              failed_node=r["failed_node"]) for r in rows]
+                              failed_node=r["failed_node"], end_reason=r["end_reason"])
+                    for r in rows]
 
     # --- usage ledger ----------------------------------------------------------------------
 
-    def open_usage(self, c: ClusterRow) -> None:
-        """Start a usage interval unless one is open already (an adopted cluster)."""
+    def open_usage(self, c: ClusterRow, when: float | None = None) -> None:
+        """Start a usage interval unless one is open already (an adopted cluster). Called when
+        a cluster's nodes are created, and again when a stopped cluster is started: the new
+        interval records the price in force now (``c.hourly_price``)."""
         with self._write() as db:
             r = db.execute("SELECT id FROM usage WHERE cluster=? AND ended_at IS NULL",
                            (c.name,)).fetchone()
@@ -333,26 +410,53 @@ class State:
                 return
             db.execute(
                 """INSERT INTO usage (cluster, provider, region, zone, instance_type, accelerators,
-                   num_nodes, use_spot, hourly_price_per_node, started_at)
-                   VALUES (?,?,?,?,?,?,?,?,?,?)""",
+                   num_nodes, use_spot, hourly_price_per_node, started_at, cluster_created_at,
+                   max_cost_usd)
+                   VALUES (?,?,?,?,?,?,?,?,?,?,?,
+                           COALESCE(?, (SELECT max_cost_usd FROM clusters WHERE name=?)))""",
                 (c.name, c.provider, c.region, c.zone, c.instance_type, c.accelerators,
-                 c.num_nodes, int(c.use_spot), c.hourly_price, time.time()),
+                 c.num_nodes, int(c.use_spot), c.hourly_price, when or time.time(),
+                 c.created_at or None, c.max_cost_usd, c.name),
             )
 
-    def close_usage(self, cluster: str, when: float | None = None) -> None:
+    def close_usage(self, cluster: str, when: float | None = None,
+                    reason: str = "terminated") -> None:
+        """End the cluster's open interval: ``reason`` "terminated" (down, rollback) or
+        "stopped" (nodes stopped, not billed until started again). A reason marked beforehand
+        with :meth:`mark_usage_end` (e.g. the budget) wins."""
         with self._write() as db:
-            db.execute("UPDATE usage SET ended_at=? WHERE cluster=? AND ended_at IS NULL",
-                       (when or time.time(), cluster))
+            db.execute("UPDATE usage SET ended_at=?, end_reason=COALESCE(end_reason, ?) "
+                       "WHERE cluster=? AND ended_at IS NULL",
+                       (when or time.time(), reason, cluster))
 
-    def usage(self) -> list[UsageRow]:
+    def mark_usage_end(self, cluster: str, reason: str) -> None:
+        """Say why the open interval is about to end (before the teardown that ends it, so the
+        reason is not lost when the teardown is the last thing this process does)."""
+        with self._write() as db:
+            db.execute("UPDATE usage SET end_reason=? WHERE cluster=? AND ended_at IS NULL",
+                       (reason, cluster))
+
+    def usage(self, cluster: str | None = None, since: float | None = None) -> list[UsageRow]:
+        """Usage intervals in the order they were opened; ``cluster``: only that name's;
+        ``since``: only those still open or ended at or after that time."""
+        sql = "SELECT * FROM usage WHERE 1=1"
+        args: list[object] = []
+        if cluster is not None:
+            sql += " AND cluster=?"
+            args.append(cluster)
+        if since is not None:
+            sql += " AND (ended_at IS NULL OR ended_at >= ?)"
+            args.append(since)
         with self._read() as db:
             return [UsageRow(id=r["id"], cluster=r["cluster"], provider=r["provider"],
                              region=r["region"], zone=r["zone"], instance_type=r["instance_type"],
                              accelerators=r["accelerators"], num_nodes=r["num_nodes"],
                              use_spot=bool(r["use_spot"]),
                              hourly_price_per_node=r["hourly_price_per_node"],
-                             started_at=r["started_at"], ended_at=r["ended_at"])
-                    for r in db.execute("SELECT * FROM usage ORDER BY id")]
+                             started_at=r["started_at"], ended_at=r["ended_at"],
+                             end_reason=r["end_reason"], cluster_created_at=r["cluster_created_at"],
+                             max_cost_usd=r["max_cost_usd"])
+                    for r in db.execute(sql + " ORDER BY id", args)]
 
 
 def open_state(home: Path) -> State:

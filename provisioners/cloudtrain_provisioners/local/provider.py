@@ -29,6 +29,9 @@ class LocalOptions(BaseModel):
     network: Literal["loopback", "netns"] = "loopback"
     python: str | None = Field(
         None, description="Python of the environment the nodes use (default: cloudtrain's own).")
+    price_per_hour: float = Field(
+        0.0, ge=0, allow_inf_nan=False,
+        description="Pretend price per node-hour in USD, for trying budgets (default 0).")
 
 
 def _free_port(address: str) -> int:
@@ -111,7 +114,8 @@ class LocalProvider:
         else:
             creates.append("one loopback address (127.x.y.z) per node")
         return Plan(provider="local", num_nodes=request.num_nodes, region="this machine",
-                    instance_type="local-cpu", hourly_price_per_node=0.0, creates=creates,
+                    instance_type="local-cpu", hourly_price_per_node=opts.price_per_hour,
+                    creates=creates,
                     notes=["local nodes share this machine's CPUs, memory and disk"])
 
     def ensure_network(self, request: ClusterRequest) -> NetworkRef:

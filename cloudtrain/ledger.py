@@ -1,0 +1,293 @@
+"""What was spent: costs computed from the usage intervals in the state database, and nothing
+else.
+
+The cost of an interval is ``hours x hourly_price_per_node x num_nodes``, where the price is
+the one recorded when the interval opened (the cluster's launch, or its restart after a stop).
+The catalog is never consulted here, so a newer catalog with other prices cannot change what
+a past cluster cost. An interval with no recorded price has an unknown cost: it is shown as
+such and left out of the totals, never guessed.
+
+A report may cover a window (the last N days): each interval's hours are then clipped to the
+window. Open intervals (clusters still running) count up to now.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from datetime import date, datetime, timedelta, timezone
+from typing import Iterable
+
+from .state import State, UsageRow
+
+DAY = 86400.0
+
+
+@dataclass(frozen=True)
+class IntervalCost:
+    usage_id: int
+    started_at: float
+    ended_at: float | None          # None: still open (running)
+    end_reason: str | None
+    hourly_price_per_node: float | None
+    num_nodes: int
+    hours: float                    # within the report's window
+    cost: float | None              # None: the price is unknown
+
+
+@dataclass
+class ClusterCost:
+    """One cluster's life (created -> terminated, with any stop/start in between)."""
+
+    cluster: str
+    provider: str
+    region: str | None
+    zone: str | None
+    instance_type: str | None
+    accelerators: str | None
+    num_nodes: int
+    use_spot: bool
+    price_at_launch: float | None   # per node-hour, as recorded when the cluster was created
+    started_at: float
+    ended_at: float | None
+    status: str                     # running | stopped | terminated
+    end_reason: str | None
+    max_cost_usd: float | None
+    hours: float = 0.0
+    cost: float | None = 0.0        # None when any counted interval has no price
+    intervals: list[IntervalCost] = field(default_factory=list)
+
+
+@dataclass
+class Report:
+    since: float | None             # window start (None: everything recorded)
+    until: float                    # "now" of the report
+    days: float | None
+    clusters: list[ClusterCost]
+    total_cost: float               # clusters of known cost only
+    total_hours: float
+    by_provider: dict[str, float]   # known costs only
+    unknown: list[str]              # clusters whose cost is unknown (excluded from totals)
+
+    @property
+    def notes(self) -> list[str]:
+        out = []
+        if self.unknown:
+            out.append(f"{len(self.unknown)} cluster(s) with no recorded price are excluded from "
+                       f"the totals: {', '.join(self.unknown)}. Their cost is unknown; cloudtrain "
+                       "does not re-price past usage from today's catalog.")
+        if any(c.status == "running" for c in self.clusters):
+            out.append("Running clusters are counted up to now.")
+        return out
+
+
+def interval_window(row: UsageRow, since: float | None, until: float) -> tuple[float, float] | None:
+    """The part of ``row`` inside [since, until]; None when they do not overlap. An open
+    interval counts up to ``until``."""
+    end = until if row.ended_at is None else min(row.ended_at, until)
+    start = row.started_at if since is None else max(row.started_at, since)
+    if row.ended_at is not None and since is not None and row.ended_at < since:
+        return None
+    if row.started_at > until:
+        return None
+    return start, max(start, end)
+
+
+def cost_of(row: UsageRow, start: float, end: float) -> float | None:
+    if row.hourly_price_per_node is None:
+        return None
+    return (end - start) / 3600.0 * row.hourly_price_per_node * row.num_nodes
+
+
+def _group_key(row: UsageRow) -> tuple[str, str]:
+    # Intervals of one cluster share its creation time; a row from before that was recorded
+    # (an old database) stands alone.
+    if row.cluster_created_at is not None:
+        return row.cluster, repr(row.cluster_created_at)
+    return row.cluster, f"u{row.id}"
+
+
+def build(rows: Iterable[UsageRow], *, now: float | None = None,
+          days: float | None = None) -> Report:
+    """The report over ``rows`` for the last ``days`` days (None: all of them) ending ``now``."""
+    until = time.time() if now is None else now
+    since = None if days is None else until - days * DAY
+    groups: dict[tuple[str, str], list[UsageRow]] = {}
+    for r in sorted(rows, key=lambda r: (r.started_at, r.id)):
+        groups.setdefault(_group_key(r), []).append(r)
+
+    clusters: list[ClusterCost] = []
+    for members in groups.values():
+        first, last = members[0], members[-1]
+        running = any(m.ended_at is None for m in members)
+        entry = ClusterCost(
+            cluster=first.cluster, provider=first.provider, region=first.region, zone=first.zone,
+            instance_type=first.instance_type, accelerators=first.accelerators,
+            num_nodes=first.num_nodes, use_spot=first.use_spot,
+            price_at_launch=first.hourly_price_per_node, started_at=first.started_at,
+            ended_at=None if running else max(m.ended_at or 0.0 for m in members),
+            status="running" if running else ("stopped" if last.end_reason == "stopped"
+                                              else "terminated"),
+            end_reason=None if running else (last.end_reason or "terminated"),
+            max_cost_usd=next((m.max_cost_usd for m in reversed(members)
+                               if m.max_cost_usd is not None), None))
+        for m in members:
+            win = interval_window(m, since, until)
+            if win is None:
+                continue
+            c = cost_of(m, *win)
+            hours = (win[1] - win[0]) / 3600.0
+            entry.intervals.append(IntervalCost(
+                usage_id=m.id, started_at=m.started_at, ended_at=m.ended_at,
+                end_reason=m.end_reason, hourly_price_per_node=m.hourly_price_per_node,
+                num_nodes=m.num_nodes, hours=hours, cost=c))
+            entry.hours += hours
+            if c is None or entry.cost is None:
+                entry.cost = None
+            else:
+                entry.cost += c
+        if entry.intervals:
+            clusters.append(entry)
+
+    by_provider: dict[str, float] = {}
+    unknown = []
+    for c in clusters:
+        if c.cost is None:
+            unknown.append(c.cluster)
+            continue
+        by_provider[c.provider] = by_provider.get(c.provider, 0.0) + c.cost
+    return Report(since=since, until=until, days=days, clusters=clusters,
+                  total_cost=sum(by_provider.values()),
+                  total_hours=sum(c.hours for c in clusters), by_provider=by_provider,
+                  unknown=unknown)
+
+
+def report(state: State, *, days: float | None = None, now: float | None = None) -> Report:
+    # Every row, not only those in the window: a cluster's launch price and start are those of
+    # its first interval even when the window cuts it.
+    return build(state.usage(), now=now, days=days)
+
+
+def cluster_spend(state: State, name: str, now: float | None = None) -> float | None:
+    """What the cluster called ``name`` (the one that exists now, or the latest of that name)
+    has cost so far, every interval of it included; None when a price is unknown."""
+    rows = state.usage(cluster=name)
+    if not rows:
+        return 0.0
+    row = state.get_cluster(name)
+    if row is not None:
+        mine = [r for r in rows if r.cluster_created_at == row.created_at]
+        rows = mine or [r for r in rows if r.ended_at is None]
+    else:
+        rows = [r for r in rows if _group_key(r) == _group_key(rows[-1])]
+    if not rows:
+        return 0.0
+    rep = build(rows, now=now)
+    return rep.clusters[0].cost if rep.clusters else 0.0
+
+
+# --- spend per day ---------------------------------------------------------------------------
+
+def daily_spend(rows: Iterable[UsageRow], *, now: float | None = None,
+                days: float | None = None) -> dict[date, dict[str, float]]:
+    """Spend per UTC calendar day and provider, over the same window as :func:`build` (each
+    interval split at midnight UTC). Intervals with no price are left out, as from the totals.
+    Every day of the window is present, with {} on days nothing was spent."""
+    until = time.time() if now is None else now
+    since = None if days is None else until - days * DAY
+    out: dict[date, dict[str, float]] = {}
+    first_day: date | None = None
+    for r in rows:
+        win = interval_window(r, since, until)
+        if win is None:
+            continue
+        start, end = win
+        d0 = _utc_day(start)
+        first_day = d0 if first_day is None else min(first_day, d0)
+        if r.hourly_price_per_node is None:
+            continue
+        t = start
+        while t < end:
+            day = _utc_day(t)
+            next_midnight = datetime(day.year, day.month, day.day,
+                                     tzinfo=timezone.utc).timestamp() + DAY
+            seg_end = min(end, next_midnight)
+            c = cost_of(r, t, seg_end) or 0.0
+            bucket = out.setdefault(day, {})
+            bucket[r.provider] = bucket.get(r.provider, 0.0) + c
+            t = seg_end
+    if since is not None:
+        first_day = _utc_day(since)
+    if first_day is not None:
+        d, last = first_day, _utc_day(until)
+        while d <= last:
+            out.setdefault(d, {})
+            d += timedelta(days=1)
+    return dict(sorted(out.items()))
+
+
+def _utc_day(ts: float) -> date:
+    return datetime.fromtimestamp(ts, tz=timezone.utc).date()
+
+
+# --- output shapes ---------------------------------------------------------------------------
+
+def _iso(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat(timespec="seconds")
+
+
+def _r(x: float | None, nd: int = 6) -> float | None:
+    return None if x is None else round(x, nd)
+
+
+def to_json(rep: Report) -> dict[str, object]:
+    return {
+        "window": {"days": rep.days, "since": _iso(rep.since), "until": _iso(rep.until)},
+        "clusters": [{
+            "cluster": c.cluster, "provider": c.provider, "region": c.region, "zone": c.zone,
+            "instance_type": c.instance_type, "accelerators": c.accelerators,
+            "num_nodes": c.num_nodes, "use_spot": c.use_spot,
+            "hourly_price_per_node": c.price_at_launch, "hours": _r(c.hours),
+            "cost_usd": _r(c.cost), "status": c.status, "end_reason": c.end_reason,
+            "max_cost_usd": c.max_cost_usd, "started_at": _iso(c.started_at),
+            "ended_at": _iso(c.ended_at),
+            "intervals": [{
+                "started_at": _iso(i.started_at), "ended_at": _iso(i.ended_at),
+                "end_reason": i.end_reason, "hourly_price_per_node": i.hourly_price_per_node,
+                "num_nodes": i.num_nodes, "hours": _r(i.hours), "cost_usd": _r(i.cost),
+            } for i in c.intervals],
+        } for c in rep.clusters],
+        "totals": {"cost_usd": _r(rep.total_cost), "hours": _r(rep.total_hours),
+                   "by_provider": {k: _r(v) for k, v in sorted(rep.by_provider.items())},
+                   "unknown_cost_clusters": rep.unknown},
+        "notes": rep.notes,
+    }
+
+
+CSV_COLUMNS = ("cluster", "provider", "region", "instance_type", "accelerators", "num_nodes",
+               "use_spot", "hourly_price_per_node", "hours", "cost_usd", "status", "end_reason",
+               "started_at", "ended_at")
+
+
+def csv_rows(rep: Report) -> list[list[str]]:
+    """One row per cluster (header first). An unknown cost is the word "unknown"."""
+    def num(x: float | None) -> str:
+        return "unknown" if x is None else f"{x:.6f}".rstrip("0").rstrip(".")
+
+    out = [list(CSV_COLUMNS)]
+    for c in rep.clusters:
+        out.append([c.cluster, c.provider, c.region or "", c.instance_type or "",
+                    c.accelerators or "", str(c.num_nodes), "yes" if c.use_spot else "no",
+                    num(c.price_at_launch), f"{c.hours:.6f}", num(c.cost), c.status,
+                    c.end_reason or "", _iso(c.started_at) or "", _iso(c.ended_at) or ""])
+    return out
+
+
+def money(x: float | None) -> str:
+    if x is None:
+        return "unknown"
+    if abs(x) < 1:
+        return f"${x:.4f}"
+    return f"${x:,.2f}"
