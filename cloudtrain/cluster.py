@@ -132,6 +132,15 @@ def plan(env: Env, task: Task, name: str, *, offers: list[Offer] | None = None) 
     p = provider.plan(request)
     if picked is not None:
         planner.fill(p, *picked)
+    cap = task.resources.max_hourly_cost
+    if cap is not None and existing is None and p.hourly_price_per_node is not None \
+            and p.hourly_price_per_node * p.num_nodes > cap:
+        raise UserError(
+            f"{p.provider} {p.instance_type or ''} in {p.region or '-'} costs "
+            f"${p.hourly_price_per_node * p.num_nodes:.2f}/h for {p.num_nodes} node(s), over "
+            f"resources.max_hourly_cost ${cap:.2f}/h. Nothing was created.",
+            "Raise max_hourly_cost, use fewer or smaller nodes, or leave out the provider/region "
+            "so the planner can look for a cheaper offer ('cloudtrain cost TASK' lists them).")
     if existing is not None:
         p.notes.insert(0, f"cluster '{name}' exists ({existing.status}); up adopts its nodes")
     return p

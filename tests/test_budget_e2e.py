@@ -217,3 +217,22 @@ def test_refused_before_anything_is_created(cli: CLI, tmp_path: Path) -> None:
     assert cli.status() == []
     assert not (cli.home / "clusters").exists() or not any((cli.home / "clusters").iterdir())
     assert json.loads(cli.run("cost-report", "--json").stdout)["clusters"] == []
+
+
+def test_max_hourly_cost_refuses_a_named_provider_over_it(tmp_path: Path) -> None:
+    """max_hourly_cost binds also when the task names the provider (no planner pick)."""
+    import os
+    import subprocess
+    import sys
+
+    task = tmp_path / "t.yaml"
+    task.write_text("name: capped\nnum_nodes: 2\nresources:\n  provider: local\n"
+                    "  max_hourly_cost: 5\n  local:\n    price_per_hour: 3\nrun: 'true'\n")
+    home = tmp_path / "home"
+    env = dict(os.environ, CLOUDTRAIN_HOME=str(home), NO_COLOR="1")
+    r = subprocess.run([sys.executable, "-m", "cloudtrain", "up", str(task), "-y"], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert "$6.00/h for 2 node(s), over resources.max_hourly_cost $5.00/h" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert not (home / "clusters" / "capped").exists(), "nothing may be created"
