@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run the three cloudtrain benchmarks one after the other, each with its own temporary
+# Run the cloudtrain benchmarks one after the other, each with its own temporary
 # CLOUDTRAIN_HOME (each script tears its clusters down itself, also on Ctrl-C).
 #
 #   bench/run_all.sh                     # defaults (launch: 1,4,8,16 nodes x 5 warm launches)
@@ -26,4 +26,5 @@ run() {
 run "$py" "$here/bench_cli_start.py" -n 20
 run "$py" "$here/bench_launch_overhead.py" --nodes "$nodes" --repeats "$repeats"
 run "$py" "$here/bench_sync.py" --nodes "$sync_nodes" --repeats "$repeats"
+run "$py" "$here/bench_cost.py" -n 200 -m 10
 exit $status

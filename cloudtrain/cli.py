@@ -392,16 +392,36 @@ def ssh(cluster_name: str, node: int) -> None:
 @click.option("--refresh", is_flag=True, help="Ask every provider (cloud APIs included).")
 @_guard
 def status(cluster_name: str | None, as_json: bool, refresh: bool) -> None:
-    """Show clusters and their nodes (local state, refreshed from cheap providers)."""
+    """Show clusters and their nodes (local state, refreshed from cheap providers), with each
+    cluster's price per node-hour and for the cluster, as recorded at launch, and what it has
+    cost so far (from the spend ledger, as 'cost-report' counts it: never re-priced from the
+    catalog; a running cluster counts up to now).
+
+    --json: a list of clusters, each with name, provider, status, num_nodes, region,
+    instance_type, accelerators, use_spot, price_hourly_usd (per node), cluster_hourly_usd,
+    cost_so_far_usd (null: no price was recorded), created_at and nodes."""
+    import time
+
     from . import cluster as cl
+    from .ledger import money, spend_of
 
     env = _env(quiet=as_json)
     rows = cl.status(env, cluster_name, refresh_all=refresh)
+    now = time.time()
+    usage = env.state.usage(cluster=cluster_name) if rows else []
+    spent = {r.name: spend_of(r.name, r.created_at, usage, now=now) for r in rows}
+
+    def cluster_price(r: Any) -> float | None:
+        return None if r.hourly_price is None else r.hourly_price * r.num_nodes
+
     if as_json:
         out = [{
             "name": r.name, "provider": r.provider, "status": r.status, "num_nodes": r.num_nodes,
             "region": r.region, "instance_type": r.instance_type, "accelerators": r.accelerators,
-            "use_spot": r.use_spot, "hourly_price_per_node": r.hourly_price,
+            "use_spot": r.use_spot, "price_hourly_usd": r.hourly_price,
+            "cluster_hourly_usd": cluster_price(r),
+            "cost_so_far_usd": None if spent[r.name] is None else round(spent[r.name], 6),
+            "hourly_price_per_node": r.hourly_price,
             "created_at": r.created_at,
             "nodes": [{"rank": n.rank, "host": n.host, "port": n.port, "internal_ip": n.internal_ip,
                        "instance_id": n.instance_id, "status": n.status} for n in r.nodes],
@@ -417,13 +437,16 @@ def status(cluster_name: str | None, as_json: bool, refresh: bool) -> None:
     from .ui import color_ok
 
     table = Table(box=None, pad_edge=False)
-    for col in ("NAME", "PROVIDER", "STATUS", "NODES", "INSTANCE", "$/H", "NODE ADDRESSES"):
-        table.add_column(col)
+    for col in ("NAME", "PROVIDER", "STATUS", "NODES", "INSTANCE", "$/H NODE", "$/H CLUSTER",
+                "COST SO FAR", "NODE ADDRESSES"):
+        table.add_column(col, justify="right" if col.startswith(("$", "COST")) else "left")
     for r in rows:
-        price = "-" if r.hourly_price is None else f"{r.hourly_price * r.num_nodes:.2f}"
+        node = "-" if r.hourly_price is None else f"{r.hourly_price:.2f}"
+        whole = cluster_price(r)
         addrs = ", ".join(f"{n.rank}:{n.host}:{n.port}({n.status})" for n in r.nodes)
         table.add_row(r.name, r.provider, r.status, str(r.num_nodes), r.instance_type or "-",
-                      price, addrs)
+                      node, "-" if whole is None else f"{whole:.2f}", money(spent[r.name]),
+                      addrs)
     Console(no_color=not color_ok(sys.stdout), highlight=False,
             color_system="auto" if color_ok(sys.stdout) else None, width=200).print(table)
 

@@ -16,7 +16,6 @@ import click
 
 if TYPE_CHECKING:
     from .catalog.load import Catalog
-    from .catalog.model import Offer
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 PROVIDERS = ("aws", "gcp", "azure")
@@ -134,14 +133,6 @@ def _parse_gpu(spec: str, cat: Catalog) -> tuple[str, float | None]:
     return canon, count
 
 
-def _offer_json(o: Offer) -> dict[str, Any]:
-    return {"provider": o.provider, "instance_type": o.instance_type,
-            "accelerator": o.accelerator, "accelerator_count": o.accelerator_count,
-            "gpu_memory_gib": o.gpu_memory_gib, "vcpus": o.vcpus, "memory_gib": o.memory_gib,
-            "region": o.region, "zones": list(o.zones), "price": o.price,
-            "spot_price": o.spot_price, "arch": o.arch, "host_type": o.host_type}
-
-
 def _num(v: float | None, fmt: str = "{:g}") -> str:
     return "-" if v is None else fmt.format(v)
 
@@ -230,30 +221,47 @@ def _summary(cat: Catalog, provider: str | None, region: str | None, spot: bool,
 @click.option("-n", "--limit", type=click.IntRange(min=1), default=50, show_default=True,
               help="Show at most this many offers (the table; --json lists all).")
 @click.option("--all", "show_all", is_flag=True, help="No limit.")
+@click.option("--models", "models", is_flag=True,
+              help="One row per GPU model (what the table shows without NAME), also in --json.")
 @click.option("--json", "as_json", is_flag=True,
-              help="Machine-readable output: a list of offers (without NAME: of GPU models).")
+              help="Machine-readable output: a list of every matching offer (all of them, no "
+                   "limit), each with provider, instance_type, accelerator, accelerator_count, "
+                   "gpu_memory_gib (per GPU), vcpus, memory_gib, region, price_hourly_usd and "
+                   "spot_price_hourly_usd (USD per node-hour; null: not sold so).")
 @_guard
 def gpus(gpu: str | None, provider: str | None, region: str | None, spot: bool, limit: int,
-         show_all: bool, as_json: bool) -> None:
+         show_all: bool, models: bool, as_json: bool) -> None:
     """GPU offers from the catalog, cheapest first (per node, on-demand; --spot: spot).
 
     \b
     cloudtrain gpus                      every GPU model, cheapest per GPU first
     cloudtrain gpus A100:8 --provider aws
     cloudtrain gpus h100 --region us-east-1 --spot --json
+    cloudtrain gpus --json               every GPU offer of the catalog
 
     NAME takes aliases and any case (a100-40gb, H100-SXM). A query that matches nothing prints
-    so and exits 0; an unknown GPU name exits 2."""
+    so (--json: []) and exits 0; an unknown GPU name exits 2."""
+    from .catalog.model import offer_json
+
     cat = _catalog()
     _warn(cat)
     provider = provider.lower() if provider else None
-    if gpu is None:
+    if models or (gpu is None and not as_json):
+        if gpu is not None:
+            from .errors import UserError
+
+            raise UserError("--models lists every GPU model: it takes no NAME.",
+                            "e.g. cloudtrain gpus --models --json")
         _summary(cat, provider, region, spot, as_json)
         return
-    name, count = _parse_gpu(gpu, cat)
-    offers = cat.find(name, count, provider=provider, region=region, spot=spot)
+    if gpu is None:
+        offers = [o for o in cat.find(None, None, provider=provider, region=region, spot=spot)
+                  if o.accelerator]
+    else:
+        name, count = _parse_gpu(gpu, cat)
+        offers = cat.find(name, count, provider=provider, region=region, spot=spot)
     if as_json:
-        click.echo(json.dumps([_offer_json(o) for o in offers], indent=2))
+        click.echo(json.dumps([offer_json(o) for o in offers], indent=2))
         return
     if not offers:
         click.echo(_no_offers(cat, name, count, provider, region, spot))

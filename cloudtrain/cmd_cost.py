@@ -25,10 +25,14 @@ def register(cli: click.Group) -> None:
     @click.argument("task_file", type=click.Path(dir_okay=False))
     @click.option("--hours", "hours", type=float, metavar="H",
                   help="Hours to price (default: the task's max_hours, else 1).")
-    @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+    @click.option("--json", "as_json", is_flag=True,
+                  help="Machine-readable output: one object, {\"offers\": [...], \"choice\": the "
+                       "offer up would take or null, ...} (docs/cost.md). When nothing is "
+                       "feasible it is still printed, with choice null, and the exit code is 2.")
     @click.option("--top", "top", type=int, metavar="N",
                   help=f"Show the N cheapest offers (default: {TABLE_ROWS} in the table, all in "
-                       "--json).")
+                       "--json; there, with --model-params, also the N cheapest that do not "
+                       "fit).")
     @click.option("--accelerators", "accelerators", metavar="NAME:COUNT",
                   help="Price these GPUs instead of the task's, e.g. H100:8; any:8 lets memory "
                        "and price choose the model.")
@@ -62,6 +66,16 @@ def register(cli: click.Group) -> None:
           shards     every GPU of the cluster for fsdp, 1 for ddp
           x 1.2      20 % activation allowance; + 1 GiB CUDA context and workspace
         It fits when needed <= 90 % of the GPU's memory. See docs/cost.md.
+
+        \b
+        --json prints one object: "offers" (each with provider, instance_type, accelerator,
+        accelerator_count, gpu_memory_gib, vcpus, memory_gib, region, price_hourly_usd,
+        spot_price_hourly_usd, nodes, cluster_hourly_usd, total_usd; with --model-params also
+        "fits", and "reason" for the offers that do not fit, listed after the feasible ones)
+        and "choice" (the offer up would take; null when there is none).
+
+        Exit codes: 0; 2 when nothing is feasible (with --json the object is printed to
+        stdout all the same, "choice" null) or the input is bad.
         """
         _run(task_file, hours=hours, as_json=as_json, top=top, accelerators=accelerators,
              spot=spot, model_params=model_params, precision=precision, optimizer=optimizer,
@@ -135,9 +149,15 @@ def _run(task_file: str, *, hours: float | None, as_json: bool, top: int | None,
 
     catalog = load_catalog(home())
     result = rank_task(task, catalog.offers, fit=fit)
-    if not result.ranked:
-        raise result.error()
     avail = availability(set(CLOUDS) | {o.provider for o in catalog.offers})
+    if not result.ranked:
+        err = result.error()
+        if as_json:
+            note = f"nothing is feasible: {result.summary()}"
+            doc = _document(task, result, h, None, note, avail, catalog, fit, top)
+            doc["error"] = err.message
+            click.echo(json.dumps(doc, indent=2))
+        raise err
     pick, pick_note = _up_pick(task, result, avail)
     doc = _document(task, result, h, pick, pick_note, avail, catalog, fit, top)
     if as_json:
@@ -168,26 +188,61 @@ def _up_pick(task: Task, result: PlanResult, avail: dict[str, str | None]
 def _document(task: Task, result: PlanResult, hours: float, pick: int | None, pick_note: str,
               avail: dict[str, str | None], catalog: Any, fit: MemoryEstimate | None,
               top: int | None) -> dict[str, Any]:
-    offers = []
-    for i, r in enumerate(result.ranked if top is None else result.ranked[:top]):
-        d = {"rank": i + 1, **r.to_dict(hours), "up_would_pick": i == pick}
-        d["usable_by_up"] = task.resources.provider is not None or \
-            avail.get(r.offer.provider, "unknown") is None
-        offers.append(d)
+    """``cost --json``. Field names of "offers" and "choice" are a contract (docs/cost.md)."""
+    from .planner import priced_json
+
+    def usable(provider: str) -> bool:
+        return task.resources.provider is not None or avail.get(provider, "unknown") is None
+
+    def entry(i: int) -> dict[str, Any]:
+        r = result.ranked[i]
+        d: dict[str, Any] = {"rank": i + 1, **r.to_dict(hours)}
+        if fit is not None:
+            d["fits"] = True
+            d["needed_gib"] = None if r.fit is None else round(r.fit.needed_gib, 2)
+        d["up_would_pick"] = i == pick
+        d["usable_by_up"] = usable(r.offer.provider)
+        return d
+
+    n = len(result.ranked) if top is None else min(top, len(result.ranked))
+    offers = [entry(i) for i in range(n)]
+    if fit is not None:
+        # Offers that pass every other check up to memory but do not hold the model: listed
+        # after the feasible ones, with why, so that a script sees what was close.
+        spot = task.resources.use_spot
+        misfits = []
+        for rej in result.rejected:
+            if rej.constraint != "memory":
+                continue
+            for o in rej.offers:
+                d = {"rank": None, **priced_json(o, task.num_nodes, spot, hours), "fits": False,
+                     "reason": rej.reason,
+                     "needed_gib": round(fit.breakdown(o.accelerator_count * task.num_nodes)
+                                         .needed_gib, 2),
+                     "up_would_pick": False, "usable_by_up": usable(o.provider)}
+                misfits.append(d)
+        misfits.sort(key=lambda d: (d["cluster_hourly_usd"] is None, d["cluster_hourly_usd"] or 0,
+                                    d["provider"], d["region"], d["instance_type"]))
+        offers += misfits if top is None else misfits[:top]
     memory = None
     if fit is not None:
-        best = result.ranked[pick if pick is not None else 0]
-        memory = best.fit.to_dict() if best.fit else None
+        if result.ranked:
+            best = result.ranked[pick if pick is not None else 0]
+            memory = best.fit.to_dict() if best.fit else None
+        else:
+            acc = task.resources.accelerators
+            memory = fit.breakdown((acc.count if acc else 1) * task.num_nodes).to_dict()
     age = catalog.age_days()
     return {
         "task": task.name, "request": result.want, "num_nodes": task.num_nodes,
         "market": "spot" if task.resources.use_spot else "on-demand",
         "max_hourly_cost": task.resources.max_hourly_cost, "hours": hours,
-        "pick": None if pick is None else {"rank": pick + 1, **result.ranked[pick].to_dict(hours)},
-        "pick_note": pick_note,
+        "choice": None if pick is None else entry(pick),
+        "choice_note": pick_note,
         "feasible": len(result.ranked),
         "offers": offers,
         "rejected": [r.to_dict() for r in result.rejected],
+        "suggestions": list(result.suggestions),
         "providers": {p: {"usable": why is None, "why_not": why} for p, why in avail.items()},
         "catalog": {"kind": catalog.info.kind, "as_of": catalog.info.as_of,
                     "age_days": None if age is None else round(age, 1),
@@ -219,12 +274,13 @@ def _print(doc: dict[str, Any], result: PlanResult, hours: float, top: int | Non
                 other, "SPOT SAVES"):
         right = "$" in col or col in (hcol, "#", "SPOT SAVES")
         table.add_column(col, justify="right" if right else "left")
-    for d, r in zip(doc["offers"][:n], result.ranked):
+    feasible = [d for d in doc["offers"] if d["rank"] is not None]
+    for d, r in zip(feasible[:n], result.ranked):
         alt = r.alternative_per_node
         saving = d["spot_saving_pct"]
         table.add_row("*" if d["up_would_pick"] else "", str(d["rank"]), d["provider"],
-                      d["region"], d["instance_type"], r.gpus(), _money(d["per_node"]),
-                      _money(d["cluster"]), _money(d["total"]),
+                      d["region"], d["instance_type"], r.gpus(), _money(d["node_hourly_usd"]),
+                      _money(d["cluster_hourly_usd"]), _money(d["total_usd"]),
                       "-" if alt is None else _money(alt * r.num_nodes),
                       "-" if saving is None else f"{saving:.0f}%")
     color = color_ok(sys.stdout)
@@ -232,17 +288,17 @@ def _print(doc: dict[str, Any], result: PlanResult, hours: float, top: int | Non
             width=200).print(table)
     if len(result.ranked) > n:
         out(f"  ... and {len(result.ranked) - n} more (--top N, or --json for all)")
-    pick = doc["pick"]
+    pick = doc["choice"]
     if pick is not None:
         out(f"up would pick (*): {pick['provider']} {pick['instance_type']} in {pick['region']}, "
-            f"${pick['cluster']:,.2f}/h for {pick['num_nodes']} node(s), "
-            f"${pick['total']:,.2f} for {hours:g} h ({doc['pick_note']})")
-        if pick["spot_per_node"] is not None and market == "on-demand":
-            sp = pick["spot_per_node"] * pick["num_nodes"]
+            f"${pick['cluster_hourly_usd']:,.2f}/h for {pick['nodes']} node(s), "
+            f"${pick['total_usd']:,.2f} for {hours:g} h ({doc['choice_note']})")
+        if pick["spot_price_hourly_usd"] is not None and market == "on-demand":
+            sp = pick["spot_price_hourly_usd"] * pick["nodes"]
             out(f"  as spot (use_spot: true): ${sp:,.2f}/h, ${sp * hours:,.2f} for {hours:g} h, "
                 f"saving {pick['spot_saving_pct']:.0f}% (spot nodes can be reclaimed)")
     else:
-        out(doc["pick_note"])
+        out(doc["choice_note"])
     if doc["memory"] is not None:
         idx = (pick["rank"] - 1) if pick is not None else 0
         b = result.ranked[idx].fit
@@ -277,12 +333,20 @@ def _no_catalog(task: Task, hours: float, fit: MemoryEstimate | None, as_json: b
         note = f"the catalog has no prices for provider {name}"
     memory = fit.breakdown(1).to_dict() if fit is not None else None
     cluster = None if price is None else price * task.num_nodes
+    acc = task.resources.accelerators
+    choice = {
+        "provider": name, "instance_type": task.resources.instance_type,
+        "accelerator": acc.name if acc else None,
+        "accelerator_count": float(acc.count) if acc else None, "gpu_memory_gib": None,
+        "vcpus": None, "memory_gib": None, "region": task.resources.region,
+        "price_hourly_usd": price, "spot_price_hourly_usd": None, "nodes": task.num_nodes,
+        "market": "on-demand", "node_hourly_usd": price, "cluster_hourly_usd": cluster,
+        "total_usd": None if cluster is None else round(cluster * hours, 2),
+    }
     doc = {
         "task": task.name, "num_nodes": task.num_nodes, "hours": hours,
-        "pick": {"provider": name, "per_node": price, "cluster": cluster,
-                 "total": None if cluster is None else round(cluster * hours, 2)},
-        "pick_note": note, "feasible": 1, "offers": [], "rejected": [], "providers": {},
-        "catalog": None, "memory": memory,
+        "choice": choice, "choice_note": note, "feasible": 1, "offers": [], "rejected": [],
+        "suggestions": [], "providers": {}, "catalog": None, "memory": memory,
     }
     if as_json:
         click.echo(json.dumps(doc, indent=2))

@@ -25,7 +25,10 @@ def register(cli: click.Group) -> None:
                   callback=_finite,
                   help="Only the last N days: each cluster's hours are clipped to that window "
                        "(default: everything recorded).")
-    @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+    @click.option("--json", "as_json", is_flag=True,
+                  help="Machine-readable output: {\"clusters\": [{name, provider, region, "
+                       "instance_type, nodes, spot, hours, price_hourly_usd (per node-hour, at "
+                       "launch), cost_usd, ...}], \"total_usd\": ...}.")
     @click.option("--csv", "as_csv", is_flag=True,
                   help="One CSV row per cluster (no totals row: sum cost_usd).")
     @click.option("--chart", "chart", type=click.Path(dir_okay=False), metavar="FILE.png",

@@ -171,12 +171,21 @@ def report(state: State, *, days: float | None = None, now: float | None = None)
 def cluster_spend(state: State, name: str, now: float | None = None) -> float | None:
     """What the cluster called ``name`` (the one that exists now, or the latest of that name)
     has cost so far, every interval of it included; None when a price is unknown."""
-    rows = state.usage(cluster=name)
+    row = state.get_cluster(name)
+    return spend_of(name, row.created_at if row is not None else None,
+                    state.usage(cluster=name), now=now)
+
+
+def spend_of(name: str, created_at: float | None, rows: Iterable[UsageRow],
+             now: float | None = None) -> float | None:
+    """:func:`cluster_spend` over usage rows already read (``rows`` may hold every cluster's):
+    ``created_at`` is the creation time of the cluster of that name that exists now (None:
+    none exists, the latest one counts)."""
+    rows = [r for r in rows if r.cluster == name]
     if not rows:
         return 0.0
-    row = state.get_cluster(name)
-    if row is not None:
-        mine = [r for r in rows if r.cluster_created_at == row.created_at]
+    if created_at is not None:
+        mine = [r for r in rows if r.cluster_created_at == created_at]
         rows = mine or [r for r in rows if r.ended_at is None]
     else:
         rows = [r for r in rows if _group_key(r) == _group_key(rows[-1])]
@@ -243,32 +252,38 @@ def _r(x: float | None, nd: int = 6) -> float | None:
 
 
 def to_json(rep: Report) -> dict[str, object]:
+    """``cost-report --json``. The contract (docs/cost.md): ``clusters``, each with ``name``,
+    ``provider``, ``region``, ``instance_type``, ``nodes``, ``spot``, ``hours``,
+    ``price_hourly_usd`` (per node-hour, recorded at launch) and ``cost_usd`` (null: unknown),
+    and ``total_usd`` (the clusters of known cost)."""
     return {
         "window": {"days": rep.days, "since": _iso(rep.since), "until": _iso(rep.until)},
         "clusters": [{
-            "cluster": c.cluster, "provider": c.provider, "region": c.region, "zone": c.zone,
+            "name": c.cluster, "provider": c.provider, "region": c.region, "zone": c.zone,
             "instance_type": c.instance_type, "accelerators": c.accelerators,
-            "num_nodes": c.num_nodes, "use_spot": c.use_spot,
-            "hourly_price_per_node": c.price_at_launch, "hours": _r(c.hours),
-            "cost_usd": _r(c.cost), "status": c.status, "end_reason": c.end_reason,
+            "nodes": c.num_nodes, "spot": c.use_spot, "hours": _r(c.hours),
+            "price_hourly_usd": c.price_at_launch, "cost_usd": _r(c.cost),
+            "status": c.status, "end_reason": c.end_reason,
             "max_cost_usd": c.max_cost_usd, "started_at": _iso(c.started_at),
             "ended_at": _iso(c.ended_at),
             "intervals": [{
                 "started_at": _iso(i.started_at), "ended_at": _iso(i.ended_at),
-                "end_reason": i.end_reason, "hourly_price_per_node": i.hourly_price_per_node,
-                "num_nodes": i.num_nodes, "hours": _r(i.hours), "cost_usd": _r(i.cost),
+                "end_reason": i.end_reason, "price_hourly_usd": i.hourly_price_per_node,
+                "nodes": i.num_nodes, "hours": _r(i.hours), "cost_usd": _r(i.cost),
             } for i in c.intervals],
         } for c in rep.clusters],
-        "totals": {"cost_usd": _r(rep.total_cost), "hours": _r(rep.total_hours),
+        "total_usd": _r(rep.total_cost),
+        "totals": {"hours": _r(rep.total_hours),
                    "by_provider": {k: _r(v) for k, v in sorted(rep.by_provider.items())},
                    "unknown_cost_clusters": rep.unknown},
         "notes": rep.notes,
     }
 
 
-CSV_COLUMNS = ("cluster", "provider", "region", "instance_type", "accelerators", "num_nodes",
-               "use_spot", "hourly_price_per_node", "hours", "cost_usd", "status", "end_reason",
-               "started_at", "ended_at")
+CSV_COLUMNS = ("name", "provider", "region", "instance_type", "accelerators", "nodes", "spot",
+               "price_hourly_usd", "hours", "cost_usd", "status", "end_reason", "started_at",
+               "ended_at")
+"""The same names as the JSON's clusters."""
 
 
 def csv_rows(rep: Report) -> list[list[str]]:

@@ -85,20 +85,32 @@ class RankedOffer:
         return f"{o.accelerator_count:g}x{o.accelerator}"
 
     def to_dict(self, hours: float) -> dict[str, Any]:
-        o = self.offer
-        saving = self.spot_saving
-        return {
-            "provider": o.provider, "region": o.region, "zones": list(o.zones),
-            "instance_type": o.instance_type, "accelerator": o.accelerator,
-            "accelerator_count": o.accelerator_count, "gpu_memory_gib": o.gpu_memory_gib,
-            "num_nodes": self.num_nodes, "market": "spot" if self.spot else "on-demand",
-            "per_node": round(self.per_node, 4), "cluster": round(self.cluster, 4),
-            "total": round(self.total(hours), 2),
-            "on_demand_per_node": o.price, "spot_per_node": o.spot_price,
-            "spot_cluster": None if o.spot_price is None else round(o.spot_price * self.num_nodes, 4),
-            "spot_saving_pct": None if saving is None else round(100 * saving, 1),
-            "why": self.why,
-        }
+        """The offer as ``cost --json`` lists it (see :func:`priced_json`), and why it is
+        feasible."""
+        return {**priced_json(self.offer, self.num_nodes, self.spot, hours), "why": self.why}
+
+
+def priced_json(o: Offer, num_nodes: int, spot: bool, hours: float) -> dict[str, Any]:
+    """An offer priced for ``num_nodes`` nodes in one market over ``hours``: the catalog
+    fields of the JSON contract (``offer_json``) plus ``nodes``, ``cluster_hourly_usd``
+    (node price in the market priced x nodes) and ``total_usd`` (that x hours), and extras:
+    ``market``, ``node_hourly_usd`` (the price per node in that market), the spot cluster
+    price and the spot saving. Also for offers that are not feasible (their price, where
+    the market has one)."""
+    from .catalog.model import offer_json
+
+    per = o.hourly(spot)
+    cluster = None if per is None else per * num_nodes
+    od, sp = o.price, o.spot_price
+    saving = None if od is None or sp is None or od <= 0 else 1.0 - sp / od
+    return {
+        **offer_json(o), "nodes": num_nodes, "market": "spot" if spot else "on-demand",
+        "node_hourly_usd": None if per is None else round(per, 4),
+        "cluster_hourly_usd": None if cluster is None else round(cluster, 4),
+        "total_usd": None if cluster is None else round(cluster * hours, 2),
+        "spot_cluster_hourly_usd": None if sp is None else round(sp * num_nodes, 4),
+        "spot_saving_pct": None if saving is None else round(100 * saving, 1),
+    }
 
 
 @dataclass(frozen=True)

@@ -178,8 +178,8 @@ def test_budget_reached_stops_the_job_tears_down_and_records_why(cli: CLI, tmp_p
     rep = cli.run("cost-report", "--json")
     assert rep.returncode == 0, rep.stderr
     (c,) = json.loads(rep.stdout)["clusters"]
-    assert c["cluster"] == "bud" and c["status"] == "terminated"
-    assert c["hourly_price_per_node"] == PRICE and c["num_nodes"] == NODES
+    assert c["name"] == "bud" and c["status"] == "terminated"
+    assert c["price_hourly_usd"] == PRICE and c["nodes"] == NODES
     m = re.fullmatch(r"budget: \$([\d.]+) of \$([\d.]+)", c["end_reason"])
     assert m is not None, c["end_reason"]
     accrued, limit = float(m.group(1)), float(m.group(2))
@@ -217,6 +217,44 @@ def test_refused_before_anything_is_created(cli: CLI, tmp_path: Path) -> None:
     assert cli.status() == []
     assert not (cli.home / "clusters").exists() or not any((cli.home / "clusters").iterdir())
     assert json.loads(cli.run("cost-report", "--json").stdout)["clusters"] == []
+
+
+@needs_sshd
+@pytest.mark.e2e
+def test_status_shows_the_hourly_price_and_the_cost_so_far(cli: CLI, tmp_path: Path) -> None:
+    """`status` (table and --json): the price per node and for the cluster recorded at launch,
+    and the cost so far from the ledger, growing while the cluster runs."""
+    task = tmp_path / "st.yaml"
+    task.write_text(f"name: st\nnum_nodes: {NODES}\nresources:\n  local: {{price_per_hour: {PRICE}}}\n"
+                    "run: 'true'\n")
+    r = cli.run("up", str(task), "-y")
+    assert r.returncode == 0, r.stderr
+    started = open_state(cli.home).usage(cluster="st")[0].started_at
+    t0 = time.time()
+    (s,) = cli.status()
+    t1 = time.time()
+    assert s["price_hourly_usd"] == PRICE and s["cluster_hourly_usd"] == pytest.approx(PRICE * NODES)
+    assert s["hourly_price_per_node"] == PRICE
+    # the cost at the moment status looked: between what had accrued before and after the call
+    assert RATE * (t0 - started) - 1e-6 <= s["cost_so_far_usd"] <= RATE * (t1 - started) + 1e-6
+    time.sleep(1.0)
+    (later,) = cli.status()
+    assert later["cost_so_far_usd"] >= s["cost_so_far_usd"] + RATE * 1.0 - 1e-6
+    # the ledger says the same: cost-report counts the running cluster up to its own now
+    rep = cli.run("cost-report", "--json")
+    (c,) = json.loads(rep.stdout)["clusters"]
+    assert c["cost_usd"] >= later["cost_so_far_usd"] - 1e-6 and c["price_hourly_usd"] == PRICE
+
+    table = cli.run("status")
+    assert table.returncode == 0, table.stderr
+    head, row = table.stdout.splitlines()[:2]
+    assert "$/H NODE" in head and "$/H CLUSTER" in head and "COST SO FAR" in head
+    cells = row.split()
+    assert cells[:2] == ["st", "local"] and cells[5:7] == [f"{PRICE:.2f}", f"{PRICE * NODES:.2f}"]
+    assert re.fullmatch(r"\$0\.\d{4}", cells[7]), cells     # a few cents so far: $0.0xxx
+
+    assert cli.run("down", "st", "-y").returncode == 0
+    assert cli.status() == []
 
 
 def test_max_hourly_cost_refuses_a_named_provider_over_it(tmp_path: Path) -> None:

@@ -408,10 +408,11 @@ def test_gpus_a100x8_on_aws_cheapest_first(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout)
     assert len(got) == len(rows)
-    assert got[0]["price"] == best and got[0]["region"] in best_regions
-    assert [o["price"] for o in got] == sorted(o["price"] for o in got)
+    assert got[0]["price_hourly_usd"] == best and got[0]["region"] in best_regions
+    assert [o["price_hourly_usd"] for o in got] == sorted(o["price_hourly_usd"] for o in got)
     assert {o["provider"] for o in got} == {"aws"}
-    assert {"instance_type", "gpu_memory_gib", "vcpus", "memory_gib", "spot_price"} <= set(got[0])
+    assert {"instance_type", "gpu_memory_gib", "vcpus", "memory_gib",
+            "spot_price_hourly_usd"} <= set(got[0])
 
     r = _run(tmp_path, "gpus", "a100-40gb:8", "--provider", "aws")
     assert r.returncode == 0, r.stderr
@@ -427,11 +428,69 @@ def test_gpus_spot_sorted_and_json_parses(tmp_path: Path) -> None:
     r = _run(tmp_path, "gpus", "h100:8", "--spot", "--json")
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout)
-    assert got and all(o["spot_price"] is not None for o in got)
-    assert [o["spot_price"] for o in got] == sorted(o["spot_price"] for o in got)
-    r = _run(tmp_path, "gpus", "--json")
+    assert got and all(o["spot_price_hourly_usd"] is not None for o in got)
+    assert [o["spot_price_hourly_usd"] for o in got] == \
+        sorted(o["spot_price_hourly_usd"] for o in got)
+    r = _run(tmp_path, "gpus", "--models", "--json")
     models = json.loads(r.stdout)
     assert r.returncode == 0 and {"A100", "H100", "T4"} <= {m["accelerator"] for m in models}
+    r = _run(tmp_path, "gpus", "A100", "--models")
+    assert r.returncode == 2 and "takes no NAME" in r.stderr
+
+
+# The JSON contract of `gpus --json`: these names, these types (None where the catalog has no
+# value: a price the offer is not sold at, memory the source does not list).
+OFFER_CONTRACT: dict[str, tuple[type, ...]] = {
+    "provider": (str,), "instance_type": (str,), "accelerator": (str,),
+    "accelerator_count": (int, float), "gpu_memory_gib": (int, float, type(None)),
+    "vcpus": (int, float, type(None)), "memory_gib": (int, float, type(None)),
+    "region": (str,), "price_hourly_usd": (int, float, type(None)),
+    "spot_price_hourly_usd": (int, float, type(None)),
+}
+
+
+def test_the_contract_fields_are_the_documented_ones() -> None:
+    from cloudtrain.catalog.model import OFFER_FIELDS, offer_json
+
+    assert tuple(OFFER_CONTRACT) == OFFER_FIELDS
+    assert set(OFFER_FIELDS) <= set(offer_json(_offer()))
+
+
+def assert_offer_contract(o: dict[str, object]) -> None:
+    for key, types in OFFER_CONTRACT.items():
+        assert key in o, f"{key} missing from {sorted(o)}"
+        assert isinstance(o[key], types) and not isinstance(o[key], bool), (key, o[key])
+    assert o["provider"] in ("aws", "gcp", "azure")
+    assert o["price_hourly_usd"] is not None or o["spot_price_hourly_usd"] is not None
+
+
+def test_gpus_json_contract_every_offer_of_the_snapshot(tmp_path: Path) -> None:
+    """`gpus --json` (no NAME) is a list of every GPU offer, each with the contract's fields."""
+    r = _run(tmp_path, "gpus", "--json")
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    snap = L.load_catalog(None)
+    assert isinstance(got, list) and len(got) == sum(1 for o in snap.offers if o.price is not None)
+    for o in got:
+        assert_offer_contract(o)
+    assert [o["price_hourly_usd"] for o in got] == sorted(o["price_hourly_usd"] for o in got)
+    # the meanings: per-node USD/h on demand and spot, per-GPU memory, as in the catalog
+    by = {(o.provider, o.instance_type, o.region, o.accelerator, o.accelerator_count): o
+          for o in snap.offers}
+    for o in got:
+        src = by[(o["provider"], o["instance_type"], o["region"], o["accelerator"],
+                  o["accelerator_count"])]
+        assert (o["price_hourly_usd"], o["spot_price_hourly_usd"], o["gpu_memory_gib"],
+                o["accelerator_count"]) == (src.price, src.spot_price, src.gpu_memory_gib,
+                                            src.accelerator_count)
+    spot = json.loads(_run(tmp_path, "gpus", "--json", "--spot", "--provider", "gcp").stdout)
+    assert spot and all(o["provider"] == "gcp" and o["spot_price_hourly_usd"] is not None
+                        for o in spot)
+    for o in spot:
+        assert_offer_contract(o)
+    # a query that matches nothing is an empty list
+    none = _run(tmp_path, "gpus", "A100:3", "--provider", "aws", "--json")
+    assert none.returncode == 0 and json.loads(none.stdout) == []
 
 
 def test_gpus_unknown_name_and_no_offers(tmp_path: Path) -> None:

@@ -91,16 +91,19 @@ def test_json_is_a_stable_object_with_totals_spot_and_rejections(home: Path, tmp
     r = cost(home, str(task), "--json")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
-    assert {"hours", "pick", "offers", "rejected", "catalog", "memory"} <= set(doc)
+    assert {"hours", "choice", "offers", "rejected", "catalog", "memory"} <= set(doc)
     assert doc["hours"] == 5                          # the task's max_hours
     assert [(o["provider"], o["rank"]) for o in doc["offers"]] == \
         [("azure", 1), ("gcp", 2), ("aws", 3)]
     gcp = doc["offers"][1]
-    assert gcp["per_node"] == 29.39 and gcp["cluster"] == pytest.approx(58.78)
-    assert gcp["total"] == pytest.approx(58.78 * 5)
-    assert gcp["spot_cluster"] == pytest.approx(17.6)
+    assert gcp["price_hourly_usd"] == 29.39 and gcp["cluster_hourly_usd"] == pytest.approx(58.78)
+    assert gcp["node_hourly_usd"] == 29.39 and gcp["nodes"] == 2
+    assert gcp["total_usd"] == pytest.approx(58.78 * 5)
+    assert gcp["spot_price_hourly_usd"] == 8.8
+    assert gcp["spot_cluster_hourly_usd"] == pytest.approx(17.6)
     assert gcp["spot_saving_pct"] == pytest.approx(100 * (1 - 8.8 / 29.39), abs=0.05)
-    assert doc["pick"] is None and not any(o["up_would_pick"] for o in doc["offers"])
+    assert doc["choice"] is None and not any(o["up_would_pick"] for o in doc["offers"])
+    assert "fits" not in gcp and "reason" not in gcp        # no --model-params
     assert {(j["constraint"], j["count"]) for j in doc["rejected"]} == {("gpu", 3), ("count", 1)}
     assert doc["catalog"]["kind"] == "user" and doc["catalog"]["as_of"] == AS_OF
     assert doc["memory"] is None
@@ -113,7 +116,9 @@ def test_budget_and_market_options(home: Path, tmp_path: Path) -> None:
     assert [o["provider"] for o in doc["offers"]] == ["azure"]          # 54.40 <= 55 < 58.78
     assert any(j["constraint"] == "max_hourly_cost" and j["count"] == 2 for j in doc["rejected"])
     spot = json.loads(cost(home, str(task), "--json", "--spot", "--top", "2").stdout)
-    assert [(o["provider"], o["cluster"]) for o in spot["offers"]] == [("azure", 6.0), ("gcp", 17.6)]
+    assert [(o["provider"], o["cluster_hourly_usd"]) for o in spot["offers"]] == \
+        [("azure", 6.0), ("gcp", 17.6)]
+    assert spot["offers"][0]["price_hourly_usd"] == 27.20      # on-demand, as in the catalog
 
 
 def test_memory_fit_keeps_offers_that_hold_the_model(home: Path, tmp_path: Path) -> None:
@@ -123,7 +128,17 @@ def test_memory_fit_keeps_offers_that_hold_the_model(home: Path, tmp_path: Path)
              "--model-params", "3e9")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
-    assert [o["instance_type"] for o in doc["offers"]] == ["a2-ultragpu-8g", "p4de.24xlarge"]
+    fits = [o for o in doc["offers"] if o["fits"]]
+    assert [o["instance_type"] for o in fits] == ["a2-ultragpu-8g", "p4de.24xlarge"]
+    # the offers that do not hold the model follow, cheapest first, each with why
+    misfits = doc["offers"][len(fits):]
+    assert [(o["instance_type"], o["fits"], o["rank"]) for o in misfits] == [
+        ("Standard_ND96asr_v4", False, None), ("a2-highgpu-8g", False, None),
+        ("p4d.24xlarge", False, None)]
+    assert {o["reason"] for o in misfits} == \
+        {f"40 GiB per GPU: 36 GiB usable < {need:.1f} GiB needed"}
+    assert all("reason" not in o for o in fits)
+    assert misfits[0]["cluster_hourly_usd"] == pytest.approx(54.40)
     mem = doc["memory"]
     assert mem["needed_gib"] == pytest.approx(need, abs=0.01)
     assert mem["bytes_per_param"] == {"weights": 6, "gradients": 2, "optimizer": 8}
@@ -149,13 +164,90 @@ def test_local_and_explicit_cloud_tasks(home: Path, tmp_path: Path) -> None:
     assert local.returncode == 0, local.stderr
     assert "local: $0.00/h per node" in local.stdout and "no cloud price applies" in local.stdout
     doc = json.loads(cost(home, str(write(tmp_path, "run: echo hi\n")), "--json").stdout)
-    assert doc["pick"]["provider"] == "local" and doc["pick"]["per_node"] == 0
+    assert doc["choice"]["provider"] == "local" and doc["choice"]["price_hourly_usd"] == 0
+    assert doc["choice"]["cluster_hourly_usd"] == 0 and doc["choice"]["total_usd"] == 0
     assert doc["offers"] == [] and doc["catalog"] is None
     # a cloud whose provider is not installed can still be priced
     aws = write(tmp_path, A100_TASK.replace("resources:\n", "resources:\n  provider: aws\n"))
     d = json.loads(cost(home, str(aws), "--json").stdout)
     assert [o["provider"] for o in d["offers"]] == ["aws"]
-    assert d["pick"]["instance_type"] == "p4d.24xlarge" and "names aws" in d["pick_note"]
+    assert d["choice"]["instance_type"] == "p4d.24xlarge" and "names aws" in d["choice_note"]
+
+
+# The JSON contract of `cost --json`: every offer has the catalog fields of `gpus --json` plus
+# these; "fits" with --model-params, and "reason" where it does not fit.
+COST_CONTRACT: dict[str, tuple[type, ...]] = {
+    "nodes": (int,), "cluster_hourly_usd": (int, float), "total_usd": (int, float),
+}
+
+
+def assert_cost_offer(o: dict[str, Any], hours: float, with_fit: bool) -> None:
+    from test_catalog import assert_offer_contract
+
+    assert_offer_contract(o)
+    for key, types in COST_CONTRACT.items():
+        assert key in o and isinstance(o[key], types) and not isinstance(o[key], bool), (key, o)
+    per = o["spot_price_hourly_usd"] if o["market"] == "spot" else o["price_hourly_usd"]
+    assert o["cluster_hourly_usd"] == pytest.approx(per * o["nodes"], abs=1e-4)
+    assert o["total_usd"] == pytest.approx(o["cluster_hourly_usd"] * hours, abs=0.01)
+    if with_fit:
+        assert isinstance(o["fits"], bool)
+        assert ("reason" in o) == (not o["fits"])
+        if not o["fits"]:
+            assert isinstance(o["reason"], str) and o["reason"]
+    else:
+        assert "fits" not in o and "reason" not in o
+
+
+def test_cost_json_contract(home: Path, tmp_path: Path) -> None:
+    # A named provider: the choice is its cheapest offer, whatever is installed here.
+    aws = write(tmp_path, A100_TASK.replace("A100:8", "any:8").replace(
+        "resources:\n", "resources:\n  provider: aws\n"))
+    r = cost(home, str(aws), "--json", "--hours", "4", "--model-params", "3e9")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert {"offers", "choice"} <= set(doc) and isinstance(doc["offers"], list)
+    for o in doc["offers"]:
+        assert_cost_offer(o, 4, with_fit=True)
+    assert [(o["instance_type"], o["fits"]) for o in doc["offers"]] == [
+        ("p4de.24xlarge", True), ("p4d.24xlarge", False)]
+    choice = doc["choice"]
+    assert_cost_offer(choice, 4, with_fit=True)
+    assert (choice["instance_type"], choice["nodes"], choice["fits"]) == ("p4de.24xlarge", 2, True)
+    assert choice["cluster_hourly_usd"] == pytest.approx(2 * 40.97)
+    assert choice["total_usd"] == pytest.approx(2 * 40.97 * 4, abs=0.01)
+    # Without --model-params: no "fits", no "reason"; spot prices the spot market.
+    plain = json.loads(cost(home, str(aws), "--json", "--spot").stdout)
+    for o in plain["offers"] + [plain["choice"]]:
+        assert_cost_offer(o, 1, with_fit=False)
+    assert plain["choice"]["cluster_hourly_usd"] == pytest.approx(2 * 12.0)
+
+
+def test_cost_json_when_nothing_fits_prints_the_object_and_exits_2(home: Path,
+                                                                   tmp_path: Path) -> None:
+    need = 3e9 * 16 / GIB * 1.2 + 1
+    r = cost(home, str(write(tmp_path, A100_TASK)), "--json", "--model-params", "3e9",
+             "--hours", "2")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.startswith("error: No offer fits A100:8 x 2 nodes")
+    doc = json.loads(r.stdout)
+    assert doc["choice"] is None and doc["feasible"] == 0
+    assert [(o["provider"], o["fits"]) for o in doc["offers"]] == \
+        [("azure", False), ("gcp", False), ("aws", False)]
+    for o in doc["offers"]:
+        assert_cost_offer(o, 2, with_fit=True)
+        assert o["reason"] == f"40 GiB per GPU: 36 GiB usable < {need:.1f} GiB needed"
+    assert any("A100-80GB:8 fits" in x for x in doc["suggestions"])
+    assert doc["error"].startswith("No offer fits") and doc["memory"]["needed_gib"] == \
+        pytest.approx(need, abs=0.01)
+    # Nothing feasible for another reason: the object too, with no offers and choice null.
+    capped = write(tmp_path, A100_TASK.replace("A100:8\n", "A100:8\n  max_hourly_cost: 10\n"))
+    r = cost(home, str(capped), "--json")
+    assert r.returncode == 2
+    doc = json.loads(r.stdout)
+    assert doc["choice"] is None and doc["offers"] == []
+    assert any(j["constraint"] == "max_hourly_cost" for j in doc["rejected"])
+    assert created(home) == []
 
 
 BAD: list[tuple[str, str, list[str], str]] = [
@@ -225,7 +317,8 @@ def test_pick_is_the_cheapest_offer_on_a_cloud_with_credentials(fake_clouds: Any
     doc = json.loads(r.stdout)
     # azure (cheapest) is not installed, gcp has no credentials: up would take aws, rank 3
     assert [o["up_would_pick"] for o in doc["offers"]] == [False, False, True]
-    assert doc["pick"]["provider"] == "aws" and doc["pick"]["rank"] == 3
+    assert doc["choice"]["provider"] == "aws" and doc["choice"]["rank"] == 3
+    assert doc["choice"] == doc["offers"][2]
     assert doc["providers"]["gcp"] == {"usable": False, "why_not": "no credentials found"}
 
     table = _invoke("cost", str(task))

@@ -112,8 +112,9 @@ def test_unknown_price_is_shown_as_unknown_and_left_out_of_totals(state: State) 
     assert rep.total_cost == pytest.approx(1.0) and rep.unknown == ["mystery"]
     assert any("mystery" in n and "unknown" in n for n in rep.notes)
     js = ledger.to_json(rep)
-    by = {c["cluster"]: c for c in js["clusters"]}  # type: ignore[union-attr,index]
-    assert by["mystery"]["cost_usd"] is None and by["mystery"]["hourly_price_per_node"] is None
+    by = {c["name"]: c for c in js["clusters"]}  # type: ignore[union-attr,index]
+    assert by["mystery"]["cost_usd"] is None and by["mystery"]["price_hourly_usd"] is None
+    assert js["total_usd"] == 1.0
     assert js["totals"]["unknown_cost_clusters"] == ["mystery"]  # type: ignore[index]
     rows = ledger.csv_rows(rep)
     col = rows[0].index("cost_usd")
@@ -244,15 +245,15 @@ def test_json_csv_and_table_output(home: Path, state: State) -> None:
     r = _cli(home, "--json")
     assert r.exit_code == 0, r.output  # type: ignore[attr-defined]
     js = json.loads(r.stdout)  # type: ignore[attr-defined]
-    assert {c["cluster"]: c["cost_usd"] for c in js["clusters"]} == {"a": 30.0, "b": 5.0, "m": None}
-    assert js["totals"]["cost_usd"] == 35.0
+    assert {c["name"]: c["cost_usd"] for c in js["clusters"]} == {"a": 30.0, "b": 5.0, "m": None}
+    assert js["total_usd"] == 35.0
     assert js["totals"]["by_provider"] == {"aws": 30.0, "gcp": 5.0}
     assert js["clusters"][0]["end_reason"] == "terminated"
 
     r = _cli(home, "--csv")
     assert r.exit_code == 0
     rows = list(csv.DictReader(io.StringIO(r.stdout)))  # type: ignore[attr-defined]
-    assert [(x["cluster"], x["provider"], x["num_nodes"], x["hours"], x["cost_usd"]) for x in rows] == [
+    assert [(x["name"], x["provider"], x["nodes"], x["hours"], x["cost_usd"]) for x in rows] == [
         ("a", "aws", "4", "3.000000", "30"), ("m", "azure", "1", "1.000000", "unknown"),
         ("b", "gcp", "2", "2.000000", "5")]
 
@@ -283,7 +284,7 @@ def test_a_newer_catalog_does_not_change_past_costs(home: Path, state: State,
         r = _cli(home, "--json")
         assert r.exit_code == 0, r.output  # type: ignore[attr-defined]
         js = json.loads(r.stdout)  # type: ignore[attr-defined]
-        return {"clusters": js["clusters"], "totals": js["totals"]}
+        return {"clusters": js["clusters"], "totals": js["totals"], "total_usd": js["total_usd"]}
 
     before = costs()
     # A user-local catalog (what 'catalog refresh' writes) where every price is different.
@@ -337,3 +338,255 @@ def test_chart_without_matplotlib_exits_2(home: Path, state: State, tmp_path: Pa
     assert r.exit_code == 2
     assert "pip install 'cloudtrain[chart]'" in r.output  # type: ignore[attr-defined]
     assert not (tmp_path / "x.png").exists()
+
+
+# --- the JSON contract ----------------------------------------------------------------------------
+
+# `cost-report --json` -> {"clusters": [{these}], "total_usd"}: the names scripts rely on.
+REPORT_CONTRACT: dict[str, tuple[type, ...]] = {
+    "name": (str,), "provider": (str,), "region": (str, type(None)),
+    "instance_type": (str, type(None)), "nodes": (int,), "spot": (bool,),
+    "hours": (int, float), "price_hourly_usd": (int, float, type(None)),
+    "cost_usd": (int, float, type(None)),
+}
+
+
+def assert_report_contract(js: dict[str, object]) -> None:
+    assert isinstance(js["clusters"], list)
+    assert isinstance(js["total_usd"], (int, float)) and not isinstance(js["total_usd"], bool)
+    for c in js["clusters"]:
+        for key, types in REPORT_CONTRACT.items():
+            assert key in c, f"{key} missing from {sorted(c)}"
+            ok = isinstance(c[key], types) and (bool in types or not isinstance(c[key], bool))
+            assert ok, (key, c[key])
+        if c["price_hourly_usd"] is not None:
+            assert c["cost_usd"] == pytest.approx(c["hours"] * c["price_hourly_usd"] * c["nodes"],
+                                                  abs=1e-5)
+    known = [c["cost_usd"] for c in js["clusters"] if c["cost_usd"] is not None]
+    assert js["total_usd"] == pytest.approx(sum(known), abs=1e-5)
+
+
+def test_cost_report_json_contract(home: Path, state: State) -> None:
+    _filled(state)
+    add(state, "sp", MID, MID + 2 * H, price=0.75, nodes=3, spot=True)
+    r = _cli(home, "--json")
+    assert r.exit_code == 0, r.output  # type: ignore[attr-defined]
+    js = json.loads(r.stdout)  # type: ignore[attr-defined]
+    assert_report_contract(js)
+    by = {c["name"]: c for c in js["clusters"]}
+    assert (by["a"]["nodes"], by["a"]["spot"], by["a"]["hours"], by["a"]["price_hourly_usd"],
+            by["a"]["cost_usd"]) == (4, False, 3.0, 2.5, 30.0)
+    assert (by["sp"]["spot"], by["sp"]["price_hourly_usd"], by["sp"]["cost_usd"]) == \
+        (True, 0.75, 4.5)                                        # 2 h x 0.75 x 3 nodes
+    assert by["m"]["price_hourly_usd"] is None and by["m"]["cost_usd"] is None
+    assert js["total_usd"] == 39.5                               # 30 + 5 + 4.5, m unknown
+    # Nothing recorded: the same shape, empty.
+    r = _cli(home.parent / "empty", "--json")
+    js = json.loads(r.stdout)  # type: ignore[attr-defined]
+    assert (js["clusters"], js["total_usd"]) == ([], 0.0)
+
+
+# --- spot, stop/start --------------------------------------------------------------------------
+
+def test_spot_cluster_is_billed_at_its_spot_price_across_stop_and_start(state: State) -> None:
+    """The planner prices a spot task at the offer's spot price; that is what the ledger
+    records and bills, interval by interval, and nothing while the cluster is stopped."""
+    from cloudtrain import planner
+    from cloudtrain.spec import Resources
+    from test_planner import OFFERS
+
+    pick = planner.rank(Resources.model_validate({"accelerators": "A100:8"}), 2, OFFERS,
+                        spot=True).require()
+    assert (pick.offer.provider, pick.per_node, pick.offer.price) == ("azure", 3.0, 27.20)
+    row = ClusterRow(name="sp", provider=pick.offer.provider, status="UP", num_nodes=2,
+                     created_at=MID, updated_at=MID, region=pick.offer.region,
+                     instance_type=pick.offer.instance_type, accelerators="A100:8",
+                     use_spot=True, hourly_price=pick.per_node)
+    state.open_usage(row, when=MID)
+    state.close_usage("sp", when=MID + 1.5 * H, reason="stopped")    # 1.5 h x $3.00 x 2 = $9
+    mid = one(ledger.report(state, now=MID + 4 * H), "sp")
+    assert (mid.status, mid.hours, mid.cost) == ("stopped", pytest.approx(1.5), pytest.approx(9.0))
+    # Started again 4 h later, when the spot price had moved to $3.60: that interval is billed
+    # at $3.60, the first one keeps $3.00. 2 h x $3.60 x 2 = $14.40.
+    state.open_usage(ClusterRow(**{**row.__dict__, "hourly_price": 3.6}), when=MID + 5.5 * H)
+    running = one(ledger.report(state, now=MID + 6.5 * H), "sp")
+    assert running.status == "running" and running.cost == pytest.approx(9.0 + 7.2)
+    state.close_usage("sp", when=MID + 7.5 * H)
+    done = one(ledger.report(state, now=NOW), "sp")
+    assert done.use_spot and done.price_at_launch == 3.0
+    assert [(i.hourly_price_per_node, i.hours, i.end_reason) for i in done.intervals] == [
+        (3.0, pytest.approx(1.5), "stopped"), (3.6, pytest.approx(2.0), "terminated")]
+    assert done.hours == pytest.approx(3.5)                          # the 4 stopped hours: $0
+    assert done.cost == pytest.approx(9.0 + 14.4)                    # never at on-demand 27.20
+    js = ledger.to_json(ledger.report(state, now=NOW))
+    (c,) = js["clusters"]  # type: ignore[misc]
+    assert (c["spot"], c["price_hourly_usd"], c["cost_usd"], c["hours"]) == (True, 3.0, 23.4, 3.5)
+    assert [i["price_hourly_usd"] for i in c["intervals"]] == [3.0, 3.6]
+
+
+# --- launched through the planner, then the catalog changes ------------------------------------
+
+@pytest.fixture
+def fake_clouds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    from cloudtrain import registry
+    from test_planner import CRED_VARS, FakeCloud
+
+    user = tmp_path / "userhome"
+    adc = user / ".config" / "gcloud" / "application_default_credentials.json"
+    adc.parent.mkdir(parents=True)
+    adc.write_text("{}")
+    monkeypatch.setenv("HOME", str(user))
+    for v in CRED_VARS:
+        monkeypatch.delenv(v, raising=False)
+    monkeypatch.setenv("AWS_PROFILE", "p")
+    fakes = {"aws": FakeCloud("aws"), "gcp": FakeCloud("gcp")}
+    for n, f in fakes.items():
+        registry.register_instance(n, f)  # type: ignore[arg-type]
+    yield fakes
+    for n in fakes:
+        registry.unregister_instance(n)
+
+
+def _catalog(home: Path, scale: float) -> None:
+    """A user-local catalog (what 'catalog refresh' writes) with every price x ``scale``."""
+    from cloudtrain.catalog.model import CatalogInfo, Offer
+    from cloudtrain.catalog.store import write_meta, write_offers
+
+    def o(provider: str, itype: str, acc: str, count: float, mem: float, region: str,
+          price: float, spot: float) -> Offer:
+        return Offer(provider=provider, instance_type=itype, accelerator=acc,
+                     accelerator_count=count, gpu_memory_gib=mem, vcpus=96, memory_gib=1152,
+                     region=region, price=round(price * scale, 4),
+                     spot_price=round(spot * scale, 4))
+
+    folder = home / "catalog"
+    write_offers(folder / "gpu_offers.csv", [
+        o("aws", "p4d.24xlarge", "A100", 8, 40, "us-east-1", 32.77, 12.0),
+        o("gcp", "a2-highgpu-8g", "A100", 8, 40, "us-central1", 29.39, 8.8),
+        o("aws", "g5.xlarge", "A10G", 1, 22.35, "us-east-1", 1.006, 0.45),
+        o("gcp", "g2-standard-4", "L4", 1, 24, "us-central1", 0.71, 0.25),
+    ])
+    write_meta(folder, CatalogInfo(kind="user", path=str(folder), as_of="2026-03-01",
+                                   source=f"test, prices x {scale}", providers=("aws", "gcp")))
+
+
+def test_report_over_clusters_launched_before_the_catalog_changed_keeps_launch_prices(
+        fake_clouds: object, home: Path, state: State, monkeypatch: pytest.MonkeyPatch) -> None:
+    from cloudtrain import cluster as cl
+    from cloudtrain.cluster import Env
+    from cloudtrain.spec import parse_task
+    from cloudtrain.ui import UI
+
+    monkeypatch.setenv("CLOUDTRAIN_HOME", str(home))
+    _catalog(home, 1.0)
+    env = Env(home, state, UI(quiet=True))
+    tasks = {   # name: (task, what the planner takes from the first catalog, $/node-h, nodes)
+        "train": ("num_nodes: 2\nresources: {accelerators: A100:8}\n",
+                  ("gcp", "a2-highgpu-8g"), 29.39, 2),
+        "spotty": ("resources: {accelerators: A100:8, use_spot: true}\n",
+                   ("gcp", "a2-highgpu-8g"), 8.8, 1),
+        "small": ("num_nodes: 3\nresources: {provider: aws, accelerators: A10G:1}\n",
+                  ("aws", "g5.xlarge"), 1.006, 3),
+        "live": ("num_nodes: 4\nresources: {accelerators: L4:1, use_spot: true}\n",
+                 ("gcp", "g2-standard-4"), 0.25, 4),
+    }
+    for name, (text, (prov, itype), price, nodes) in tasks.items():
+        task = parse_task(f"name: {name}\n{text}run: x\n")
+        handle, fresh = cl.provision(env, task, name, planned=cl.plan(env, task, name))
+        assert fresh and (handle.row.provider, handle.row.instance_type) == (prov, itype)
+        assert handle.row.hourly_price == price and handle.row.num_nodes == nodes
+    for name in ("train", "spotty", "small"):
+        cl.down(env, name)
+    # Give the finished intervals known lengths: 3 h, 10 h, 0.5 h; "live" started 2 h ago.
+    import time
+
+    hours = {"train": 3.0, "spotty": 10.0, "small": 0.5}
+    with sqlite3.connect(home / "state.db") as db:
+        for name, h in hours.items():
+            db.execute("UPDATE usage SET started_at=?, ended_at=? WHERE cluster=?",
+                       (MID, MID + h * H, name))
+        db.execute("UPDATE usage SET started_at=? WHERE cluster='live'", (time.time() - 2 * H,))
+
+    def report() -> dict[str, dict[str, object]]:
+        r = _cli(home, "--json")
+        assert r.exit_code == 0, r.output  # type: ignore[attr-defined]
+        js = json.loads(r.stdout)  # type: ignore[attr-defined]
+        assert_report_contract(js)
+        return {c["name"]: c for c in js["clusters"]}
+
+    def live_status() -> dict[str, object]:
+        r = CliRunner().invoke(cli, ["status", "live", "--json"],
+                               env={"CLOUDTRAIN_HOME": str(home), "NO_COLOR": "1"})
+        assert r.exit_code == 0, r.output
+        (row,) = json.loads(r.stdout)
+        return row  # type: ignore[no-any-return]
+
+    before = report()
+    expected = {"train": 3.0 * 29.39 * 2, "spotty": 10.0 * 8.8, "small": 0.5 * 1.006 * 3}
+    for name, cost in expected.items():
+        c = before[name]
+        assert (c["price_hourly_usd"], c["nodes"], c["hours"]) == \
+            (tasks[name][2], tasks[name][3], hours[name])
+        assert c["cost_usd"] == pytest.approx(cost, abs=1e-5)
+    assert before["spotty"]["spot"] is True and before["train"]["spot"] is False
+    st = live_status()
+    assert (st["price_hourly_usd"], st["cluster_hourly_usd"]) == (0.25, 1.0)
+    assert st["cost_so_far_usd"] == pytest.approx(2 * 0.25 * 4, abs=0.01)
+
+    # The catalog is refreshed: every price is three times what it was.
+    _catalog(home, 3.0)
+    replan = cl.plan(env, parse_task("name: t2\nnum_nodes: 2\nresources: {accelerators: A100:8}"
+                                     "\nrun: x\n"), "t2")
+    assert replan.hourly_price_per_node == pytest.approx(3 * 29.39)     # the new catalog is in use
+    after = report()
+    for name in expected:
+        assert after[name]["price_hourly_usd"] == before[name]["price_hourly_usd"]
+        assert after[name]["cost_usd"] == before[name]["cost_usd"]
+    assert after["live"]["price_hourly_usd"] == 0.25
+    st = live_status()
+    assert (st["price_hourly_usd"], st["cluster_hourly_usd"]) == (0.25, 1.0)
+    assert st["cost_so_far_usd"] == pytest.approx(2 * 0.25 * 4, abs=0.01)
+    cl.down(env, "live")
+
+
+def test_status_shows_the_launch_price_and_the_cost_so_far_from_the_ledger(
+        fake_clouds: object, home: Path, state: State) -> None:
+    """State rows written directly: a cluster stopped once and started again, and one with
+    no recorded price."""
+    import time
+
+    now = time.time()
+    row = ClusterRow(name="s", provider="gcp", status="UP", num_nodes=2, created_at=now - 5 * H,
+                     updated_at=now, region="us-central1", instance_type="a2-highgpu-8g",
+                     accelerators="A100:8", hourly_price=2.0)
+    state.upsert_cluster(row)
+    state.open_usage(row, when=now - 5 * H)
+    state.close_usage("s", when=now - 4 * H, reason="stopped")       # 1 h x $2 x 2 = $4
+    state.open_usage(row, when=now - H)                              # 1 h so far: $4 more
+    nop = ClusterRow(name="n", provider="aws", status="UP", num_nodes=1, created_at=now - H,
+                     updated_at=now, hourly_price=None)
+    state.upsert_cluster(nop)
+    state.open_usage(nop, when=now - H)
+    env = {"CLOUDTRAIN_HOME": str(home), "NO_COLOR": "1"}
+    r = CliRunner().invoke(cli, ["status", "--json"], env=env)
+    assert r.exit_code == 0, r.output
+    by = {c["name"]: c for c in json.loads(r.stdout)}
+    s = by["s"]
+    assert (s["price_hourly_usd"], s["cluster_hourly_usd"]) == (2.0, 4.0)
+    assert s["cost_so_far_usd"] == pytest.approx(8.0, abs=0.01)
+    assert s["cost_so_far_usd"] == pytest.approx(ledger.cluster_spend(state, "s"), abs=0.01)
+    n = by["n"]
+    assert (n["price_hourly_usd"], n["cluster_hourly_usd"], n["cost_so_far_usd"]) == \
+        (None, None, None)
+    r = CliRunner().invoke(cli, ["status"], env=env)
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.splitlines()
+    assert lines[0].split()[:9] == ["NAME", "PROVIDER", "STATUS", "NODES", "INSTANCE", "$/H",
+                                    "NODE", "$/H", "CLUSTER"]
+    assert "COST SO FAR" in lines[0]
+    srow = next(ln.split() for ln in lines if ln.startswith("s "))
+    assert srow[5:8] == ["2.00", "4.00", "$8.00"]
+    nrow = next(ln.split() for ln in lines if ln.startswith("n "))
+    assert nrow[4:7] == ["-", "-", "-"] and "unknown" in nrow
+    r = CliRunner().invoke(cli, ["status", "s", "--json"], env=env)
+    assert [c["name"] for c in json.loads(r.stdout)] == ["s"]

@@ -96,7 +96,10 @@ def test_spot_market_ranks_by_spot_price_and_drops_offers_without_one() -> None:
     assert gcp.alternative_per_node == 8.8
     assert gcp.spot_saving == pytest.approx(1 - 8.8 / 29.39)
     d = gcp.to_dict(hours=3)
-    assert d["spot_cluster"] == pytest.approx(17.6) and d["total"] == pytest.approx(29.39 * 2 * 3, abs=0.01)
+    assert d["spot_cluster_hourly_usd"] == pytest.approx(17.6)
+    assert d["total_usd"] == pytest.approx(29.39 * 2 * 3, abs=0.01)
+    assert (d["price_hourly_usd"], d["spot_price_hourly_usd"], d["nodes"]) == (29.39, 8.8, 2)
+    assert d["cluster_hourly_usd"] == pytest.approx(58.78)
     assert d["spot_saving_pct"] == pytest.approx(100 * (1 - 8.8 / 29.39), abs=0.05)
 
 
@@ -213,6 +216,79 @@ def test_memory_formula_by_hand() -> None:
     d = b.to_dict()
     assert d["bytes_per_param"] == {"weights": 6, "gradients": 2, "optimizer": 8}
     assert d["needed_gib"] == pytest.approx(b.needed_gib, abs=0.01)
+
+
+# Memory fit for three model sizes, worked out by hand from the formula in docs/cost.md (not
+# with memfit): needed per GPU = params x bytes / shards / 2^30 x 1.2 + 1 GiB, where bytes is
+# weights + gradients + optimizer: bf16 + AdamW = 6 + 2 + 8 = 16, fp32 + SGD = 4 + 4 + 4 = 12,
+# fp16 + SGD = 6 + 2 + 4 = 12. 2^30 = 1 073 741 824. Figures to 4 decimals.
+HAND: list[tuple[float, str, str, str, int, float, float]] = [
+    # params, precision, optimizer, strategy, GPUs in the cluster -> states GiB, needed GiB
+    # 1.3e9 x 16 = 20.8e9 B; / 2^30 = 19.3715; x 1.2 = 23.2458; + 1 = 24.2458
+    (1.3e9, "bf16", "adamw", "ddp", 8, 19.3715, 24.2458),
+    # 1.3e9 x 12 = 15.6e9 B; / 2^30 = 14.5286; x 1.2 = 17.4344; + 1 = 18.4344
+    (1.3e9, "fp32", "sgd", "ddp", 1, 14.5286, 18.4344),
+    # 7e9 x 16 = 112e9 B; / 2^30 = 104.3081; x 1.2 = 125.1698; + 1 = 126.1698 (ddp: GPUs ignored)
+    (7e9, "bf16", "adamw", "ddp", 16, 104.3081, 126.1698),
+    # 7e9 x 16 / 8 GPUs = 14e9 B; / 2^30 = 13.0385; x 1.2 = 15.6462; + 1 = 16.6462
+    (7e9, "bf16", "adamw", "fsdp", 8, 13.0385, 16.6462),
+    # 7e9 x 12 / 16 GPUs = 5.25e9 B; / 2^30 = 4.8894; x 1.2 = 5.8673; + 1 = 6.8673
+    (7e9, "fp16", "sgd", "fsdp", 16, 4.8894, 6.8673),
+    # 70e9 x 16 = 1120e9 B; / 2^30 = 1043.0813; x 1.2 = 1251.6975; + 1 = 1252.6975
+    (70e9, "bf16", "adamw", "ddp", 8, 1043.0813, 1252.6975),
+    # 70e9 x 16 / 16 GPUs = 70e9 B; / 2^30 = 65.1926; x 1.2 = 78.2311; + 1 = 79.2311
+    (70e9, "bf16", "adamw", "fsdp", 16, 65.1926, 79.2311),
+    # 70e9 x 16 / 32 GPUs = 35e9 B; / 2^30 = 32.5963; x 1.2 = 39.1155; + 1 = 40.1155
+    (70e9, "bf16", "adamw", "fsdp", 32, 32.5963, 40.1155),
+    # 70e9 x 12 / 64 GPUs = 13.125e9 B; / 2^30 = 12.2236; x 1.2 = 14.6683; + 1 = 15.6683
+    (70e9, "fp32", "sgd", "fsdp", 64, 12.2236, 15.6683),
+]
+
+
+@pytest.mark.parametrize("params, precision, optimizer, strategy, gpus, states, needed", HAND,
+                         ids=[f"{h[0]:g}-{h[1]}-{h[2]}-{h[3]}-{h[4]}gpus" for h in HAND])
+def test_memory_fit_matches_hand_computed_figures(params: float, precision: str, optimizer: str,
+                                                  strategy: str, gpus: int, states: float,
+                                                  needed: float) -> None:
+    b = MemoryEstimate(params, precision, optimizer, strategy).breakdown(gpus)
+    assert b.shards == (gpus if strategy == "fsdp" else 1)
+    assert b.states_gib == pytest.approx(states, abs=5e-4)
+    assert b.activations_gib == pytest.approx(0.2 * states, abs=5e-4)
+    assert b.overhead_gib == 1.0
+    assert b.needed_gib == pytest.approx(needed, abs=5e-4)
+    assert b.min_gpu_memory_gib == pytest.approx(needed / 0.9, abs=1e-3)
+    assert b.to_dict()["needed_gib"] == round(needed, 2)
+
+
+def test_memory_fit_components_and_verdicts_by_hand() -> None:
+    # 1.3e9 bf16 AdamW ddp, per part: weights 1.3e9 x 6 / 2^30 = 7.2643, gradients x 2 = 2.4214,
+    # AdamW x 8 = 9.6858 (sum 19.3715); activations 0.2 x 19.3715 = 3.8743.
+    b = MemoryEstimate(1.3e9).breakdown()
+    assert (b.weights_gib, b.gradients_gib, b.optimizer_gib, b.activations_gib) == (
+        pytest.approx(7.2643, abs=5e-4), pytest.approx(2.4214, abs=5e-4),
+        pytest.approx(9.6858, abs=5e-4), pytest.approx(3.8743, abs=5e-4))
+    # 24.2458 GiB needed: a 40 GiB GPU (36 usable) holds it, a 24 GiB one (21.6 usable) does not.
+    assert b.fits(40) and not b.fits(24)
+    # 70e9 bf16 AdamW on 80 GiB GPUs (72 usable): fsdp over 2 x 8 needs 79.2311 (no), over
+    # 4 x 8 needs 40.1155 (yes); 40 GiB A100s (36 usable) do not hold it even over 4 x 8.
+    fit = MemoryEstimate(70e9, "bf16", "adamw", "fsdp")
+    two = planner.rank(res(accelerators="A100-80GB:8"), 2, OFFERS, fit=fit)
+    assert two.ranked == []
+    assert [j.reason for j in two.rejected if j.constraint == "memory"] == \
+        ["80 GiB per GPU: 72 GiB usable < 79.2 GiB needed"]
+    four = planner.rank(res(accelerators="any:8"), 4, OFFERS, fit=fit)
+    assert {r.offer.accelerator for r in four.ranked} == {"A100-80GB"}
+    assert four.ranked[0].fit is not None and four.ranked[0].fit.shards == 32
+    assert {j.reason for j in four.rejected if j.constraint == "memory"} == \
+        {"40 GiB per GPU: 36 GiB usable < 40.1 GiB needed"}
+    # 7e9 fp16 SGD fsdp on 2 nodes x 1 GPU: 2 shards, 7e9 x 12 / 2 / 2^30 = 39.1155 GiB of
+    # states, x 1.2 + 1 = 47.9387 GiB: only the 80 GiB GPU (72 usable) holds it, not the
+    # 22.35 GiB A10G (20.1 usable) nor the 24 GiB L4 (21.6 usable).
+    small = planner.rank(res(accelerators="any:1"), 2, OFFERS,
+                         fit=MemoryEstimate(7e9, "fp16", "sgd", "fsdp"))
+    assert [r.offer.accelerator for r in small.ranked] == ["A100-80GB"]      # 80 GiB: 72 usable
+    assert small.ranked[0].fit is not None
+    assert small.ranked[0].fit.needed_gib == pytest.approx(47.9387, abs=5e-4)
 
 
 @pytest.mark.parametrize("text, value", [("7e9", 7e9), ("7B", 7e9), ("350M", 3.5e8),

@@ -47,3 +47,19 @@ class CatalogInfo:
     source: str                      # provenance, one line
     providers: tuple[str, ...] = ()
     corrections: tuple[str, ...] = field(default=())   # overrides applied, one line each
+
+
+OFFER_FIELDS = ("provider", "instance_type", "accelerator", "accelerator_count", "gpu_memory_gib",
+                "vcpus", "memory_gib", "region", "price_hourly_usd", "spot_price_hourly_usd")
+"""The JSON contract for one offer (``gpus --json``, and every offer of ``cost --json``):
+scripts rely on these names. Prices are USD per hour for one node, on-demand and spot (null
+where the offer is not sold in that market); ``gpu_memory_gib`` is per GPU."""
+
+
+def offer_json(o: Offer) -> dict[str, object]:
+    """One offer as the JSON contract has it (OFFER_FIELDS), plus its zones, arch and host."""
+    return {"provider": o.provider, "instance_type": o.instance_type,
+            "accelerator": o.accelerator, "accelerator_count": o.accelerator_count,
+            "gpu_memory_gib": o.gpu_memory_gib, "vcpus": o.vcpus, "memory_gib": o.memory_gib,
+            "region": o.region, "price_hourly_usd": o.price, "spot_price_hourly_usd": o.spot_price,
+            "zones": list(o.zones), "arch": o.arch, "host_type": o.host_type}
