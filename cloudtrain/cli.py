@@ -499,9 +499,9 @@ def down(names: tuple[str, ...], all_: bool, yes: bool, provider_name: str | Non
 
 def _register_commands() -> None:
     """Commands kept in their own modules (each imports only click at module level)."""
-    from . import cmd_catalog, cmd_cost, cmd_report
+    from . import cmd_catalog, cmd_cost, cmd_gc, cmd_report
 
-    for mod in (cmd_catalog, cmd_cost, cmd_report):
+    for mod in (cmd_catalog, cmd_cost, cmd_report, cmd_gc):
         mod.register(cli)
 
 

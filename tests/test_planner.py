@@ -402,7 +402,11 @@ def bare_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.fixture
-def clouds(bare_home: Path):  # type: ignore[no-untyped-def]
+def clouds(bare_home: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    # aws and gcp are fakes; azure counts as not installed whatever this machine has, so the
+    # "not installed" path is tested too (our own registry's listing, not an SDK, is patched).
+    real_names = registry.names
+    monkeypatch.setattr(registry, "names", lambda: [n for n in real_names() if n != "azure"])
     fakes = {"aws": FakeCloud("aws"), "gcp": FakeCloud("gcp")}
     for n, f in fakes.items():
         registry.register_instance(n, f)  # type: ignore[arg-type]

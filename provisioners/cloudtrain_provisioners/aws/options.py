@@ -1,0 +1,55 @@
+"""``resources.aws`` in a task file: what the AWS provider lets a user choose beyond the
+common resources (region, zone, accelerators, instance_type, use_spot, disk_size_gb, image,
+ports, ssh_cidr)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class AWSOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    vpc_id: str | None = Field(
+        None, description="VPC for the security group and nodes (default: the region's default "
+                          "VPC). Give subnet_ids with it.")
+    subnet_ids: list[str] = Field(
+        default_factory=list,
+        description="Subnets to launch into, one per zone to try (default: the default VPC's "
+                    "default subnet of each zone).")
+    placement_group: bool = Field(
+        True, description="Put a multi-node cluster in a cluster placement group where the "
+                          "instance type supports one (false: never).")
+    efa: bool = Field(
+        False, description="Give each node an EFA network interface (only where the instance "
+                           "type supports EFA; refused otherwise).")
+    ssh_user: str = Field("ubuntu", description="Login user of the image (the Deep Learning AMIs "
+                                                "on Ubuntu use 'ubuntu').")
+    public_ip: bool = Field(
+        True, description="Give nodes a public address and reach them there (false: reach "
+                          "them at their private address, e.g. over a VPN).")
+    spot_max_price: float | None = Field(
+        None, gt=0, description="Highest spot price per node-hour in USD (default: the "
+                                "on-demand price, AWS's default).")
+    host_key_wait: float = Field(
+        90.0, ge=0, le=900,
+        description="Seconds to wait for each new node's host keys in its console output "
+                    "(0: learn the key on first contact instead).")
+    iam_instance_profile: str | None = Field(
+        None, description="Name of an instance profile for the nodes (e.g. to read S3). "
+                          "cloudtrain never copies your own credentials to a node.")
+
+    @field_validator("vpc_id")
+    @classmethod
+    def _vpc(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith("vpc-"):
+            raise ValueError(f"'{v}' is not a VPC id; write e.g. vpc-0abc1234")
+        return v
+
+    @field_validator("subnet_ids")
+    @classmethod
+    def _subnets(cls, v: list[str]) -> list[str]:
+        for s in v:
+            if not s.startswith("subnet-"):
+                raise ValueError(f"'{s}' is not a subnet id; write e.g. subnet-0abc1234")
+        return v

@@ -1,0 +1,80 @@
+"""The tags cloudtrain puts on everything it creates in Azure, and the names it gives.
+
+Every resource carries ``cloudtrain:cluster`` (the cluster's name), ``cloudtrain:node-rank``
+(the node's rank; ``all`` on what the nodes share: resource group, VNet, NSG),
+``cloudtrain:owner`` (user@host) and ``cloudtrain:created-at`` (UTC, ISO 8601), given in the
+create call itself. The one exception is a VM's OS disk, which Azure creates with the VM
+without tags: cloudtrain tags it right after.
+
+Names are derived from the cluster and owner, so a PUT repeated after a crash updates what
+exists instead of creating a second one.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import getpass
+import hashlib
+import socket
+
+CLUSTER = "cloudtrain:cluster"
+RANK = "cloudtrain:node-rank"
+OWNER = "cloudtrain:owner"
+CREATED = "cloudtrain:created-at"
+SHARED_RANK = "all"
+REGION = "cloudtrain:region"
+
+
+def default_owner() -> str:
+    try:
+        user = getpass.getuser()
+    except Exception:  # noqa: BLE001 - no login name (some containers)
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"[:200]
+
+
+def now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def tags(cluster: str, owner: str, rank: int | str, created: str | None = None) -> dict[str, str]:
+    return {CLUSTER: cluster, RANK: str(rank), OWNER: owner, CREATED: created or now()}
+
+
+def _h(cluster: str, owner: str) -> str:
+    return hashlib.sha256(f"{owner}\0{cluster}".encode()).hexdigest()[:6]
+
+
+def group_name(cluster: str, owner: str) -> str:
+    """The cluster's resource group: readable, unique per owner (two people may both have a
+    cluster called 'train' in one subscription)."""
+    return f"cloudtrain-{cluster}-{_h(cluster, owner)}"
+
+
+VNET = "ct-vnet"
+SUBNET = "ct-nodes"
+NSG = "ct-nsg"
+
+
+def vm_name(cluster: str, rank: int) -> str:
+    """Also the node's host name (Linux allows 64 characters; cluster names have 40)."""
+    return f"{cluster}-{rank}"
+
+
+def nic_name(cluster: str, rank: int) -> str:
+    return f"{vm_name(cluster, rank)}-nic"
+
+
+def ip_name(cluster: str, rank: int) -> str:
+    return f"{vm_name(cluster, rank)}-ip"
+
+
+def disk_name(cluster: str, rank: int) -> str:
+    return f"{vm_name(cluster, rank)}-osdisk"
+
+
+def rank_of(tag_map: dict[str, str] | None) -> int | None:
+    try:
+        return int((tag_map or {}).get(RANK, ""))
+    except ValueError:
+        return None

@@ -1,0 +1,303 @@
+"""Virtual machines: what a size offers in a region (Resource SKUs), the image to boot, and
+how one node is made: a Standard static public IP, a NIC (accelerated networking where the
+size supports it) and the VM (SSH key only, spot with eviction policy Delete), each a PUT
+named after the cluster and rank, so a repeated call never makes a second one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from cloudtrain.errors import ProviderError, UserError
+
+from . import tags as T
+from .api import Api, as_dict, code_of
+
+HPC_IMAGE = {"publisher": "microsoft-dsvm", "offer": "ubuntu-hpc", "sku": "2204",
+             "version": "latest"}
+"""Ubuntu 22.04 HPC image (Hyper-V generation 2): NVIDIA driver, CUDA, NCCL, InfiniBand/RDMA
+drivers and MPI installed; the default on every size that boots generation 2 (all the
+NC A100 v4, ND A100 v4, ND H100 v5 and NCasT4_v3 sizes)."""
+GEN1_IMAGE = {"publisher": "Canonical", "offer": "0001-com-ubuntu-server-jammy",
+              "sku": "22_04-lts", "version": "latest"}
+"""Plain Ubuntu 22.04 (generation 1) for the old sizes that boot only generation 1; bootstrap
+installs the driver there."""
+
+POWER = {"running": "running", "starting": "pending", "stopping": "stopped",
+         "stopped": "stopped", "deallocating": "stopped", "deallocated": "stopped"}
+
+
+# --- sizes --------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SizeInfo:
+    name: str
+    region: str
+    zones: tuple[str, ...]
+    """Zones where the subscription may use the size (empty: a region without zones)."""
+    restricted: bool
+    """The size exists in the region but this subscription may not use it there."""
+    accelerated_networking: bool
+    generations: tuple[str, ...]
+    premium_io: bool
+    spot: bool
+
+
+def _cap(caps: list[dict[str, Any]], name: str) -> str:
+    for c in caps or []:
+        if str(c.get("name", "")).lower() == name.lower():
+            return str(c.get("value", ""))
+    return ""
+
+
+def size_info(api: Api, region: str, size: str) -> SizeInfo | None:
+    """What ``size`` offers in ``region`` for this subscription; None when it is not sold
+    there."""
+    skus = api.items(f"list VM sizes of {region}", api.c.compute.resource_skus.list,
+                     filter=f"location eq '{region}'")
+    for raw in skus:
+        s = as_dict(raw)
+        if str(s.get("resourceType", "")).lower() != "virtualmachines" or \
+                str(s.get("name", "")).lower() != size.lower():
+            continue
+        info = next((i for i in s.get("locationInfo") or []
+                     if str(i.get("location", "")).lower() == region.lower()), {})
+        zones = [str(z) for z in info.get("zones") or []]
+        restricted = False
+        for r in s.get("restrictions") or []:
+            where = r.get("restrictionInfo") or {}
+            if r.get("type") == "Location":
+                restricted = True
+            elif r.get("type") == "Zone":
+                gone = {str(x) for x in where.get("zones") or []}
+                zones = [z for z in zones if z not in gone]
+                if not zones and info.get("zones"):
+                    restricted = True
+        gens = tuple(g.strip().upper() for g in (_cap(s.get("capabilities"), "HyperVGenerations")
+                                                  or "V1").split(",") if g.strip())
+        return SizeInfo(name=str(s.get("name")), region=region, zones=tuple(sorted(zones)),
+                        restricted=restricted,
+                        accelerated_networking=_cap(s.get("capabilities"),
+                                                    "AcceleratedNetworkingEnabled") == "True",
+                        generations=gens,
+                        premium_io=_cap(s.get("capabilities"), "PremiumIO") == "True",
+                        spot=_cap(s.get("capabilities"), "LowPriorityCapable") != "False")
+    return None
+
+
+# --- images -------------------------------------------------------------------------------------
+
+def parse_image(image: str) -> dict[str, str]:
+    """``publisher:offer:sku:version`` (a marketplace URN) or the id of a managed image or a
+    gallery image version, as an imageReference."""
+    if image.startswith("/subscriptions/"):
+        return {"id": image}
+    parts = image.split(":")
+    if len(parts) != 4 or not all(parts):
+        raise UserError(f"resources.image '{image}' is neither an image URN nor an image id.",
+                        "Write publisher:offer:sku:version (e.g. microsoft-dsvm:ubuntu-hpc:2204:"
+                        "latest) or the id of an image (/subscriptions/.../images/NAME).")
+    return dict(zip(("publisher", "offer", "sku", "version"), parts))
+
+
+def choose_image(image: str | None, generations: tuple[str, ...]) -> dict[str, str]:
+    if image:
+        return parse_image(image)
+    return dict(HPC_IMAGE if "V2" in generations else GEN1_IMAGE)
+
+
+def image_text(ref: dict[str, str]) -> str:
+    if "id" in ref:
+        return ref["id"]
+    return ":".join(ref[k] for k in ("publisher", "offer", "sku", "version"))
+
+
+def image_available(api: Api, region: str, ref: dict[str, str]) -> bool:
+    """Whether the marketplace image (any version, or the one named) is offered in
+    ``region``. Image ids are not checked (the VM's creation says)."""
+    if "id" in ref:
+        return True
+    try:
+        found = api.call(f"list versions of image {image_text(ref)} in {region}",
+                         api.c.compute.virtual_machine_images.list, region, ref["publisher"],
+                         ref["offer"], ref["sku"])
+    except ProviderError as exc:
+        if code_of(exc) in ("NotFound", "ResourceNotFound", "ArtifactNotFound"):
+            return False
+        raise
+    names = [str(as_dict(v).get("name", "")) for v in found or []]
+    return bool(names) and (ref["version"] == "latest" or ref["version"] in names)
+
+
+# --- a node's pieces --------------------------------------------------------------------------------
+
+def ensure_public_ip(api: Api, group: str, region: str, name: str, tag_map: dict[str, str]) -> str:
+    """A Standard static IPv4 address (zone-redundant where the region has zones, so it
+    serves a VM in any zone)."""
+    pip = as_dict(api.lro(f"write public IP {name} in {region}",
+                          api.c.network.public_ip_addresses.begin_create_or_update, group, name,
+                          {"location": region, "tags": tag_map,
+                           "sku": {"name": "Standard", "tier": "Regional"},
+                           "properties": {"publicIPAllocationMethod": "Static",
+                                          "publicIPAddressVersion": "IPv4"}}))
+    return str(pip["id"])
+
+
+def ensure_nic(api: Api, group: str, region: str, name: str, subnet_id: str,
+               public_ip_id: str | None, accelerated: bool, tag_map: dict[str, str]) -> str:
+    ipc: dict[str, Any] = {"subnet": {"id": subnet_id}, "privateIPAllocationMethod": "Dynamic",
+                           "primary": True}
+    if public_ip_id:
+        ipc["publicIPAddress"] = {"id": public_ip_id}
+    nic = as_dict(api.lro(f"write network interface {name} in {region}",
+                          api.c.network.network_interfaces.begin_create_or_update, group, name,
+                          {"location": region, "tags": tag_map,
+                           "properties": {"enableAcceleratedNetworking": accelerated,
+                                          "ipConfigurations": [{"name": "ipconfig1",
+                                                                "properties": ipc}]}}))
+    return str(nic["id"])
+
+
+@dataclass(frozen=True)
+class VmSpec:
+    """What every node's VM has in common."""
+
+    region: str
+    group: str
+    size: str
+    image: dict[str, str]
+    disk_gb: int
+    premium_disk: bool
+    user: str
+    public_key: str
+    cluster: str
+    owner: str
+    spot: bool = False
+    spot_max_price: float | None = None
+
+
+def vm_body(spec: VmSpec, rank: int, nic_id: str, zone: str | None,
+            created: str | None = None) -> dict[str, Any]:
+    """The VM's PUT body for one rank."""
+    name = T.vm_name(spec.cluster, rank)
+    props: dict[str, Any] = {
+        "hardwareProfile": {"vmSize": spec.size},
+        "storageProfile": {
+            "imageReference": dict(spec.image),
+            "osDisk": {"name": T.disk_name(spec.cluster, rank), "createOption": "FromImage",
+                       "caching": "ReadWrite", "diskSizeGB": spec.disk_gb,
+                       "deleteOption": "Delete",
+                       "managedDisk": {"storageAccountType":
+                                       "Premium_LRS" if spec.premium_disk else "StandardSSD_LRS"}},
+        },
+        "osProfile": {
+            "computerName": name, "adminUsername": spec.user,
+            "linuxConfiguration": {
+                "disablePasswordAuthentication": True, "provisionVMAgent": True,
+                "ssh": {"publicKeys": [{"path": f"/home/{spec.user}/.ssh/authorized_keys",
+                                        "keyData": spec.public_key.strip()}]}},
+        },
+        "networkProfile": {"networkInterfaces": [
+            {"id": nic_id, "properties": {"primary": True, "deleteOption": "Detach"}}]},
+        "diagnosticsProfile": {"bootDiagnostics": {"enabled": True}},
+    }
+    if spec.spot:
+        props["priority"] = "Spot"
+        props["evictionPolicy"] = "Delete"
+        props["billingProfile"] = {"maxPrice": spec.spot_max_price if spec.spot_max_price else -1}
+    body: dict[str, Any] = {"location": spec.region,
+                            "tags": T.tags(spec.cluster, spec.owner, rank, created),
+                            "properties": props}
+    if zone:
+        body["zones"] = [zone]
+    return body
+
+
+# --- what exists -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Vm:
+    name: str
+    id: str
+    rank: int | None
+    location: str
+    zone: str | None
+    size: str
+    state: str           # provisioning state: Creating, Succeeded, Failed, Deleting ...
+    power: str           # running, starting, stopped, deallocated ... ("" unknown)
+    spot: bool
+    nic_id: str
+    disk_name: str
+    cluster: str
+    owner: str
+    created_at: str
+
+    @property
+    def status(self) -> str:
+        if self.state in ("Deleting",):
+            return "terminated"
+        if self.state in ("Creating",) or (self.state == "Updating" and not self.power):
+            return "pending"
+        if self.state == "Failed":
+            return "unknown"
+        return POWER.get(self.power, "unknown")
+
+
+def parse_vm(d: dict[str, Any]) -> Vm:
+    p = d.get("properties") or {}
+    tg = d.get("tags") or {}
+    power = ""
+    for s in (p.get("instanceView") or {}).get("statuses") or []:
+        code = str(s.get("code", ""))
+        if code.startswith("PowerState/"):
+            power = code.split("/", 1)[1]
+    nics = (p.get("networkProfile") or {}).get("networkInterfaces") or [{}]
+    osd = (p.get("storageProfile") or {}).get("osDisk") or {}
+    return Vm(name=str(d.get("name")), id=str(d.get("id")), rank=T.rank_of(tg),
+              location=str(d.get("location", "")), zone=(d.get("zones") or [None])[0],
+              size=str((p.get("hardwareProfile") or {}).get("vmSize", "")),
+              state=str(p.get("provisioningState", "")), power=power,
+              spot=p.get("priority") == "Spot", nic_id=str(nics[0].get("id", "")),
+              disk_name=str(osd.get("name", "")), cluster=tg.get(T.CLUSTER, ""),
+              owner=tg.get(T.OWNER, ""), created_at=tg.get(T.CREATED, ""))
+
+
+def list_vms(api: Api, group: str) -> list[Vm]:
+    try:
+        found = api.items(f"list VMs of {group}", api.c.compute.virtual_machines.list, group,
+                          expand="instanceView")
+    except ProviderError as exc:
+        if code_of(exc) == "ResourceGroupNotFound":
+            return []
+        raise
+    return [parse_vm(as_dict(v)) for v in found]
+
+
+@dataclass(frozen=True)
+class Addresses:
+    public: str
+    private: str
+
+
+def addresses(api: Api, group: str) -> dict[str, Addresses]:
+    """NIC id (lower case) -> its private address and its public IP's address."""
+    try:
+        nics = [as_dict(n) for n in api.items(f"list NICs of {group}",
+                                               api.c.network.network_interfaces.list, group)]
+        pips = {str(as_dict(p)["id"]).lower(): as_dict(p) for p in
+                api.items(f"list public IPs of {group}", api.c.network.public_ip_addresses.list,
+                          group)}
+    except ProviderError as exc:
+        if code_of(exc) == "ResourceGroupNotFound":
+            return {}
+        raise
+    out = {}
+    for n in nics:
+        cfg = (((n.get("properties") or {}).get("ipConfigurations") or [{}])[0].get("properties")
+               or {})
+        pip = pips.get(str((cfg.get("publicIPAddress") or {}).get("id", "")).lower()) or {}
+        out[str(n["id"]).lower()] = Addresses(
+            public=str((pip.get("properties") or {}).get("ipAddress") or ""),
+            private=str(cfg.get("privateIPAddress") or ""))
+    return out

@@ -1,0 +1,248 @@
+"""Instances: what an insert asks for, launching a cluster's nodes in one zone, waiting for
+them to run, finding them again by label, and removing them.
+
+Each node is one instance named ``<base>-<rank>`` (so a second insert of the same rank is
+refused by GCE with 409 rather than doubling a node), labelled with the cluster, rank and
+owner, tagged with the cluster's network tag, with:
+
+- ``scheduling.onHostMaintenance: TERMINATE`` (GPUs cannot live-migrate), and for spot
+  ``provisioningModel: SPOT``, ``instanceTerminationAction: DELETE`` and no automatic
+  restart (a preempted node is gone, and ``up`` replaces it);
+- a boot disk from the chosen image, of ``disk_size_gb``, labelled like the instance, with
+  ``autoDelete`` (it goes when the instance goes);
+- the cluster's SSH public key in the instance metadata (``ssh-keys``: ``user:key``), OS Login
+  off for the instance (its keys would replace metadata keys), and the Deep Learning VM's
+  ``install-nvidia-driver`` switch;
+- no service account unless the task names one: the nodes get no Google credentials.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from cloudtrain.errors import CapacityError, ProviderError
+
+from . import labels as L
+from .api import Api, Conflict, NotFound, _tag
+from .images import Image, accelerator_type, builtin_gpus
+
+STATUS = {"PROVISIONING": "pending", "STAGING": "pending", "RUNNING": "running",
+          "STOPPING": "stopped", "SUSPENDING": "stopped", "SUSPENDED": "stopped",
+          "TERMINATED": "stopped", "REPAIRING": "pending"}
+
+
+@dataclass(frozen=True)
+class Inst:
+    name: str
+    zone: str
+    status: str
+    rank: int | None
+    cluster: str
+    owner: str
+    nat_ip: str
+    internal_ip: str
+    machine_type: str
+    spot: bool
+    created_at: str
+    id: str
+
+    @property
+    def region(self) -> str:
+        return self.zone.rsplit("-", 1)[0]
+
+
+def parse(i: dict[str, Any]) -> Inst:
+    labels = i.get("labels") or {}
+    nics = i.get("networkInterfaces") or [{}]
+    nat = next((ac.get("natIP", "") for ac in nics[0].get("accessConfigs") or []
+                if ac.get("natIP")), "")
+    rank_s = labels.get(L.RANK, "")
+    sched = i.get("scheduling") or {}
+    return Inst(name=str(i.get("name", "")), zone=str(i.get("zone", "")).rsplit("/", 1)[-1],
+                status=str(i.get("status", "")),
+                rank=int(rank_s) if rank_s.isdigit() else None,
+                cluster=labels.get(L.CLUSTER, ""), owner=labels.get(L.OWNER, ""),
+                nat_ip=str(nat), internal_ip=str(nics[0].get("networkIP", "")),
+                machine_type=str(i.get("machineType", "")).rsplit("/", 1)[-1],
+                spot=sched.get("provisioningModel") == "SPOT",
+                created_at=str(i.get("creationTimestamp", "")), id=str(i.get("id", "")))
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    project: str
+    zone: str
+    base: str
+    machine_type: str
+    accelerator: str | None          # a GPU model to attach (N1), None: none or built in
+    accelerator_count: int
+    image: Image
+    disk_gb: int
+    disk_type: str
+    cluster: str
+    owner: str
+    spot: bool
+    network: str
+    subnetwork: str | None
+    public_ip: bool
+    ssh_user: str
+    public_key: str
+    service_account: str | None
+    install_driver: bool
+
+
+def instance_name(base: str, rank: int) -> str:
+    return f"{base}-{rank}"
+
+
+def body(spec: LaunchSpec, rank: int) -> dict[str, Any]:
+    """The Instance resource for one node, in the REST API's shape."""
+    zone, project = spec.zone, spec.project
+    lab = L.labels(spec.cluster, spec.owner, rank)
+    gpus = bool(spec.accelerator) or builtin_gpus(spec.machine_type)
+    nic: dict[str, Any] = {"network": _net(project, spec.network)}
+    if spec.subnetwork:
+        nic["subnetwork"] = (spec.subnetwork if "/" in spec.subnetwork else
+                             f"projects/{project}/regions/{zone.rsplit('-', 1)[0]}/"
+                             f"subnetworks/{spec.subnetwork}")
+    if spec.public_ip:
+        nic["accessConfigs"] = [{"name": "External NAT", "type": "ONE_TO_ONE_NAT"}]
+    sched: dict[str, Any] = {"onHostMaintenance": "TERMINATE" if gpus else "MIGRATE"}
+    if spec.spot:
+        sched.update({"provisioningModel": "SPOT", "instanceTerminationAction": "DELETE",
+                      "automaticRestart": False, "onHostMaintenance": "TERMINATE"})
+    else:
+        sched.update({"provisioningModel": "STANDARD", "automaticRestart": True})
+    items = [{"key": "ssh-keys", "value": f"{spec.ssh_user}:{spec.public_key.strip()}"},
+             {"key": "enable-oslogin", "value": "FALSE"}]
+    if spec.install_driver and gpus:
+        items.append({"key": "install-nvidia-driver", "value": "True"})
+    out: dict[str, Any] = {
+        "name": instance_name(spec.base, rank),
+        "machineType": f"zones/{zone}/machineTypes/{spec.machine_type}",
+        "labels": lab,
+        "tags": {"items": [spec.base]},
+        "scheduling": sched,
+        "disks": [{"boot": True, "autoDelete": True, "type": "PERSISTENT",
+                   "initializeParams": {"sourceImage": spec.image.source,
+                                        "diskSizeGb": str(spec.disk_gb),
+                                        "diskType": f"zones/{zone}/diskTypes/{spec.disk_type}",
+                                        "labels": dict(lab)}}],
+        "networkInterfaces": [nic],
+        "metadata": {"items": items},
+    }
+    if spec.accelerator:
+        out["guestAccelerators"] = [{
+            "acceleratorType": f"projects/{project}/zones/{zone}/acceleratorTypes/"
+                               f"{accelerator_type(spec.accelerator)}",
+            "acceleratorCount": spec.accelerator_count}]
+    if spec.service_account:
+        out["serviceAccounts"] = [{"email": spec.service_account,
+                                   "scopes": ["https://www.googleapis.com/auth/cloud-platform"]}]
+    return out
+
+
+def _net(project: str, network: str) -> str:
+    return network if "/" in network else f"projects/{project}/global/networks/{network}"
+
+
+def describe(api: Api, project: str, cluster: str | None, owner: str | None) -> list[Inst]:
+    """The instances labelled for ``cluster`` of ``owner`` (None: any), in every zone."""
+    found = [parse(i) for i in api.aggregated("instances", project, "instances",
+                                              L.instance_filter(cluster, owner))]
+    # the server filtered already; checked again here, since deleting is at stake
+    return [i for i in found if i.cluster and (cluster is None or i.cluster == cluster)
+            and (owner is None or i.owner == L.owner_value(owner))]
+
+
+def get(api: Api, project: str, zone: str, name: str) -> Inst | None:
+    try:
+        return parse(api.get("instances", "get", project=project, zone=zone, instance=name))
+    except NotFound:
+        return None
+
+
+def launch(api: Api, spec: LaunchSpec, ranks: list[int]
+           ) -> tuple[dict[int, str], dict[int, ProviderError]]:
+    """Insert one instance per rank in ``spec.zone`` (in parallel) and wait for each insert
+    to finish. Returns (rank -> name of what now exists, rank -> error)."""
+    def one(rank: int) -> tuple[int, str | None, ProviderError | None]:
+        name = instance_name(spec.base, rank)
+        try:
+            op = api.call("instances", "insert_unary", project=spec.project, zone=spec.zone,
+                          instance_resource=api.clients.message("Instance", body(spec, rank)))
+            api.wait(op, project=spec.project, zone=spec.zone,
+                     what=f"creating {name} in {spec.zone}")
+        except Conflict:
+            return rank, name, None         # it exists (an earlier try): adopt it
+        except ProviderError as exc:
+            return rank, (name if get(api, spec.project, spec.zone, name) else None), exc
+        return rank, name, None
+
+    created: dict[int, str] = {}
+    errors: dict[int, ProviderError] = {}
+    with ThreadPoolExecutor(max_workers=max(1, min(16, len(ranks)))) as pool:
+        for rank, name, err in pool.map(one, ranks):
+            if name:
+                created[rank] = name
+            if err is not None:
+                errors[rank] = err
+    return created, errors
+
+
+def start(api: Api, project: str, zone: str, names: list[str]) -> None:
+    ops = [(n, api.call("instances", "start_unary", project=project, zone=zone, instance=n))
+           for n in names]
+    for n, op in ops:
+        api.wait(op, project=project, zone=zone, what=f"starting {n}")
+
+
+def wait_running(api: Api, project: str, zone: str, names: list[str], *, need_public: bool,
+                 sleep: Callable[[float], None], poll: float, timeout: float = 600.0
+                 ) -> list[Inst]:
+    """Wait until every instance is RUNNING (with its external address when
+    ``need_public``). An instance that vanishes or stops while starting (a spot VM taken
+    back at once) is a capacity problem of this zone."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = {n: get(api, project, zone, n) for n in names}
+        gone = [n for n, i in found.items() if i is None]
+        ended = [n for n, i in found.items()
+                 if i is not None and i.status in ("STOPPING", "TERMINATED", "SUSPENDED")]
+        if gone or ended:
+            raise _tag(CapacityError(
+                f"{', '.join(gone + ended)} in {zone} "
+                f"{'disappeared' if gone else 'stopped'} while starting (GCE took it back)."),
+                "INSTANCE_ENDED_WHILE_STARTING")
+        ready = [i for i in found.values()
+                 if i is not None and i.status == "RUNNING" and (i.nat_ip or not need_public)]
+        if len(ready) == len(names):
+            return sorted(ready, key=lambda i: (i.rank is None, i.rank or 0))
+        if time.monotonic() > deadline:
+            slow = [f"{n} ({i.status if i else '?'})" for n, i in found.items()
+                    if i not in ready]
+            raise _tag(ProviderError(f"instances did not reach RUNNING in {timeout:.0f}s: "
+                                     + ", ".join(slow) + ".",
+                                     "Run 'cloudtrain up' again, or 'cloudtrain down' it."),
+                       "timeout")
+        sleep(poll)
+
+
+def delete(api: Api, project: str, by_zone: dict[str, list[str]]) -> None:
+    """Delete instances and wait for each delete to finish (gone already is fine)."""
+    ops = []
+    for zone, names in by_zone.items():
+        for n in names:
+            try:
+                ops.append((zone, n, api.call("instances", "delete_unary", project=project,
+                                              zone=zone, instance=n)))
+            except NotFound:
+                continue
+    for zone, n, op in ops:
+        try:
+            api.wait(op, project=project, zone=zone, what=f"deleting {n}")
+        except NotFound:
+            continue

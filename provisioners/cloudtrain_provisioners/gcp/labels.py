@@ -1,0 +1,87 @@
+"""The marks cloudtrain puts on everything it creates in GCP, and finds it again by.
+
+Instances and their boot disks carry three labels from the moment they exist (given in the
+insert itself): ``cloudtrain-cluster`` (the cluster's name), ``cloudtrain-node-rank`` (the
+node's rank) and ``cloudtrain-owner`` (who created it: user@host, in label characters).
+GCE firewall rules have no labels: a rule's name is the cluster's base name plus its purpose,
+and its description carries the same three marks (``cloudtrain-cluster=... cloudtrain-owner=...``),
+which is how ``down`` and ``gc`` find rules without any local state.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import getpass
+import hashlib
+import re
+import socket
+
+CLUSTER = "cloudtrain-cluster"
+RANK = "cloudtrain-node-rank"
+OWNER = "cloudtrain-owner"
+SHARED_RANK = "all"
+DESCRIPTION_PREFIX = "cloudtrain firewall rule:"
+_MARK = re.compile(r"(cloudtrain-[a-z-]+)=(\S*)")
+
+
+def default_owner() -> str:
+    try:
+        user = getpass.getuser()
+    except Exception:  # noqa: BLE001 - no login name (some containers)
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+def owner_value(owner: str) -> str:
+    """``owner`` as a label value: lowercase letters, digits, '-' and '_', at most 63
+    characters ('@' becomes '_at_', anything else '-')."""
+    s = owner.lower().replace("@", "_at_")
+    s = re.sub(r"[^a-z0-9_-]", "-", s)
+    if len(s) > 63:
+        h = hashlib.sha256(owner.encode()).hexdigest()[:8]
+        s = s[:54] + "-" + h
+    return s
+
+
+def now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def labels(cluster: str, owner: str, rank: int | str) -> dict[str, str]:
+    return {CLUSTER: cluster, RANK: str(rank), OWNER: owner_value(owner)}
+
+
+def instance_filter(cluster: str | None, owner: str | None) -> str:
+    """A list filter for what belongs to ``cluster`` of ``owner`` (None: any cluster / any
+    owner, but always something cloudtrain labelled)."""
+    terms = [f"(labels.{CLUSTER}:*)"]
+    if cluster is not None:
+        terms.append(f'(labels.{CLUSTER} = "{cluster}")')
+    if owner is not None:
+        terms.append(f'(labels.{OWNER} = "{owner_value(owner)}")')
+    return " ".join(terms)
+
+
+def base_name(cluster: str, owner: str) -> str:
+    """The cluster's name prefix in GCE (instances ``<base>-<rank>``, firewall rules
+    ``<base>-ssh`` ...) and its network tag: readable, and unique per owner (two people may
+    both have a cluster called 'train'). At most 51 characters."""
+    h = hashlib.sha256(f"{owner}\0{cluster}".encode()).hexdigest()[:6]
+    return f"ct-{cluster}-{h}"
+
+
+def description(cluster: str, owner: str, what: str) -> str:
+    return (f"{DESCRIPTION_PREFIX} {what}. {CLUSTER}={cluster} {OWNER}={owner_value(owner)} "
+            f"created-at={now()}")
+
+
+def marks(description_text: str | None) -> dict[str, str]:
+    """The marks in a firewall rule's description ({} when it is not cloudtrain's)."""
+    text = description_text or ""
+    if not text.startswith(DESCRIPTION_PREFIX):
+        return {}
+    found = dict(_MARK.findall(text))
+    m = re.search(r"created-at=(\S+)", text)
+    if m:
+        found["created-at"] = m.group(1)
+    return found if CLUSTER in found else {}

@@ -1,0 +1,83 @@
+"""``resources.gcp`` in a task file: what the GCP provider lets a user choose beyond the
+common resources (region, zone, accelerators, instance_type, use_spot, disk_size_gb, image,
+ports, ssh_cidr)."""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+REGION_RE = re.compile(r"^[a-z]+-[a-z]+\d+$")
+ZONE_RE = re.compile(r"^([a-z]+-[a-z]+\d+)-[a-z]$")
+
+
+class GCPOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    project: str | None = Field(
+        None, description="Project ID (default: CLOUDTRAIN_GCP_PROJECT, GOOGLE_CLOUD_PROJECT or "
+                          "CLOUDSDK_CORE_PROJECT, else the credentials' project).")
+    credentials_file: str | None = Field(
+        None, description="A service-account key file (default: Application Default "
+                          "Credentials, e.g. GOOGLE_APPLICATION_CREDENTIALS or "
+                          "'gcloud auth application-default login').")
+    regions: list[str] = Field(
+        default_factory=list,
+        description="Regions to try, in this order, when resources.region is not given "
+                    "(default: every region the catalog prices the machine in, cheapest first).")
+    zones: list[str] = Field(
+        default_factory=list,
+        description="Zones to try, in this order (default: the zones the catalog lists for the "
+                    "offer, else every zone of the region).")
+    network: str = Field("default", description="VPC network for the nodes and firewall rules.")
+    subnetwork: str | None = Field(
+        None, description="Subnetwork (name in the node's region, or a path); needed for "
+                          "custom-mode networks.")
+    image_project: str = Field("deeplearning-platform-release",
+                               description="Project of image families (resources.image or "
+                                           "image_family).")
+    image_family: str | None = Field(
+        None, description="Image family to boot (default: the newest Deep Learning VM PyTorch "
+                          "family).")
+    disk_type: str | None = Field(
+        None, description="Boot disk type (default: pd-balanced; hyperdisk-balanced where the "
+                          "machine type needs it).")
+    ssh_user: str = Field("cloudtrain", description="Login user the SSH key is given to "
+                                                    "(created by the guest environment).")
+    public_ip: bool = Field(
+        True, description="Give nodes an external address and reach them there (false: reach "
+                          "them at their internal address, e.g. over a VPN).")
+    service_account: str | None = Field(
+        None, description="Service account email for the nodes (default: none, so the nodes "
+                          "hold no Google credentials).")
+    install_nvidia_driver: bool = Field(
+        True, description="Ask Deep Learning VM images to install the NVIDIA driver on first "
+                          "boot where the image does not carry it.")
+
+    @field_validator("regions")
+    @classmethod
+    def _regions(cls, v: list[str]) -> list[str]:
+        for r in v:
+            if not REGION_RE.match(r):
+                raise ValueError(f"'{r}' is not a GCP region name; write e.g. us-central1")
+        if len(set(v)) != len(v):
+            raise ValueError("a region is listed twice")
+        return v
+
+    @field_validator("zones")
+    @classmethod
+    def _zones(cls, v: list[str]) -> list[str]:
+        for z in v:
+            if not ZONE_RE.match(z):
+                raise ValueError(f"'{z}' is not a GCP zone name; write e.g. us-central1-a")
+        if len(set(v)) != len(v):
+            raise ValueError("a zone is listed twice")
+        return v
+
+    @field_validator("ssh_user")
+    @classmethod
+    def _user(cls, v: str) -> str:
+        if not re.match(r"^[a-z_][a-z0-9_-]{0,31}$", v):
+            raise ValueError("write a Linux user name, e.g. cloudtrain")
+        return v
