@@ -158,11 +158,16 @@ def init(directory: str, force: bool) -> None:
 @click.option("--no-bootstrap", is_flag=True, help="Stop once the nodes run and accept SSH.")
 @click.option("--keep-on-failure", is_flag=True,
               help="Keep a new cluster whose provisioning failed (default: roll it back).")
+@click.option("--json", "as_json", is_flag=True,
+              help="At the end print one JSON object on stdout: the cluster, its nodes and every "
+                   "placement attempt with its outcome and reason (also when up fails: then with "
+                   "'error', and the exit code is the failure's).")
 @_guard
 def up(task_file: str, cluster_name: str | None, yes: bool, dry_run: bool, no_bootstrap: bool,
-       keep_on_failure: bool) -> None:
+       keep_on_failure: bool, as_json: bool) -> None:
     """Provision a cluster for TASK_FILE (adopting what exists), wait for SSH, bootstrap."""
     from . import cluster as cl
+    from .errors import CloudtrainError
 
     _sigterm_as_interrupt()
     task = _load(task_file)
@@ -174,10 +179,41 @@ def up(task_file: str, cluster_name: str | None, yes: bool, dry_run: bool, no_bo
         return
     if env.state.get_cluster(name) is None:
         _confirm_cost(env, plan, yes)
-    handle = cl.up(env, task, name, bootstrap=not no_bootstrap, keep_on_failure=keep_on_failure,
-                   planned=plan)
+    try:
+        handle = cl.up(env, task, name, bootstrap=not no_bootstrap,
+                       keep_on_failure=keep_on_failure, planned=plan)
+    except CloudtrainError as exc:
+        if as_json:
+            click.echo(json.dumps({"cluster": name, "ok": False, "error": exc.message,
+                                   "hint": exc.hint, "attempts": _attempts(env, name, plan)},
+                                  indent=2))
+        raise
+    if as_json:
+        r = handle.row
+        click.echo(json.dumps({
+            "cluster": name, "ok": True, "provider": r.provider, "region": r.region,
+            "zone": r.zone, "instance_type": r.instance_type, "use_spot": r.use_spot,
+            "price_hourly_usd": r.hourly_price,
+            "nodes": [{"rank": n.rank, "instance_id": n.instance_id, "host": n.host,
+                       "internal_ip": n.internal_ip} for n in handle.nodes],
+            "attempts": _attempts(env, name, plan)}, indent=2))
+        return
     env.ui.ok(f"Cluster '{name}' is up: {len(handle.nodes)} node(s) on {handle.row.provider}. "
               f"Next: cloudtrain launch {task_file} -c {name}")
+
+
+def _attempts(env: Env, name: str, plan: Any) -> list[dict[str, Any]]:
+    """Every placement attempt the providers involved remember for ``name``, in order, each
+    with its provider (providers without ``attempts`` contribute nothing)."""
+    from . import registry
+
+    names = [plan.provider] + [a.provider for a in getattr(plan, "alternatives", [])]
+    out: list[dict[str, Any]] = []
+    for p in dict.fromkeys(n for n in names if n):
+        fn = getattr(registry.get(p, env.pctx), "attempts", None)
+        if callable(fn):
+            out += [{"provider": p, **a} for a in fn(name)]
+    return out
 
 
 def _finite(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:

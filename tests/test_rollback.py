@@ -79,3 +79,45 @@ def test_keep_on_failure_keeps_what_was_built(fake: HalfBuilt) -> None:
     assert fake.terminated == 0 and fake.resources == {"sg", "node-0"}
     row = env.state.get_cluster("rb")
     assert row is not None and row.status == "INIT"
+
+
+class WithAttempts(HalfBuilt):
+    """Tries two zones, both out of capacity, and remembers each attempt."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tried: list[dict[str, str]] = []
+
+    def create_nodes(self, request: ClusterRequest, network: NetworkRef) -> list[Node]:
+        for zone in ("zone-a", "zone-b"):
+            self.tried.append({"zone": zone, "outcome": "capacity",
+                               "code": "InsufficientInstanceCapacity"})
+        raise CapacityError("no capacity in zone-a or zone-b", "try another region")
+
+    def attempts(self, cluster: str) -> list[dict[str, str]]:
+        return list(self.tried)
+
+
+def test_up_json_reports_every_attempt_and_the_error_when_up_fails(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from cloudtrain.cli import cli
+
+    monkeypatch.setenv("CLOUDTRAIN_HOME", str(tmp_path))
+    p = WithAttempts()
+    registry.register_instance("local", p)  # type: ignore[arg-type]
+    try:
+        task = tmp_path / "t.yaml"
+        task.write_text("name: att\nnum_nodes: 2\nrun: 'true'\n")
+        r = CliRunner().invoke(cli, ["up", str(task), "-y", "--json"])
+    finally:
+        registry.unregister_instance("local")
+    assert r.exit_code != 0
+    doc = json.loads(r.stdout[r.stdout.index("{"):r.stdout.rindex("}") + 1])
+    assert doc["ok"] is False and "no capacity" in doc["error"]
+    assert [(a["provider"], a["zone"], a["outcome"]) for a in doc["attempts"]] == \
+        [("local", "zone-a", "capacity"), ("local", "zone-b", "capacity")]
+    assert p.terminated == 1, "the half-built cluster is rolled back"
