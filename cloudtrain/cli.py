@@ -290,6 +290,7 @@ def launch(task_file: str, cluster_name: str | None, down_after: bool, detach: b
     if existing is None:
         _confirm_cost(env, plan, yes)
     over: bg.BudgetExceeded | None = None
+    interrupted: list[str] = []
     try:
         try:
             with cl.opened(env, task, name, planned=plan) as (handle, group, _):
@@ -297,6 +298,8 @@ def launch(task_file: str, cluster_name: str | None, down_after: bool, detach: b
                                                              budget.max_cost_usd, env.ui)
                 outcome = ln.run_task(env, handle, group, task, detach=detach,
                                       overrides=overrides, guard=guard)
+                if outcome.exit_code != 0 and handle.row.use_spot:
+                    interrupted = _interruptions(handle, name)
         except bg.BudgetExceeded as exc:
             over = exc
             env.state.mark_usage_end(name, exc.reason)   # the ledger's reason, once it is down
@@ -318,6 +321,13 @@ def launch(task_file: str, cluster_name: str | None, down_after: bool, detach: b
     if outcome.exit_code != 0:
         from .errors import JobFailed
 
+        if interrupted:
+            raise JobFailed(outcome.exit_code, outcome.failed_node,
+                            "The job stopped because the cloud took back spot capacity: "
+                            + "; ".join(interrupted) + ". This is a spot interruption, not a "
+                            "crash in your code.",
+                            f"Run the launch again: up replaces the missing node(s), and a job "
+                            f"that checkpoints (like the template) resumes where it stopped.")
         who = f"global rank {outcome.failed_rank} on node {outcome.failed_node}" \
             if outcome.failed_rank is not None else f"node {outcome.failed_node}"
         raise JobFailed(outcome.exit_code, outcome.failed_node,
@@ -325,6 +335,20 @@ def launch(task_file: str, cluster_name: str | None, down_after: bool, detach: b
                         "nodes were stopped.",
                         f"See 'cloudtrain logs {name} --node {outcome.failed_node}'.")
     env.ui.ok(f"Job {outcome.job_id} succeeded on every node")
+
+
+def _interruptions(handle: Any, name: str) -> list[str]:
+    """What the provider says it took back (spot interruptions), in words; [] when it cannot
+    tell."""
+    from .errors import CloudtrainError
+
+    fn = getattr(handle.provider, "interruptions", None)
+    if not callable(fn):
+        return []
+    try:
+        return [str(x) for x in fn(name)]
+    except CloudtrainError:
+        return []
 
 
 def _teardown_shielded(env: Env, name: str, provider_name: str) -> None:

@@ -121,3 +121,23 @@ def test_up_json_reports_every_attempt_and_the_error_when_up_fails(
     assert [(a["provider"], a["zone"], a["outcome"]) for a in doc["attempts"]] == \
         [("local", "zone-a", "capacity"), ("local", "zone-b", "capacity")]
     assert p.terminated == 1, "the half-built cluster is rolled back"
+
+
+def test_a_failed_spot_launch_is_named_an_interruption_when_the_provider_says_so() -> None:
+    from types import SimpleNamespace
+
+    from cloudtrain.cli import _interruptions
+    from cloudtrain.errors import TransientError
+
+    class Spot:
+        def interruptions(self, cluster: str) -> list[str]:
+            return [f"node 1 of {cluster} (i-0abc, spot) was interrupted by AWS"]
+
+    class Broken:
+        def interruptions(self, cluster: str) -> list[str]:
+            raise TransientError("throttled")
+
+    assert _interruptions(SimpleNamespace(provider=Spot()), "c") == \
+        ["node 1 of c (i-0abc, spot) was interrupted by AWS"]
+    assert _interruptions(SimpleNamespace(provider=Broken()), "c") == []   # never hides the failure
+    assert _interruptions(SimpleNamespace(provider=object()), "c") == []   # providers without it
