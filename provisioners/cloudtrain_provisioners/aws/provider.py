@@ -28,8 +28,8 @@ from pydantic import BaseModel
 
 from cloudtrain.addrmap import AddressMap
 from cloudtrain.caller import CallerCidr, lookup_public_ip
-from cloudtrain.errors import (AuthError, CapacityError, ProviderError, QuotaError,
-                               TransientError, UserError)
+from cloudtrain.errors import AuthError, CapacityError, ProviderError, QuotaError, UserError
+from cloudtrain import failover
 from cloudtrain.provider import ClusterRequest, NetworkRef, Node, Plan, ProviderContext
 
 from . import images as IMG
@@ -439,7 +439,7 @@ class AWSProvider:
                 exc.zone = zone  # type: ignore[attr-defined]
                 raise
             except ProviderError as exc:
-                self._attempt(name, region, zone, itype, _outcome(exc), exc)
+                self._attempt(name, region, zone, itype, failover.outcome_of(exc), exc)
                 raise
             self._attempt(name, region, zone, itype, "ok", "launched")
             self._save(name, region=region, zone=zone, instance_type=itype,
@@ -465,7 +465,7 @@ class AWSProvider:
                 iam_instance_profile=opts.iam_instance_profile)
             new, errors = I.launch(self.api, spec, missing)
             if errors:
-                worst = _worst(list(errors.values()))
+                worst = failover.worst(list(errors.values()))
                 if not self._rollback(region, list(new.values())) and isinstance(
                         worst, (CapacityError, QuotaError)):
                     raise _stuck(worst)
@@ -657,27 +657,3 @@ def _stuck(exc: ProviderError) -> ProviderError:
     return ProviderError(f"{exc.message} The node(s) this attempt got could not be terminated, "
                          "so cloudtrain stops here.",
                          "Run 'cloudtrain down' (it finds them by tag), then up again.")
-
-
-def _outcome(exc: BaseException) -> str:
-    if isinstance(exc, AuthError):
-        return "auth"
-    if isinstance(exc, TransientError):
-        return "throttled"
-    return "error"
-
-
-def _worst(errors: list[ProviderError]) -> ProviderError:
-    """The error a partial launch reports: credentials first (stop), then anything unexpected
-    (stop), then quota (next region), then capacity (next zone)."""
-    for kind in (AuthError,):
-        for e in errors:
-            if isinstance(e, kind):
-                return e
-    for e in errors:
-        if not isinstance(e, (QuotaError, CapacityError)):
-            return e
-    for e in errors:
-        if isinstance(e, QuotaError):
-            return e
-    return errors[0]

@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar
 from pydantic import BaseModel
 
 from cloudtrain.caller import CallerCidr, lookup_public_ip
-from cloudtrain.errors import (AuthError, CapacityError, ProviderError, QuotaError,
-                               TransientError, UserError)
+from cloudtrain.errors import AuthError, CapacityError, ProviderError, QuotaError, UserError
+from cloudtrain import failover
 from cloudtrain.provider import ClusterRequest, NetworkRef, Node, Plan, ProviderContext
 
 from . import network as NET
@@ -436,7 +436,7 @@ class AzureProvider:
                 exc.zone = zone  # type: ignore[attr-defined]
                 raise
             except ProviderError as exc:
-                self._attempt(name, region, zone, size, _outcome(exc), exc)
+                self._attempt(name, region, zone, size, failover.outcome_of(exc), exc)
                 raise
             self._attempt(name, region, zone, size, "ok", "launched")
             self._save(name, region=region, zone=zone, size=size, user=opts.ssh_user,
@@ -489,7 +489,7 @@ class AzureProvider:
                         except ProviderError as exc:
                             errors[r] = exc
                 if errors:
-                    raise _worst(list(errors.values()))
+                    raise failover.worst(list(errors.values()))
             vms = self._wait_running(api, group, request.num_nodes)
             for v in vms:
                 if v.name in tried and v.disk_name:
@@ -668,27 +668,3 @@ class AzureProvider:
         if problems:
             raise ProviderError("Azure gc did not finish: " + " | ".join(problems),
                                 "Run 'cloudtrain gc' again.")
-
-
-def _outcome(exc: BaseException) -> str:
-    if isinstance(exc, AuthError):
-        return "auth"
-    if isinstance(exc, TransientError):
-        return "throttled"
-    return "error"
-
-
-def _worst(errors: list[ProviderError]) -> ProviderError:
-    """The error a partial launch reports: credentials first (stop), then anything unexpected
-    (stop), then quota (next region), then capacity (next zone)."""
-    for e in errors:
-        if isinstance(e, AuthError):
-            return e
-    for e in errors:
-        if not isinstance(e, (QuotaError, CapacityError)):
-            return e
-    for e in errors:
-        if isinstance(e, QuotaError):
-            return e
-    return errors[0]
-

@@ -28,8 +28,8 @@ from pydantic import BaseModel
 
 from cloudtrain.addrmap import AddressMap
 from cloudtrain.caller import CallerCidr, lookup_public_ip
-from cloudtrain.errors import (AuthError, CapacityError, ProviderError, QuotaError,
-                               TransientError, UserError)
+from cloudtrain.errors import AuthError, CapacityError, ProviderError, QuotaError, UserError
+from cloudtrain import failover
 from cloudtrain.provider import ClusterRequest, NetworkRef, Node, Plan, ProviderContext
 
 from . import images as IMG
@@ -455,7 +455,7 @@ class GCPProvider:
                 exc.zone = zone  # type: ignore[attr-defined]
                 raise
             except ProviderError as exc:
-                self._attempt(name, region, zone, mtype, _outcome(exc), exc)
+                self._attempt(name, region, zone, mtype, failover.outcome_of(exc), exc)
                 raise
             self._attempt(name, region, zone, mtype, "ok", "launched")
             return nodes
@@ -483,7 +483,7 @@ class GCPProvider:
             new, errors = I.launch(api, spec, missing)
             if errors:
                 self._rollback(api, project, zone, list(new.values()))
-                raise _worst(list(errors.values()))
+                raise failover.worst(list(errors.values()))
         stopped = [i.name for i in have.values() if i.status == "TERMINATED"]
         try:
             if stopped:
@@ -618,26 +618,3 @@ class GCPProvider:
         if problems:
             raise ProviderError("GCP cleanup did not finish: " + " | ".join(problems),
                                 "Run 'cloudtrain gc' again.")
-
-
-def _outcome(exc: BaseException) -> str:
-    if isinstance(exc, AuthError):
-        return "auth"
-    if isinstance(exc, TransientError):
-        return "throttled"
-    return "error"
-
-
-def _worst(errors: list[ProviderError]) -> ProviderError:
-    """The error a partial launch reports: credentials first (stop), then anything unexpected
-    (stop), then quota (next region), then capacity (next zone)."""
-    for e in errors:
-        if isinstance(e, AuthError):
-            return e
-    for e in errors:
-        if not isinstance(e, (QuotaError, CapacityError)):
-            return e
-    for e in errors:
-        if isinstance(e, QuotaError):
-            return e
-    return errors[0]
