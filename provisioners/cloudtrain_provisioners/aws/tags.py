@@ -10,29 +10,10 @@ cluster and owner tags, so nothing depends on local state.
 
 from __future__ import annotations
 
-import datetime as _dt
-import getpass
-import hashlib
-import socket
 from typing import Any
 
-CLUSTER = "cloudtrain:cluster"
-RANK = "cloudtrain:node-rank"
-OWNER = "cloudtrain:owner"
-CREATED = "cloudtrain:created-at"
-SHARED_RANK = "all"
-
-
-def default_owner() -> str:
-    try:
-        user = getpass.getuser()
-    except Exception:  # noqa: BLE001 - no login name (some containers)
-        user = "unknown"
-    return f"{user}@{socket.gethostname()}"[:200]
-
-
-def now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+from cloudtrain.ownership import (CLUSTER, CREATED, OWNER, RANK, SHARED_RANK,  # noqa: F401
+                                  default_owner, now, owner_hash)
 
 
 def tag_list(cluster: str, owner: str, rank: int | str, created: str | None = None
@@ -64,5 +45,4 @@ def as_dict(tags: list[dict[str, str]] | None) -> dict[str, str]:
 def base_name(cluster: str, owner: str) -> str:
     """The name of the cluster's security group, key pair and placement group: readable,
     and unique per owner (two people may both have a cluster called 'train')."""
-    h = hashlib.sha256(f"{owner}\0{cluster}".encode()).hexdigest()[:6]
-    return f"cloudtrain-{cluster}-{h}"
+    return f"cloudtrain-{cluster}-{owner_hash(cluster, owner)}"

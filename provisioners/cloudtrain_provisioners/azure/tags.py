@@ -12,29 +12,11 @@ exists instead of creating a second one.
 
 from __future__ import annotations
 
-import datetime as _dt
-import getpass
-import hashlib
-import socket
 
-CLUSTER = "cloudtrain:cluster"
-RANK = "cloudtrain:node-rank"
-OWNER = "cloudtrain:owner"
-CREATED = "cloudtrain:created-at"
-SHARED_RANK = "all"
+from cloudtrain.ownership import (CLUSTER, CREATED, OWNER, RANK, SHARED_RANK,  # noqa: F401
+                                  default_owner, now, owner_hash)
+
 REGION = "cloudtrain:region"
-
-
-def default_owner() -> str:
-    try:
-        user = getpass.getuser()
-    except Exception:  # noqa: BLE001 - no login name (some containers)
-        user = "unknown"
-    return f"{user}@{socket.gethostname()}"[:200]
-
-
-def now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def tags(cluster: str, owner: str, rank: int | str, created: str | None = None) -> dict[str, str]:
@@ -42,7 +24,7 @@ def tags(cluster: str, owner: str, rank: int | str, created: str | None = None) 
 
 
 def _h(cluster: str, owner: str) -> str:
-    return hashlib.sha256(f"{owner}\0{cluster}".encode()).hexdigest()[:6]
+    return owner_hash(cluster, owner)
 
 
 def group_name(cluster: str, owner: str) -> str:

@@ -10,11 +10,10 @@ which is how ``down`` and ``gc`` find rules without any local state.
 
 from __future__ import annotations
 
-import datetime as _dt
-import getpass
 import hashlib
 import re
-import socket
+
+from cloudtrain.ownership import default_owner, now, owner_hash  # noqa: F401
 
 CLUSTER = "cloudtrain-cluster"
 RANK = "cloudtrain-node-rank"
@@ -22,14 +21,6 @@ OWNER = "cloudtrain-owner"
 SHARED_RANK = "all"
 DESCRIPTION_PREFIX = "cloudtrain firewall rule:"
 _MARK = re.compile(r"(cloudtrain-[a-z-]+)=(\S*)")
-
-
-def default_owner() -> str:
-    try:
-        user = getpass.getuser()
-    except Exception:  # noqa: BLE001 - no login name (some containers)
-        user = "unknown"
-    return f"{user}@{socket.gethostname()}"
 
 
 def owner_value(owner: str) -> str:
@@ -41,10 +32,6 @@ def owner_value(owner: str) -> str:
         h = hashlib.sha256(owner.encode()).hexdigest()[:8]
         s = s[:54] + "-" + h
     return s
-
-
-def now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def labels(cluster: str, owner: str, rank: int | str) -> dict[str, str]:
@@ -66,8 +53,7 @@ def base_name(cluster: str, owner: str) -> str:
     """The cluster's name prefix in GCE (instances ``<base>-<rank>``, firewall rules
     ``<base>-ssh`` ...) and its network tag: readable, and unique per owner (two people may
     both have a cluster called 'train'). At most 51 characters."""
-    h = hashlib.sha256(f"{owner}\0{cluster}".encode()).hexdigest()[:6]
-    return f"ct-{cluster}-{h}"
+    return f"ct-{cluster}-{owner_hash(cluster, owner)}"
 
 
 def description(cluster: str, owner: str, what: str) -> str:
