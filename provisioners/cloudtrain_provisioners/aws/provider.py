@@ -26,10 +26,11 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 from pydantic import BaseModel
 
+from cloudtrain import failover
 from cloudtrain.addrmap import AddressMap
 from cloudtrain.caller import CallerCidr, lookup_public_ip
+from cloudtrain.cluster_record import ClusterRecord
 from cloudtrain.errors import AuthError, CapacityError, ProviderError, QuotaError, UserError
-from cloudtrain import failover
 from cloudtrain.provider import ClusterRequest, NetworkRef, Node, Plan, ProviderContext
 
 from . import images as IMG
@@ -83,6 +84,7 @@ class AWSProvider:
         ``CLOUDTRAIN_AWS_ADDRESS_MAP``, tests only), ``poll`` (seconds between describes
         while instances start)."""
         self.ctx = ctx
+        self.records = ClusterRecord(ctx, self.name)
         self.clients = clients if clients is not None else BotoClients(
             os.environ.get("CLOUDTRAIN_AWS_PROFILE") or None)
         self.api = Api(self.clients, sleep=sleep)
@@ -111,23 +113,13 @@ class AWSProvider:
         return request.options if isinstance(request.options, AWSOptions) else AWSOptions()
 
     def _record_file(self, cluster: str) -> Path:
-        return self.ctx.cluster_dir(cluster) / RECORD
+        return self.records.path(cluster)
 
     def _record(self, cluster: str) -> dict[str, Any] | None:
-        try:
-            data = json.loads(self._record_file(cluster).read_text())
-        except (OSError, ValueError):
-            return None
-        return data if isinstance(data, dict) else None
+        return self.records.read(cluster)
 
     def _save(self, cluster: str, **updates: Any) -> None:
-        rec = self._record(cluster) or {"regions": []}
-        rec.update(updates)
-        f = self._record_file(cluster)
-        f.parent.mkdir(parents=True, exist_ok=True)
-        tmp = f.with_suffix(".tmp")
-        tmp.write_text(json.dumps(rec, indent=1))
-        tmp.replace(f)
+        self.records.update(cluster, {"regions": []}, **updates)
 
     def _remember_region(self, cluster: str, region: str) -> None:
         """Written before anything is created in ``region``: teardown looks there."""

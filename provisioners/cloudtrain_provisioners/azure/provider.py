@@ -28,9 +28,10 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 from pydantic import BaseModel
 
-from cloudtrain.caller import CallerCidr, lookup_public_ip
-from cloudtrain.errors import AuthError, CapacityError, ProviderError, QuotaError, UserError
 from cloudtrain import failover
+from cloudtrain.caller import CallerCidr, lookup_public_ip
+from cloudtrain.cluster_record import ClusterRecord
+from cloudtrain.errors import AuthError, CapacityError, ProviderError, QuotaError, UserError
 from cloudtrain.provider import ClusterRequest, NetworkRef, Node, Plan, ProviderContext
 
 from . import network as NET
@@ -77,6 +78,7 @@ class AzureProvider:
                  ui: UI | None = None, address_map: Any = _FROM_ENV, poll: float = 5.0,
                  running_timeout: float = 900.0) -> None:
         self.ctx = ctx
+        self.records = ClusterRecord(ctx, self.name)
         self.clients = clients if clients is not None else AzureClients()
         self.sleep = sleep
         self.poll = poll
@@ -110,23 +112,13 @@ class AzureProvider:
         return request.options if isinstance(request.options, AzureOptions) else AzureOptions()
 
     def _record_file(self, cluster: str) -> Path:
-        return self.ctx.cluster_dir(cluster) / RECORD
+        return self.records.path(cluster)
 
     def _record(self, cluster: str) -> dict[str, Any]:
-        try:
-            data = json.loads(self._record_file(cluster).read_text())
-        except (OSError, ValueError):
-            return {}
-        return data if isinstance(data, dict) else {}
+        return self.records.read(cluster) or {}
 
     def _save(self, cluster: str, **updates: Any) -> None:
-        rec = self._record(cluster)
-        rec.update(updates)
-        f = self._record_file(cluster)
-        f.parent.mkdir(parents=True, exist_ok=True)
-        tmp = f.with_suffix(".tmp")
-        tmp.write_text(json.dumps(rec, indent=1))
-        tmp.replace(f)
+        self.records.update(cluster, **updates)
 
     def _subscription(self, cluster: str, request: ClusterRequest | None = None) -> str:
         sub = (self._opts(request).subscription_id if request is not None else None) \

@@ -26,10 +26,11 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 from pydantic import BaseModel
 
+from cloudtrain import failover
 from cloudtrain.addrmap import AddressMap
 from cloudtrain.caller import CallerCidr, lookup_public_ip
+from cloudtrain.cluster_record import ClusterRecord
 from cloudtrain.errors import AuthError, CapacityError, ProviderError, QuotaError, UserError
-from cloudtrain import failover
 from cloudtrain.provider import ClusterRequest, NetworkRef, Node, Plan, ProviderContext
 
 from . import images as IMG
@@ -80,6 +81,7 @@ class GCPProvider:
                  ui: UI | None = None, address_map: AddressMap | None = _FROM_ENV,
                  poll: float = 3.0, running_timeout: float = 600.0) -> None:
         self.ctx = ctx
+        self.records = ClusterRecord(ctx, self.name)
         self._clients = clients
         self._factories: dict[str, GoogleClients] = {}
         self._apis: dict[int, Api] = {}
@@ -130,23 +132,13 @@ class GCPProvider:
         return self._api(None)
 
     def _record_file(self, cluster: str) -> Path:
-        return self.ctx.cluster_dir(cluster) / RECORD
+        return self.records.path(cluster)
 
     def _record(self, cluster: str) -> dict[str, Any] | None:
-        try:
-            data = json.loads(self._record_file(cluster).read_text())
-        except (OSError, ValueError):
-            return None
-        return data if isinstance(data, dict) else None
+        return self.records.read(cluster)
 
     def _save(self, cluster: str, **updates: Any) -> None:
-        rec = self._record(cluster) or {}
-        rec.update(updates)
-        f = self._record_file(cluster)
-        f.parent.mkdir(parents=True, exist_ok=True)
-        tmp = f.with_suffix(".tmp")
-        tmp.write_text(json.dumps(rec, indent=1))
-        tmp.replace(f)
+        self.records.update(cluster, {}, **updates)
 
     def _request_api(self, request: ClusterRequest) -> tuple[Api, str]:
         opts = self._opts(request)
