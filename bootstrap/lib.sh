@@ -31,7 +31,7 @@ as_root() {
 
 # version_ge A B: A >= B for dotted numeric versions (535.104.05 >= 525.60.13).
 version_ge() {
-    [ "$(printf '%s\n%s\n' "$2" "$1" | sort -t. -k1,1n -k2,2n -k3,3n | head -n1)" = "$2" ]
+    [ "$(printf '%s\n%s\n' "$2" "$1" | sort -t. -k1,1n -k2,2n -k3,3n | sed -n 1p)" = "$2" ]
 }
 
 # The row of versions.tsv whose pattern matches a GPU name: "gen min_driver cuda index branch".

@@ -86,8 +86,8 @@ GPUS=0 GPU_NAME="" DRIVER=""
 smi() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi "$@" 2>/dev/null; }
 if q=$(smi --query-gpu=name,driver_version --format=csv,noheader) && [ -n "$q" ]; then
     GPUS=$(printf '%s\n' "$q" | grep -c .)
-    GPU_NAME=$(printf '%s\n' "$q" | head -n1 | cut -d, -f1 | sed 's/^ *//; s/ *$//')
-    DRIVER=$(printf '%s\n' "$q" | head -n1 | cut -d, -f2 | tr -d ' ')
+    GPU_NAME=$(printf '%s\n' "$q" | sed -n 1p | cut -d, -f1 | sed 's/^ *//; s/ *$//')
+    DRIVER=$(printf '%s\n' "$q" | sed -n 1p | cut -d, -f2 | tr -d ' ')
 else
     # No working driver: the PCI bus still shows the cards (3D/VGA controllers of vendor 10de).
     pci=""
@@ -103,7 +103,7 @@ else
     fi
     if [ -n "$pci" ]; then
         GPUS=$(printf '%s\n' "$pci" | grep -c .)
-        GPU_NAME=$(printf '%s\n' "$pci" | head -n1 | sed -E 's/.*NVIDIA Corporation //; s/ \[10de:.*//')
+        GPU_NAME=$(printf '%s\n' "$pci" | sed -n 1p | sed -E 's/.*NVIDIA Corporation //; s/ \[10de:.*//')
     fi
 fi
 GEN="" GEN_MIN_DRIVER="" GEN_CUDA="" GEN_INDEX="" GEN_BRANCH=""
@@ -147,7 +147,7 @@ else
         FAIL_CODE=75 fail "the NVIDIA driver $GEN_BRANCH is installed but not loaded: the node needs a reboot." \
             "Reboot it (cloudtrain ssh NAME -- sudo reboot), then run 'cloudtrain up' again."
     fi
-    DRIVER=$(printf '%s\n' "$q" | head -n1 | tr -d ' ')
+    DRIVER=$(printf '%s\n' "$q" | sed -n 1p | tr -d ' ')
     installed driver "NVIDIA driver $DRIVER (branch $GEN_BRANCH)"
 fi
 result driver "$DRIVER"
@@ -293,9 +293,10 @@ iface=""
 if [ -n "${CLOUDTRAIN_NODE_IP:-}" ] && command -v ip >/dev/null 2>&1; then
     # The interface that holds the address, else the one the kernel routes it through
     # (a 127.x address on loopback is routed via lo without being assigned to it).
-    iface=$(ip -o -4 addr show | awk -v ip="$CLOUDTRAIN_NODE_IP" '{split($4, a, "/"); if (a[1] == ip) {print $2; exit}}')
+    # (awk reads all its input: an early exit would SIGPIPE ip, fatal under pipefail)
+    iface=$(ip -o -4 addr show | awk -v ip="$CLOUDTRAIN_NODE_IP" '!f {split($4, a, "/"); if (a[1] == ip) {print $2; f = 1}}')
     if [ -z "$iface" ]; then
-        iface=$(ip -o route get "$CLOUDTRAIN_NODE_IP" 2>/dev/null | awk '{for (i = 1; i < NF; i++) if ($i == "dev") {print $(i + 1); exit}}')
+        iface=$(ip -o route get "$CLOUDTRAIN_NODE_IP" 2>/dev/null | awk '!f {for (i = 1; i < NF; i++) if ($i == "dev") {print $(i + 1); f = 1; break}}')
     fi
 fi
 if [ -n "$iface" ]; then found "cluster traffic on $iface"; else skip "no cluster address given"; fi
