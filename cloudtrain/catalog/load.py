@@ -156,6 +156,11 @@ def load_catalog(home: Path | None = None) -> Catalog:
     return cat
 
 
+def provider_offers(home: Path | None, provider: str) -> list[Offer]:
+    """The offers of one provider in the catalog in use (what a cloud provider plans from)."""
+    return [o for o in load_catalog(home).offers if o.provider == provider]
+
+
 def _load(user: Path | None, stamp: tuple[Any, ...] | None) -> Catalog:
     if user is not None and stamp is not None and any(s is not None for s in stamp):
         try:

@@ -133,9 +133,9 @@ class AWSProvider:
     def _offers(self) -> list[Offer]:
         if self._offers_fn is not None:
             return list(self._offers_fn())
-        from cloudtrain.catalog.load import load_catalog
+        from cloudtrain.catalog.load import provider_offers
 
-        return [o for o in load_catalog(self.ctx.home).offers if o.provider == "aws"]
+        return provider_offers(self.ctx.home, self.name)
 
     # --- where to launch -----------------------------------------------------------------
 
