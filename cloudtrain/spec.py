@@ -16,6 +16,45 @@ from .yamlsrc import LocatedYaml, load_located
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,38}[a-z0-9]$|^[a-z]$")
 
+# Upper bounds for the task's money and time fields: a number past these is a typo (or .inf),
+# and would turn estimates and budget checks into nonsense.
+MAX_HOURS = 24 * 366            # max_hours: a year
+MAX_USD = 10_000_000            # max_cost_usd
+MAX_USD_PER_HOUR = 100_000      # resources.max_hourly_cost
+MAX_PATH = 4096                 # a path in the task (bytes, as Linux's PATH_MAX)
+MAX_PATH_PART = 255             # one component of it (NAME_MAX)
+
+
+def _check_path_text(p: str) -> None:
+    """Length rules every path in a task follows (NUL is refused by the reader)."""
+    size = len(p.encode("utf-8", "surrogatepass"))
+    if size > MAX_PATH:
+        raise ValueError(f"the path is {size} bytes long; paths are at most {MAX_PATH}")
+    long_part = next((part for part in p.split("/")
+                      if len(part.encode("utf-8", "surrogatepass")) > MAX_PATH_PART), None)
+    if long_part is not None:
+        raise ValueError(f"the path has a name longer than {MAX_PATH_PART} bytes "
+                         f"('{long_part[:20]}...')")
+    if not p.strip():
+        raise ValueError("the path is empty")
+
+
+def _check_mount_target(target: str) -> None:
+    """A file_mounts target (the path on the node): relative ones are under the node's
+    workdir, absolute ones are paths on the node's own disk (refused where nodes share this
+    machine, see check_mounts). Neither may climb with '..' or start with '~'."""
+    _check_path_text(target)
+    parts = target.split("/")
+    if ".." in parts:
+        raise ValueError(f"the node path '{target}' climbs out with '..'; write it relative to "
+                         "the workdir without '..' (e.g. 'data') or as an absolute path")
+    if target.startswith("~"):
+        raise ValueError(f"the node path '{target}' starts with '~'; write it relative to the "
+                         "workdir (e.g. 'data') or as an absolute path")
+    if not target.startswith("/") and all(part in ("", ".") for part in parts):
+        raise ValueError(f"the node path '{target}' is the workdir itself; name a file or "
+                         "directory under it (e.g. 'data')")
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -74,7 +113,8 @@ class Resources(BaseModel):
     image: str | None = None
     ports: list[int] = Field(default_factory=list)
     ssh_cidr: str | None = None
-    max_hourly_cost: float | None = Field(None, gt=0)   # USD per hour for the whole cluster
+    max_hourly_cost: float | None = Field(None, gt=0, le=MAX_USD_PER_HOUR,   # whole cluster
+                                          allow_inf_nan=False)
 
     @model_validator(mode="before")
     @classmethod
@@ -127,6 +167,13 @@ class Train(_Strict):
     def _args(cls, v: Any) -> Any:
         if isinstance(v, list):
             return [str(a) if isinstance(a, (int, float)) and not isinstance(a, bool) else a for a in v]
+        return v
+
+    @field_validator("script")
+    @classmethod
+    def _script(cls, v: str | None) -> str | None:
+        if v is not None:
+            _check_path_text(v)
         return v
 
     @field_validator("nproc_per_node")
@@ -190,8 +237,10 @@ class Task(_Strict):
     outputs: list[str] = Field(default_factory=list)
     outputs_from: Literal["head", "all"] = "head"
     outputs_dir: str = "cloudtrain-outputs"
-    max_cost_usd: float | None = Field(None, gt=0)  # budget for this task's cluster, USD
-    max_hours: float | None = Field(None, gt=0)     # how long it is expected/allowed to run
+    max_cost_usd: float | None = Field(None, gt=0, le=MAX_USD,          # this cluster's budget
+                                       allow_inf_nan=False)
+    max_hours: float | None = Field(None, gt=0, le=MAX_HOURS,           # expected/allowed run
+                                    allow_inf_nan=False)
 
     # Set by load_task, not by the user: where relative paths start.
     base_dir: Path = Field(default=Path("."), exclude=True)
@@ -208,6 +257,24 @@ class Task(_Strict):
         if v is not None and not NAME_RE.match(v):
             raise ValueError("use 1-40 lowercase letters, digits and '-', starting with a letter, "
                              "e.g. my-job")
+        return v
+
+    @field_validator("workdir", "outputs_dir")
+    @classmethod
+    def _paths(cls, v: str | None) -> str | None:
+        if v is not None:
+            _check_path_text(v)
+        return v
+
+    @field_validator("file_mounts")
+    @classmethod
+    def _mounts(cls, v: dict[str, str]) -> dict[str, str]:
+        for target, local in v.items():
+            _check_mount_target(target)
+            try:
+                _check_path_text(local)
+            except ValueError as exc:
+                raise ValueError(f"the local path for '{target}': {exc}") from None
         return v
 
     @field_validator("envs", mode="before")
@@ -232,6 +299,7 @@ class Task(_Strict):
     @classmethod
     def _outputs(cls, v: list[str]) -> list[str]:
         for p in v:
+            _check_path_text(p)
             if p.startswith("/") or ".." in Path(p).parts:
                 raise ValueError(f"'{p}': outputs are paths inside workdir, e.g. checkpoints/")
         return v
@@ -413,6 +481,34 @@ def load_task(path: str | Path, *, known_providers: tuple[str, ...] = ()) -> Tas
 
 def check_paths(task: Task, source: str = "task.yaml") -> None:
     """Local files the task refers to must exist; checked before anything is created."""
+    try:
+        _check_paths(task, source)
+    except OSError as exc:  # a path the OS refuses to look at (too long, a loop of links ...)
+        raise SpecError(f"cannot look at '{exc.filename}' ({exc.strerror or exc})", source=source,
+                        hint="Fix the path in the task file (relative to the task file).") from None
+
+
+def _check_mount_links(task: Task, wd: Path, source: str) -> None:
+    """A relative file_mounts target lands in the node's copy of the workdir, which rsync makes
+    from this one with its links as links: a target under a link to elsewhere would be written
+    wherever the link points (on the local provider, anywhere on this machine)."""
+    for remote in task.file_mounts:
+        if remote.startswith("/"):
+            continue
+        here = wd
+        for part in [p for p in remote.split("/") if p not in ("", ".")][:-1]:
+            here = here / part
+            if here.is_symlink():
+                raise SpecError(f"the node path '{remote}' goes through '{here.relative_to(wd)}', "
+                                "a symbolic link in the workdir, so the mount would land "
+                                "wherever that link points", field=f"file_mounts.{remote}",
+                                source=source, line=task.line_of("file_mounts", remote),
+                                hint="Mount to a path that does not go through a link.")
+            if not here.exists():
+                break
+
+
+def _check_paths(task: Task, source: str) -> None:
     wd = task.workdir_path()
     if task.workdir is not None and (wd is None or not wd.is_dir()):
         raise SpecError(f"the directory '{task.workdir}' does not exist (resolved to {wd})",
@@ -425,6 +521,8 @@ def check_paths(task: Task, source: str = "task.yaml") -> None:
                             field=f"file_mounts.{remote}", source=source,
                             line=task.line_of("file_mounts", remote),
                             hint="Fix the path (relative to the task file) or remove the mount.")
+    if wd is not None and task.workdir is not None:
+        _check_mount_links(task, wd, source)
     if task.train and task.train.script:
         if wd is None:
             raise SpecError("train.script needs a workdir to find the script in", field="workdir",
