@@ -46,13 +46,15 @@ def command(train: Train, node: NodeInfo, job_id: str, worker_wrapper: str | Non
     else:
         argv += ["--rdzv-backend=c10d", f"--rdzv-endpoint={node.head_ip}:{port}",
                  f"--rdzv-id={job_id}", f"--rdzv-conf=is_host={1 if node.rank == 0 else 0}"]
+    # The worker's own command line goes to torchrun as ONE string for 'bash -c', never as
+    # separate arguments: torchrun's parser (argparse, with allow_abbrev) reads every argument,
+    # also those after the script, and fails on an abbreviation of its own options
+    # ('--n', '--max': "ambiguous option"), so the script's arguments must not reach it.
+    worker = ["python", "-u", train.script] if train.script else \
+        ["python", "-u", "-m", str(train.module)]
     if worker_wrapper:
-        argv += ["--no-python", "bash", worker_wrapper, "python", "-u"]
-    if train.script:
-        argv += [train.script]
-    else:
-        argv += ["-m", str(train.module)] if worker_wrapper else ["--module", str(train.module)]
-    argv += list(train.args)
+        worker = ["bash", worker_wrapper, *worker]
+    argv += ["--no-python", "bash", "-c", "exec " + shell(worker + list(train.args))]
     return argv
 
 

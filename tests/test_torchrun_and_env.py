@@ -1,6 +1,9 @@
 from __future__ import annotations
 
 import argparse
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +19,16 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     return run.get_args_parser().parse_args(argv[3:])
 
 
+def _worker(ns: argparse.Namespace) -> list[str]:
+    """The command line each worker runs: torchrun starts 'bash -c STRING' (--no-python), and
+    STRING is 'exec' and the worker's arguments quoted for the shell."""
+    assert ns.no_python is True and ns.training_script == "bash"
+    assert ns.training_script_args[0] == "-c" and len(ns.training_script_args) == 2
+    words = shlex.split(ns.training_script_args[1])
+    assert words[0] == "exec"
+    return words[1:]
+
+
 NODE1 = torchrun.NodeInfo(rank=1, num_nodes=2, node_ip="10.0.0.11", head_ip="10.0.0.10",
                           master_port=29555, gpus=0)
 
@@ -27,7 +40,7 @@ def test_static_rendezvous_names_rank_head_and_local_address() -> None:
     assert ns.master_addr == "10.0.0.10" and ns.master_port == 29555
     assert ns.local_addr == "10.0.0.11"
     assert ns.nnodes == "2" and ns.nproc_per_node == "2"
-    assert ns.training_script == "train.py" and ns.training_script_args == ["--epochs", "3"]
+    assert _worker(ns) == ["python", "-u", "train.py", "--epochs", "3"]
 
 
 @pytest.mark.parametrize("rank,is_host", [(0, "1"), (1, "0")])
@@ -43,7 +56,7 @@ def test_c10d_rendezvous_sets_endpoint_local_addr_and_is_host(rank: int, is_host
     assert ns.local_addr == f"10.0.0.1{rank}"
     assert ns.nproc_per_node == "8"  # auto = the node's GPUs
     assert ns.max_restarts == 2
-    assert ns.module is True and ns.training_script == "pkg.train"
+    assert _worker(ns) == ["python", "-u", "-m", "pkg.train"]
 
 
 def test_worker_wrapper_keeps_script_and_args() -> None:
@@ -52,7 +65,46 @@ def test_worker_wrapper_keeps_script_and_args() -> None:
     ns = _parse(argv)
     assert ns.no_python is True
     assert ns.training_script == "bash"
-    assert ns.training_script_args == ["/n/ctworker.sh", "python", "-u", "train.py", "--lr", "0.1"]
+    assert _worker(ns) == ["bash", "/n/ctworker.sh", "python", "-u", "train.py", "--lr", "0.1"]
+
+
+HOSTILE_ARGS = ["--n", "3", "--max", "2", "--nnodes", "9", "--node-rank=5", "-m", "x", "--",
+                "--master", "it's", "a b", "$HOME", "`id`", "--rdzv", "--no"]
+
+
+def test_script_args_that_abbreviate_torchrun_options_reach_the_script_unchanged() -> None:
+    # torchrun's parser took '--n' / '--max' in train.args ("ambiguous option"): they must
+    # reach the script untouched, whatever they look like.
+    t = Train(script="train.py", args=HOSTILE_ARGS, nproc_per_node=1)
+    for wrapper in (None, "/n/ctworker.sh"):
+        ns = _parse(torchrun.command(t, NODE1, "j", worker_wrapper=wrapper))
+        assert ns.nnodes == "2" and ns.node_rank == 1 and ns.max_restarts == 0
+        assert _worker(ns)[-len(HOSTILE_ARGS):] == HOSTILE_ARGS
+
+
+@pytest.mark.timeout(120)
+def test_real_torchrun_passes_abbreviated_args_to_the_script(tmp_path: Path) -> None:
+    """The command as built, run by the installed torchrun on this machine (one node, one
+    process): the script prints the arguments it got."""
+    pytest.importorskip("torch.distributed.run")
+    (tmp_path / "train.py").write_text(
+        "import json, sys\nprint('ARGV=' + json.dumps(sys.argv[1:]))\n")
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "python").write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} \"$@\"\n")
+    (tmp_path / "bin" / "python").chmod(0o755)
+    t = Train(script="train.py", args=HOSTILE_ARGS, nproc_per_node=1)
+    node = torchrun.NodeInfo(rank=0, num_nodes=1, node_ip="127.0.0.1", head_ip="127.0.0.1",
+                             master_port=0, gpus=0)
+    argv = torchrun.command(t, node, "j")
+    argv = [a.replace("--master-port=0", "--master-port=29731") for a in argv]
+    env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path),
+           "OMP_NUM_THREADS": "1"}
+    r = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=110, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = [ln for ln in r.stdout.splitlines() if ln.startswith("ARGV=")]
+    import json
+
+    assert got and json.loads(got[0][len("ARGV="):]) == HOSTILE_ARGS, r.stdout + r.stderr
 
 
 def test_auto_nproc_is_one_on_cpu_nodes() -> None:
