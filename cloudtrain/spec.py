@@ -12,7 +12,7 @@ from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
                       field_validator, model_validator)
 
 from .errors import SpecError
-from .yamlsrc import LocatedYaml, load_located
+from .yamlsrc import MAX_BYTES, LocatedYaml, load_located
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,38}[a-z0-9]$|^[a-z]$")
 
@@ -471,7 +471,8 @@ def load_task(path: str | Path, *, known_providers: tuple[str, ...] = ()) -> Tas
     if p.is_dir():
         raise SpecError(f"'{p}' is a directory, not a task file", hint="Pass the YAML file itself.")
     try:
-        text = p.read_text()
+        with p.open() as f:     # bounded: a huge file (or /dev/zero) is refused, not read whole
+            text = f.read(MAX_BYTES + 1)
     except (OSError, UnicodeDecodeError) as exc:
         raise SpecError(f"cannot read task file '{p}' ({exc})", hint="Check the file.") from None
     task = parse_task(text, source=str(p), base_dir=p.parent, known_providers=known_providers)
