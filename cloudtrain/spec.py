@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import math
 import re
 from difflib import get_close_matches
 from pathlib import Path
@@ -386,6 +387,7 @@ def parse_task(text: str, source: str = "task.yaml", base_dir: Path | None = Non
     if not isinstance(located.data, dict):
         raise SpecError("the task file must be a mapping of fields (name:, num_nodes:, run: ...)",
                         source=source, line=1, hint="See the task-file reference in the README.")
+    _refuse_non_finite(located, source)
     try:
         task = Task.model_validate(located.data)
     except ValidationError as exc:
@@ -394,6 +396,24 @@ def parse_task(text: str, source: str = "task.yaml", base_dir: Path | None = Non
     task._located, task._source = located, source
     _check_provider_options(task, located, source, known_providers)
     return task
+
+
+def _refuse_non_finite(located: LocatedYaml, source: str) -> None:
+    """No field of a task, a provider's options included, takes .inf or .nan: refused here,
+    whatever the field's own model says."""
+    stack: list[tuple[tuple[Any, ...], Any]] = [((), located.data)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, dict):
+            stack.extend((path + (k,), v) for k, v in value.items())
+        elif isinstance(value, list):
+            stack.extend((path + (i,), v) for i, v in enumerate(value))
+        elif isinstance(value, float) and not math.isfinite(value):
+            fields = [str(p) for p in path if not isinstance(p, int)]
+            raise SpecError(f"{value} is not a number cloudtrain can use",
+                            field=".".join(fields) or "(top)", line=located.line_of(path),
+                            source=source, hint="Write a finite number (or quote it, where the "
+                                                "field is text).")
 
 
 def _check_provider_options(task: Task, located: LocatedYaml, source: str,
