@@ -238,5 +238,9 @@ def load_located(text: str, source: str) -> LocatedYaml:
         raise SpecError("the task file is empty", source=source,
                         hint="Start from 'cloudtrain init' or the task-file reference in the README.")
     lines: dict[Path_, int] = {}
-    data = _build(root, (), lines, source)
+    try:
+        data = _build(root, (), lines, source)
+    finally:  # the shared scalar constructor must not keep this file's nodes alive
+        _SCALAR_LOADER.constructed_objects.clear()
+        _SCALAR_LOADER.recursive_objects.clear()
     return LocatedYaml(data, lines)
