@@ -14,7 +14,7 @@ from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 from .errors import SpecError
 from .yamlsrc import LocatedYaml, load_located
 
-NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,38}[a-z0-9]$|^[a-z]$")
+from .names import NAME_RE  # noqa: E402,F401 - the one cluster-name rule (\A...\Z)
 
 
 class _Strict(BaseModel):

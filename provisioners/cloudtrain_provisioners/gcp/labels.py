@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import re
 
+from cloudtrain.names import check
 from cloudtrain.ownership import default_owner, now, owner_hash  # noqa: F401
 
 CLUSTER = "cloudtrain-cluster"
@@ -43,17 +44,23 @@ def instance_filter(cluster: str | None, owner: str | None) -> str:
     owner, but always something cloudtrain labelled)."""
     terms = [f"(labels.{CLUSTER}:*)"]
     if cluster is not None:
-        terms.append(f'(labels.{CLUSTER} = "{cluster}")')
+        terms.append(f'(labels.{CLUSTER} = "{_quoted(check(cluster))}")')
     if owner is not None:
-        terms.append(f'(labels.{OWNER} = "{owner_value(owner)}")')
+        terms.append(f'(labels.{OWNER} = "{_quoted(owner_value(owner))}")')
     return " ".join(terms)
+
+
+def _quoted(value: str) -> str:
+    """``value`` inside a double-quoted filter string (label characters need no escape; a
+    quote or backslash would end or bend the string)."""
+    return value.replace("\\", "\\\\").replace('"', '\\"')
 
 
 def base_name(cluster: str, owner: str) -> str:
     """The cluster's name prefix in GCE (instances ``<base>-<rank>``, firewall rules
     ``<base>-ssh`` ...) and its network tag: readable, and unique per owner (two people may
     both have a cluster called 'train'). At most 51 characters."""
-    return f"ct-{cluster}-{owner_hash(cluster, owner)}"
+    return f"ct-{check(cluster)}-{owner_hash(cluster, owner)}"
 
 
 def description(cluster: str, owner: str, what: str) -> str:

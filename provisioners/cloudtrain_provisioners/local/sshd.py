@@ -133,6 +133,23 @@ def stop(node_dir: Path) -> None:
             pass
 
 
+def sshd_under(folder: Path) -> list[int]:
+    """sshd processes started with a config file under ``folder`` (found by command line:
+    what is left of a node whose pid file was deleted)."""
+    prefix = str(folder).rstrip("/").encode() + b"/"
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            args = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(a.startswith(prefix) and a.endswith(b"/sshd_config") for a in args):
+            found.append(int(entry.name))
+    return found
+
+
 def marked_processes(marker: str) -> list[int]:
     """Processes whose environment carries our marker: everything started through the nodes'
     sshd (shells, jobs, their children), however they daemonised."""
