@@ -564,7 +564,7 @@ def down(names: tuple[str, ...], all_: bool, yes: bool, provider_name: str | Non
     failed: list[BaseException] = []
     for n in targets:
         try:
-            cl.down(env, n, provider_name=provider_name)
+            cl.down(env, n, provider_name=provider_name, require_found=True)
         except CloudtrainError as exc:
             env.ui.error(f"{n}: {exc}")
             failed.append(exc)

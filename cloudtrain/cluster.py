@@ -411,7 +411,11 @@ def lost_record_hint(exc: ClusterNotFound, name: str) -> ClusterNotFound:
     return exc
 
 
-def down(env: Env, name: str, provider_name: str | None = None) -> None:
+def down(env: Env, name: str, provider_name: str | None = None, *,
+         require_found: bool = False) -> None:
+    """Tear ``name`` down and verify with the provider. Without a local record,
+    ``provider_name`` finds it by tag; ``require_found`` (the ``down`` command) makes finding
+    nothing at all an error instead of a note (the launch --down path stays quiet)."""
     from .names import check
 
     check(name)
@@ -423,7 +427,7 @@ def down(env: Env, name: str, provider_name: str | None = None) -> None:
     provider = registry.get(pname, env.pctx)
     with cluster_lock(env, name):
         if row is None:
-            _down_by_tag(env, provider, pname, name)
+            _down_by_tag(env, provider, pname, name, require_found)
             return
         if row is not None and row.nodes and not provider.powers_off:
             # Machines we do not own: stop what we started on them before forgetting them.
@@ -449,7 +453,8 @@ def down(env: Env, name: str, provider_name: str | None = None) -> None:
     env.ui.ok(f"'{name}' is down; {pname} lists none of its nodes")
 
 
-def _down_by_tag(env: Env, provider: Provider, pname: str, name: str) -> None:
+def _down_by_tag(env: Env, provider: Provider, pname: str, name: str,
+                 require_found: bool) -> None:
     """``down NAME --provider P`` with no local record: tear down what the provider finds by
     tag. Finding no node is not a success: say so (exit 2), and how to look elsewhere."""
     cdir = env.pctx.cluster_dir(name)
@@ -470,6 +475,11 @@ def _down_by_tag(env: Env, provider: Provider, pname: str, name: str) -> None:
                   f"removed; {pname} lists none of its nodes now")
     elif had_files:
         env.ui.ok(f"'{name}' had no node running on {pname}; its local leftovers were removed")
+    elif any(u.provider == pname for u in env.state.usage(cluster=name)):
+        # This home's ledger knows it: a cluster this home tore down before.
+        env.ui.ok(f"'{name}' was already down; {pname} lists none of its nodes")
+    elif not require_found:
+        env.ui.info(f"Found nothing of '{name}' on {pname}; nothing to tear down.")
     else:
         listing = (f", or list everything cloudtrain tagged with 'cloudtrain gc --provider "
                    f"{pname} --any-owner'" if hasattr(provider, "orphans") else "")

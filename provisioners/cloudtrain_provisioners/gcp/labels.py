@@ -14,7 +14,7 @@ import hashlib
 import re
 
 from cloudtrain.names import check
-from cloudtrain.ownership import default_owner, now, owner_hash  # noqa: F401
+from cloudtrain.ownership import default_owner, now, owner_hash, split_owner  # noqa: F401
 
 CLUSTER = "cloudtrain-cluster"
 RANK = "cloudtrain-node-rank"
@@ -26,12 +26,21 @@ _MARK = re.compile(r"(cloudtrain-[a-z-]+)=(\S*)")
 
 def owner_value(owner: str) -> str:
     """``owner`` as a label value: lowercase letters, digits, '-' and '_', at most 63
-    characters ('@' becomes '_at_', anything else '-')."""
-    s = owner.lower().replace("@", "_at_")
+    characters ('@' becomes '_at_', anything else '-'). The home id of ``user@host/home-<id>``
+    is always kept whole at the end (``..._at_host-home-<id>``), so homes stay apart."""
+    base, hid = split_owner(owner)
+    if hid is None:
+        return _label(owner, 63)
+    suffix = f"-home-{hid}"
+    return _label(base, 63 - len(suffix)) + suffix
+
+
+def _label(text: str, limit: int) -> str:
+    s = text.lower().replace("@", "_at_")
     s = re.sub(r"[^a-z0-9_-]", "-", s)
-    if len(s) > 63:
-        h = hashlib.sha256(owner.encode()).hexdigest()[:8]
-        s = s[:54] + "-" + h
+    if len(s) > limit:
+        h = hashlib.sha256(text.encode()).hexdigest()[:8]
+        s = s[:limit - 9] + "-" + h
     return s
 
 
