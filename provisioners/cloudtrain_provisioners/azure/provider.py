@@ -646,7 +646,14 @@ class AzureProvider:
                 tg = g.get("tags") or {}
                 if tg.get(T.CLUSTER) in live and tg.get(T.OWNER) == self._owner(tg.get(T.CLUSTER, "")):
                     continue
-                out += TD.as_resources(g, TD.inventory(api, str(g["name"])))
+                found = TD.as_resources(g, TD.inventory(api, str(g["name"])))
+                if any(r.kind == "virtual-machine" for r in found):
+                    # each VM's power state: gc terminates a running one only with --force
+                    power = {v.name: v.status for v in V.list_vms(api, str(g["name"]))}
+                    for r in found:
+                        if r.kind == "virtual-machine" and r.name in power:
+                            r.detail = f" [{power[r.name]}]"
+                out += found
         return out
 
     def remove(self, resources: list[TD.Resource]) -> None:

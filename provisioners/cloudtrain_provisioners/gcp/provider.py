@@ -132,6 +132,11 @@ class GCPProvider:
         """The API with the default credentials (tests look at its retry delays)."""
         return self._api(None)
 
+    @staticmethod
+    def owner_mark(owner: str) -> str:
+        """``owner`` as GCE stores it (a label value): what gc compares marks with."""
+        return L.owner_value(owner)
+
     def _owner(self, cluster: str | None) -> str:
         """The owner mark of ``cluster``'s resources: this home's, or plain user@host for a
         cluster this home created before owner marks carried a home id."""
