@@ -135,17 +135,22 @@ def stop(node_dir: Path) -> None:
 
 def sshd_under(folder: Path) -> list[int]:
     """sshd processes started with a config file under ``folder`` (found by command line:
-    what is left of a node whose pid file was deleted)."""
-    prefix = str(folder).rstrip("/").encode() + b"/"
+    what is left of a node whose pid file was deleted). sshd rewrites its command line into
+    one string ("sshd: /usr/sbin/sshd -f CONFIG ..."), so the config is found as a word."""
+    import re
+
+    word = re.compile(rb"(?:^|[\s\0])" + re.escape(str(folder).rstrip("/").encode() + b"/")
+                      + rb"[^\s\0]*/sshd_config(?=[\s\0]|$)")
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            args = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
+            cmdline = (entry / "cmdline").read_bytes()
+            state = (entry / "stat").read_text().rsplit(")", 1)[-1].split()[0]
+        except (OSError, IndexError):
             continue
-        if any(a.startswith(prefix) and a.endswith(b"/sshd_config") for a in args):
+        if state != "Z" and word.search(cmdline):
             found.append(int(entry.name))
     return found
 
