@@ -294,13 +294,14 @@ def test_owner_mark_carries_this_homes_id(homes: Homes) -> None:
 def test_gc_in_one_home_leaves_another_homes_running_cluster_alone(homes: Homes) -> None:
     """Old behaviour: the owner tag was user@host for both homes, and gc -y in home a
     terminated home b's live cluster 'train'."""
-    from cloudtrain.ownership import base_owner
+    import getpass
+    import socket
 
     homes.up(homes.b, "train", 2)                               # home b's live job
     homes.up(homes.a, "old")                                    # home a's orphan ...
     homes.use(homes.a)
     open_env(UI(quiet=True)).state.delete_cluster("old")        # ... whose record was lost
-    legacy = homes.a.provider(owner=base_owner())               # tagged by an older version
+    legacy = homes.a.provider(owner=f"{getpass.getuser()}@{socket.gethostname()}")  # older version
     req = homes.a.request(name="legacy", num_nodes=1)
     legacy.create_nodes(req, legacy.ensure_network(req))
 
