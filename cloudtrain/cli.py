@@ -381,6 +381,7 @@ def exec_(cluster_name: str, command: tuple[str, ...], node: int | None) -> None
     from . import launch as ln
 
     _sigterm_as_interrupt()
+    _check_name(cluster_name)
     env = _env()
     handle = cl.get_handle(env, cluster_name)
     ranks = _ranks(handle, node)
@@ -393,6 +394,13 @@ def exec_(cluster_name: str, command: tuple[str, ...], node: int | None) -> None
         from .errors import JobFailed
 
         raise JobFailed(code, failed, f"The command exited with code {code} on node {failed}.")
+
+
+def _check_name(name: str, what: str = "CLUSTER_NAME") -> None:
+    """The one cluster-name rule, before the name reaches a path, a filter or a provider."""
+    from .names import check
+
+    check(name, what)
 
 
 def _ranks(handle: Any, node: int | None) -> list[int]:
@@ -418,6 +426,7 @@ def logs(cluster_name: str, node: int | None, follow: bool, job_id: str | None) 
     from . import logs as lg
 
     _sigterm_as_interrupt()
+    _check_name(cluster_name)
     env = _env()
     lg.show(env, cluster_name, node=node, follow=follow, job_id=job_id)
 
@@ -434,6 +443,7 @@ def ssh(cluster_name: str, node: int) -> None:
     from .errors import UserError
     from .keys import ssh_command_options
 
+    _check_name(cluster_name)
     env = _env(quiet=True)
     handle = cl.get_handle(env, cluster_name)
     n = handle.nodes[_ranks(handle, node)[0]]
@@ -465,6 +475,8 @@ def status(cluster_name: str | None, as_json: bool, refresh: bool) -> None:
     from . import cluster as cl
     from .ledger import money, spend_of
 
+    if cluster_name is not None:
+        _check_name(cluster_name)
     env = _env(quiet=as_json)
     rows = cl.status(env, cluster_name, refresh_all=refresh)
     now = time.time()
@@ -521,9 +533,12 @@ def status(cluster_name: str | None, as_json: bool, refresh: bool) -> None:
 def down(names: tuple[str, ...], all_: bool, yes: bool, provider_name: str | None) -> None:
     """Tear clusters down and check with the provider that nothing is left."""
     from . import cluster as cl
+    from .cluster import lost_record_hint
     from .errors import CloudtrainError, UserError
 
     _sigterm_as_interrupt()
+    for n in names:
+        _check_name(n, "NAME")
     env = _env()
     if all_ and names:
         raise UserError("Give cluster names or -a, not both.", "e.g. cloudtrain down my-job")
@@ -539,7 +554,7 @@ def down(names: tuple[str, ...], all_: bool, yes: bool, provider_name: str | Non
             if n not in known and provider_name is None:
                 from .errors import ClusterNotFound
 
-                raise ClusterNotFound(n, sorted(known))
+                raise lost_record_hint(ClusterNotFound(n, sorted(known)), n)
     if not yes:
         if not sys.stdin.isatty():
             if all_:
@@ -549,7 +564,7 @@ def down(names: tuple[str, ...], all_: bool, yes: bool, provider_name: str | Non
     failed: list[BaseException] = []
     for n in targets:
         try:
-            cl.down(env, n, provider_name=provider_name)
+            cl.down(env, n, provider_name=provider_name, require_found=True)
         except CloudtrainError as exc:
             env.ui.error(f"{n}: {exc}")
             failed.append(exc)

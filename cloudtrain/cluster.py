@@ -38,7 +38,9 @@ class Env:
         return ProviderContext(self.home)
 
     def logs_dir(self, cluster: str) -> Path:
-        return self.home / "logs" / cluster
+        from .names import check, inside
+
+        return inside(self.home / "logs", check(cluster))
 
 
 def open_env(ui: UI) -> Env:
@@ -75,7 +77,7 @@ def cluster_uid(env: Env, name: str) -> str:
 
 
 def resolve_name(task: Task, override: str | None, task_path: str | None) -> str:
-    from .spec import NAME_RE
+    from .names import check
 
     name = override or task.name
     if not name and task_path:
@@ -83,17 +85,16 @@ def resolve_name(task: Task, override: str | None, task_path: str | None) -> str
         name = "".join(c for c in stem if c.isalnum() or c == "-").strip("-") or None
     if not name:
         raise UserError("The cluster has no name.", "Give one with -c NAME or 'name:' in the task.")
-    if not NAME_RE.match(name):
-        raise UserError(f"'{name}' is not a valid cluster name.",
-                        "Use 1-40 lowercase letters, digits and '-', starting with a letter.")
-    return name
+    return check(name, "-c/--cluster" if override else "cluster name")
 
 
 @contextmanager
 def cluster_lock(env: Env, name: str) -> Iterator[None]:
+    from .names import check, inside
+
     d = env.home / "locks"
     d.mkdir(parents=True, exist_ok=True)
-    with open(d / f"{name}.lock", "w") as f:
+    with open(inside(d, f"{check(name)}.lock"), "w") as f:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -402,13 +403,32 @@ def stop_processes(env: Env, handle: Handle, marker: str, job_dirs: dict[int, st
     return left
 
 
-def down(env: Env, name: str, provider_name: str | None = None) -> None:
+def lost_record_hint(exc: ClusterNotFound, name: str) -> ClusterNotFound:
+    """Add to 'no such cluster' that a cluster whose local record was lost is found by tag."""
+    exc.hint += (f" If it exists but this CLOUDTRAIN_HOME lost its record (state deleted, "
+                 f"another machine), 'cloudtrain down {name} --provider PROVIDER' finds it by "
+                 "its tag (PROVIDER: aws, gcp, azure, local).")
+    return exc
+
+
+def down(env: Env, name: str, provider_name: str | None = None, *,
+         require_found: bool = False) -> None:
+    """Tear ``name`` down and verify with the provider. Without a local record,
+    ``provider_name`` finds it by tag; ``require_found`` (the ``down`` command) makes finding
+    nothing at all an error instead of a note (the launch --down path stays quiet)."""
+    from .names import check
+
+    check(name)
     row = env.state.get_cluster(name)
     if row is None and provider_name is None:
-        raise ClusterNotFound(name, [c.name for c in env.state.list_clusters()])
+        raise lost_record_hint(ClusterNotFound(name, [c.name for c in env.state.list_clusters()]),
+                               name)
     pname = row.provider if row is not None else str(provider_name)
     provider = registry.get(pname, env.pctx)
     with cluster_lock(env, name):
+        if row is None:
+            _down_by_tag(env, provider, pname, name, require_found)
+            return
         if row is not None and row.nodes and not provider.powers_off:
             # Machines we do not own: stop what we started on them before forgetting them.
             handle = Handle(row, provider, ClusterKeys(env.pctx.cluster_dir(name) / "ssh"))
@@ -431,6 +451,44 @@ def down(env: Env, name: str, provider_name: str | None = None) -> None:
         env.state.delete_cluster(name)
         shutil.rmtree(env.pctx.cluster_dir(name), ignore_errors=True)
     env.ui.ok(f"'{name}' is down; {pname} lists none of its nodes")
+
+
+def _down_by_tag(env: Env, provider: Provider, pname: str, name: str,
+                 require_found: bool) -> None:
+    """``down NAME --provider P`` with no local record: tear down what the provider finds by
+    tag. Finding no node is not a success: say so (exit 2), and how to look elsewhere."""
+    cdir = env.pctx.cluster_dir(name)
+    had_files = cdir.exists()
+    found = [n for n in provider.list_nodes(name) if n.status != "terminated"]
+    env.ui.step(f"Tearing down '{name}' on {pname} (no local record: found by tag)")
+    provider.terminate(name)   # also what a half-built cluster left (groups, keys, files)
+    remaining = [n for n in provider.list_nodes(name) if n.status != "terminated"]
+    if remaining:
+        raise ProviderError(
+            f"after teardown, {pname} still lists {len(remaining)} node(s) of '{name}': "
+            + ", ".join(n.instance_id for n in remaining) + ".",
+            f"Run 'cloudtrain down {name} --provider {pname}' again.")
+    env.state.close_usage(name)
+    shutil.rmtree(cdir, ignore_errors=True)
+    if found:
+        env.ui.ok(f"'{name}' is down: {len(found)} node(s) found by tag on {pname} were "
+                  f"removed; {pname} lists none of its nodes now")
+    elif had_files:
+        env.ui.ok(f"'{name}' had no node running on {pname}; its local leftovers were removed")
+    elif any(u.provider == pname for u in env.state.usage(cluster=name)):
+        # This home's ledger knows it: a cluster this home tore down before.
+        env.ui.ok(f"'{name}' was already down; {pname} lists none of its nodes")
+    elif not require_found:
+        env.ui.info(f"Found nothing of '{name}' on {pname}; nothing to tear down.")
+    else:
+        listing = (f", or list everything cloudtrain tagged with 'cloudtrain gc --provider "
+                   f"{pname} --any-owner'" if hasattr(provider, "orphans") else "")
+        raise UserError(
+            f"Found no node of cluster '{name}' on {pname}, and this CLOUDTRAIN_HOME has no "
+            "record of it: nothing was torn down.",
+            f"Check the name and the provider (--provider PROVIDER looks for it by its tag on "
+            f"PROVIDER). A cluster created under another CLOUDTRAIN_HOME is that home's: run "
+            f"'cloudtrain down {name} --provider PROVIDER' there{listing}.")
 
 
 def refresh(env: Env, row: ClusterRow) -> ClusterRow:

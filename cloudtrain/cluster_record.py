@@ -30,7 +30,11 @@ class ClusterRecord:
     def update(self, cluster: str, base: dict[str, Any] | None = None, **updates: Any) -> None:
         """Merge ``updates`` into the note (starting from ``base`` when there is none), written
         atomically."""
-        rec = self.read(cluster) or dict(base or {})
+        from .ownership import RECORD_MARK
+
+        rec = self.read(cluster)
+        if rec is None:   # a new note: its cluster's resources carry this home's owner mark
+            rec = {**(base or {}), RECORD_MARK: True}
         rec.update(updates)
         f = self.path(cluster)
         f.parent.mkdir(parents=True, exist_ok=True)

@@ -35,6 +35,11 @@ def _node_files(folder: Path, node: int | None) -> list[tuple[int, Path]]:
 
 
 def show(env: Env, name: str, *, node: int | None, follow: bool, job_id: str | None) -> None:
+    from .names import check, inside
+
+    check(name)
+    if job_id is not None:
+        inside(env.logs_dir(name), job_id)   # a job id is one name under the cluster's logs
     known = env.state.get_cluster(name)
     job = job_id or _latest_job(env, name)
     if job is None:

@@ -110,7 +110,11 @@ class ProviderContext:
     home: Path
 
     def cluster_dir(self, cluster: str) -> Path:
-        return self.home / "clusters" / cluster
+        """``home/clusters/<cluster>``: the name is checked, and the path must resolve inside
+        ``home/clusters`` (nothing derived from a name can reach outside it)."""
+        from .names import check, inside
+
+        return inside(self.home / "clusters", check(cluster))
 
 
 @runtime_checkable

@@ -60,6 +60,12 @@ def get(name: str, ctx: ProviderContext) -> Provider:
     return provider_class(name)(ctx)
 
 
+def is_instance(name: str) -> bool:
+    """Whether ``name`` is served by a registered instance (a test's fake) rather than an
+    installed entry point."""
+    return name in _instances
+
+
 def register_instance(name: str, provider: Provider) -> None:
     _instances[name] = provider
 

@@ -15,7 +15,7 @@ from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 from .errors import SpecError
 from .yamlsrc import MAX_BYTES, LocatedYaml, load_located
 
-NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,38}[a-z0-9]$|^[a-z]$")
+from .names import NAME_RE  # noqa: E402,F401 - the one cluster-name rule (\A...\Z)
 
 # Upper bounds for the task's money and time fields: a number past these is a typo (or .inf),
 # and would turn estimates and budget checks into nonsense.

@@ -248,6 +248,9 @@ class State:
     # --- clusters --------------------------------------------------------------------------
 
     def upsert_cluster(self, row: ClusterRow) -> None:
+        from .names import check
+
+        check(row.name)  # defense in depth: no record under a name the CLI would refuse
         now = time.time()
         with self._write() as db:
             db.execute(
@@ -300,6 +303,9 @@ class State:
             return rows
 
     def delete_cluster(self, name: str) -> None:
+        from .names import check
+
+        check(name)
         with self._write() as db:
             db.execute("DELETE FROM nodes WHERE cluster=?", (name,))
             db.execute("DELETE FROM clusters WHERE name=?", (name,))

@@ -229,7 +229,7 @@ def test_gc_lists_and_removes_only_what_no_live_cluster_owns(aws: Harness) -> No
     assert not any(x["removed"] for x in listed)
     assert aws.counts(cluster="orphan")["instances"] == 1      # listing removes nothing
 
-    r = runner.invoke(_cli(), ["gc", "--provider", "aws", "-y", "--json"])
+    r = runner.invoke(_cli(), ["gc", "--provider", "aws", "--force", "-y", "--json"])
     assert r.exit_code == 0, r.output
     assert all(x["removed"] for x in json.loads(r.stdout))
     assert aws.counts(cluster="orphan") == EMPTY

@@ -296,7 +296,7 @@ def test_gc_through_the_cli(az: Harness) -> None:
     assert r.exit_code == 0, r.output
     listed = json.loads(r.stdout)
     assert {x["cluster"] for x in listed} == {"orphan"} and not any(x["removed"] for x in listed)
-    r = runner.invoke(group, ["gc", "--provider", "azure", "-y", "--json"])
+    r = runner.invoke(group, ["gc", "--provider", "azure", "--force", "-y", "--json"])
     assert r.exit_code == 0, r.output
     assert all(x["removed"] for x in json.loads(r.stdout))
     assert az.fake.everything() == []

@@ -169,7 +169,7 @@ def test_gc_command_through_the_cli(gcp: Harness) -> None:
     assert {(x["kind"], x["cluster"], x["removed"]) for x in listed} == {
         ("instance", "old", False), ("firewall", "old", False)}
     assert len(gcp.fake.ours()["instances"]) == 5         # listing removes nothing
-    r = CliRunner().invoke(group, ["gc", "--provider", "gcp", "-y", "--json"],
+    r = CliRunner().invoke(group, ["gc", "--provider", "gcp", "--force", "-y", "--json"],
                            catch_exceptions=False)
     assert r.exit_code == 0, r.output
     listed = json.loads(r.stdout[r.stdout.index("["):])

@@ -31,6 +31,7 @@ from cloudtrain.addrmap import AddressMap
 from cloudtrain.caller import CallerCidr, lookup_public_ip
 from cloudtrain.cluster_record import ClusterRecord
 from cloudtrain.errors import AuthError, CapacityError, ProviderError, QuotaError, UserError
+from cloudtrain.ownership import owner_of_cluster
 from cloudtrain.provider import ClusterRequest, NetworkRef, Node, Plan, ProviderContext
 
 from . import images as IMG
@@ -90,7 +91,7 @@ class AWSProvider:
         self.api = Api(self.clients, sleep=sleep)
         self.sleep = sleep
         self.poll = poll
-        self.owner = owner or T.default_owner()
+        self.owner = owner or T.default_owner(ctx.home)   # user@host/home-<this home's id>
         self.cidr = CallerCidr(ctx.home, caller_ip or lookup_public_ip)
         self._offers_fn = offers
         self._ui = ui
@@ -111,6 +112,11 @@ class AWSProvider:
     @staticmethod
     def _opts(request: ClusterRequest) -> AWSOptions:
         return request.options if isinstance(request.options, AWSOptions) else AWSOptions()
+
+    def _owner(self, cluster: str | None) -> str:
+        """The owner mark of ``cluster``'s resources: this home's, or plain user@host for a
+        cluster this home created before owner marks carried a home id."""
+        return owner_of_cluster(self.records.read(cluster) if cluster else None, self.owner)
 
     def _record_file(self, cluster: str) -> Path:
         return self.records.path(cluster)
@@ -200,7 +206,7 @@ class AWSProvider:
         res, opts = request.resources, self._opts(request)
         targets = self.targets(request)
         first = targets[0]
-        base = T.base_name(request.name, self.owner)
+        base = T.base_name(request.name, self._owner(request.name))
         cidr = res.ssh_cidr or self.cidr.cached() or "your public IP/32 (looked up when up runs)"
         rules = NET.desired_rules(cidr, list(res.ports))
         where = f"VPC {opts.vpc_id}" if opts.vpc_id else "the default VPC"
@@ -216,7 +222,7 @@ class AWSProvider:
             f"{request.num_nodes} x {first.instance_type} {market} instance(s), one zone: image "
             f"{image}; {res.disk_size_gb} GiB encrypted gp3 root volume; IMDSv2 required; "
             "shutdown terminates" + ("; an EFA interface each" if opts.efa else ""))
-        notes = [f"every resource is tagged {T.CLUSTER}={request.name}, {T.OWNER}={self.owner}, "
+        notes = [f"every resource is tagged {T.CLUSTER}={request.name}, {T.OWNER}={self._owner(request.name)}, "
                  f"{T.RANK}, {T.CREATED}"]
         zone_note = f"zone {res.zone}" if res.zone else f"the zones of {first.region} in turn"
         more = ", ".join(f"{t.region} ({t.instance_type}"
@@ -261,11 +267,11 @@ class AWSProvider:
         vpc = NET.find_vpc(self.api, region, opts.vpc_id)
         subnets = NET.subnets_by_zone(self.api, region, vpc, list(opts.subnet_ids))
         self._remember_region(request.name, region)
-        base = T.base_name(request.name, self.owner)
-        gid = NET.ensure_security_group(self.api, region, vpc, base, request.name, self.owner,
+        base = T.base_name(request.name, self._owner(request.name))
+        gid = NET.ensure_security_group(self.api, region, vpc, base, request.name, self._owner(request.name),
                                         NET.desired_rules(cidr, list(request.resources.ports)))
         key_name = NET.ensure_key_pair(self.api, region, base, request.public_key, request.name,
-                                       self.owner)
+                                       self._owner(request.name))
         net = NET.RegionNet(region, vpc, gid, key_name, subnets)
         self._nets[key] = net
         self._save(request.name, ssh_cidr=cidr)
@@ -297,9 +303,9 @@ class AWSProvider:
     def _describe_regions(self, regions: list[str], cluster: str | None,
                           states: list[str] | None = None) -> list[I.Inst]:
         if len(regions) == 1:
-            return I.describe(self.api, regions[0], cluster, self.owner, states)
+            return I.describe(self.api, regions[0], cluster, self._owner(cluster), states)
         with ThreadPoolExecutor(max_workers=min(8, len(regions))) as pool:
-            parts = list(pool.map(lambda r: I.describe(self.api, r, cluster, self.owner, states),
+            parts = list(pool.map(lambda r: I.describe(self.api, r, cluster, self._owner(cluster), states),
                                   regions))
         return [i for p in parts for i in p]
 
@@ -409,8 +415,8 @@ class AWSProvider:
         net = self._region_net(request, region)
         pg = None
         if missing and request.num_nodes > 1 and opts.placement_group and info.cluster_placement:
-            pg = NET.ensure_placement_group(self.api, region, T.base_name(name, self.owner),
-                                            name, self.owner)
+            pg = NET.ensure_placement_group(self.api, region, T.base_name(name, self._owner(name)),
+                                            name, self._owner(name))
         if opts.subnet_ids:   # the user's subnets: their zones, in the order given
             zones = [z for z in net.subnets if z in zones]
             if not zones:
@@ -451,7 +457,7 @@ class AWSProvider:
             spec = I.LaunchSpec(
                 region=region, zone=zone, subnet_id=net.subnets[zone], group_id=net.group_id,
                 key_name=net.key_name, instance_type=info.name, image=image,
-                disk_gb=res.disk_size_gb, cluster=request.name, owner=self.owner,
+                disk_gb=res.disk_size_gb, cluster=request.name, owner=self._owner(request.name),
                 spot=res.use_spot, spot_max_price=opts.spot_max_price, placement_group=pg,
                 efa=opts.efa, public_ip=opts.public_ip,
                 iam_instance_profile=opts.iam_instance_profile)
@@ -590,7 +596,7 @@ class AWSProvider:
     def terminate(self, cluster: str) -> None:
         rec = self._record(cluster)
         regions = list(rec["regions"]) if rec and rec.get("regions") else self.enabled_regions()
-        self._teardown([(r, cluster, self.owner) for r in regions])
+        self._teardown([(r, cluster, self._owner(cluster)) for r in regions])
         self._nets = {k: v for k, v in self._nets.items() if k[0] != cluster}
 
     # --- gc ------------------------------------------------------------------------------
@@ -620,7 +626,7 @@ class AWSProvider:
 
         with ThreadPoolExecutor(max_workers=min(8, len(regions))) as pool:
             found = [r for part in pool.map(one, regions) for r in part]
-        return [r for r in found if not (r.cluster in live and r.owner == self.owner)]
+        return [r for r in found if not (r.cluster in live and r.owner == self._owner(r.cluster))]
 
     def remove(self, resources: list[TD.Resource]) -> None:
         """Remove what :meth:`orphans` found, cluster by cluster (instances first)."""

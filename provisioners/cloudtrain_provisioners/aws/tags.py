@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from cloudtrain.names import check
 from cloudtrain.ownership import (CLUSTER, CREATED, OWNER, RANK, SHARED_RANK,  # noqa: F401
                                   default_owner, now, owner_hash)
 
@@ -32,10 +33,16 @@ def filters(cluster: str | None, owner: str | None) -> list[dict[str, Any]]:
     any owner, but always something cloudtrain tagged)."""
     out: list[dict[str, Any]] = [{"Name": "tag-key", "Values": [CLUSTER]}]
     if cluster is not None:
-        out.append({"Name": f"tag:{CLUSTER}", "Values": [cluster]})
+        out.append({"Name": f"tag:{CLUSTER}", "Values": [escape(check(cluster))]})
     if owner is not None:
-        out.append({"Name": f"tag:{OWNER}", "Values": [owner]})
+        out.append({"Name": f"tag:{OWNER}", "Values": [escape(owner)]})
     return out
+
+
+def escape(value: str) -> str:
+    """An EC2 filter value that matches ``value`` literally: EC2 reads '*' and '?' as
+    wildcards, escaped with a backslash (which is escaped too)."""
+    return value.replace("\\", "\\\\").replace("*", "\\*").replace("?", "\\?")
 
 
 def as_dict(tags: list[dict[str, str]] | None) -> dict[str, str]:
@@ -45,4 +52,4 @@ def as_dict(tags: list[dict[str, str]] | None) -> dict[str, str]:
 def base_name(cluster: str, owner: str) -> str:
     """The name of the cluster's security group, key pair and placement group: readable,
     and unique per owner (two people may both have a cluster called 'train')."""
-    return f"cloudtrain-{cluster}-{owner_hash(cluster, owner)}"
+    return f"cloudtrain-{check(cluster)}-{owner_hash(cluster, owner)}"

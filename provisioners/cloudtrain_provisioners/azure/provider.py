@@ -32,6 +32,7 @@ from cloudtrain import failover
 from cloudtrain.caller import CallerCidr, lookup_public_ip
 from cloudtrain.cluster_record import ClusterRecord
 from cloudtrain.errors import AuthError, CapacityError, ProviderError, QuotaError, UserError
+from cloudtrain.ownership import owner_of_cluster
 from cloudtrain.provider import ClusterRequest, NetworkRef, Node, Plan, ProviderContext
 
 from . import network as NET
@@ -83,7 +84,7 @@ class AzureProvider:
         self.sleep = sleep
         self.poll = poll
         self.running_timeout = running_timeout
-        self.owner = owner or T.default_owner()
+        self.owner = owner or T.default_owner(ctx.home)   # user@host/home-<this home's id>
         self.cidr = CallerCidr(ctx.home, caller_ip or lookup_public_ip)
         self._offers_fn = offers
         self._ui = ui
@@ -110,6 +111,11 @@ class AzureProvider:
     @staticmethod
     def _opts(request: ClusterRequest) -> AzureOptions:
         return request.options if isinstance(request.options, AzureOptions) else AzureOptions()
+
+    def _owner(self, cluster: str | None) -> str:
+        """The owner mark of ``cluster``'s resources: this home's, or plain user@host for a
+        cluster this home created before owner marks carried a home id."""
+        return owner_of_cluster(self.records.read(cluster) if cluster else None, self.owner)
 
     def _record_file(self, cluster: str) -> Path:
         return self.records.path(cluster)
@@ -138,7 +144,7 @@ class AzureProvider:
 
     def group(self, cluster: str) -> str:
         """The name of the cluster's resource group."""
-        return T.group_name(cluster, self.owner)
+        return T.group_name(cluster, self._owner(cluster))
 
     def _offers(self) -> list[Offer]:
         if self._offers_fn is not None:
@@ -224,7 +230,7 @@ class AzureProvider:
         creates.append(f"{request.num_nodes} x {first.size} VM, {market}, one zone: image {image}; "
                        f"{res.disk_size_gb} GiB OS disk; user {opts.ssh_user}, SSH key only "
                        "(passwords disabled)")
-        notes = [f"every resource is tagged {T.CLUSTER}={request.name}, {T.OWNER}={self.owner}, "
+        notes = [f"every resource is tagged {T.CLUSTER}={request.name}, {T.OWNER}={self._owner(request.name)}, "
                  f"{T.RANK}, {T.CREATED}"]
         zone_note = f"zone {res.zone}" if res.zone else f"the zones of {first.region} in turn"
         more = ", ".join(f"{t.region} ({t.size}"
@@ -271,9 +277,9 @@ class AzureProvider:
         cidr = self.cidr.get(request.resources.ssh_cidr)
         group = self.group(name)
         self._save(name, subscription_id=api.subscription_id, resource_group=group,
-                   region=region, owner=self.owner, user=opts.ssh_user,
+                   region=region, owner=self._owner(name), user=opts.ssh_user,
                    public_ip=opts.public_ip)
-        shared = T.tags(name, self.owner, T.SHARED_RANK)
+        shared = T.tags(name, self._owner(name), T.SHARED_RANK)
         try:
             NET.ensure_group(api, group, region, shared)
         except NET.GroupElsewhere as exc:
@@ -286,7 +292,7 @@ class AzureProvider:
                                     "another name.") from None
             self.ui.warn(f"azure: removing {group} from {exc.location} (a former attempt) to "
                          f"start again in {region}")
-            TD.teardown(api, name, self.owner, expected=group, sleep=self.sleep, poll=self.poll)
+            TD.teardown(api, name, self._owner(name), expected=group, sleep=self.sleep, poll=self.poll)
             self._nets = {k: v for k, v in self._nets.items() if k[0] != name}
             NET.ensure_group(api, group, region, shared)
         net = NET.ensure_network(api, group, region, NET.desired_rules(
@@ -415,7 +421,7 @@ class AzureProvider:
         spec = V.VmSpec(region=region, group=net.group, size=size, image=image,
                         disk_gb=res.disk_size_gb, premium_disk=info.premium_io,
                         user=opts.ssh_user, public_key=request.public_key, cluster=name,
-                        owner=self.owner, spot=res.use_spot, spot_max_price=opts.spot_max_price)
+                        owner=self._owner(name), spot=res.use_spot, spot_max_price=opts.spot_max_price)
         last: ProviderError | None = None
         for zone in zones:
             try:
@@ -445,7 +451,7 @@ class AzureProvider:
         created = T.now()
 
         def one(rank: int) -> tuple[int, str]:
-            tg = T.tags(name, self.owner, rank, created)
+            tg = T.tags(name, self._owner(name), rank, created)
             pip = V.ensure_public_ip(api, net.group, net.region, T.ip_name(name, rank), tg) \
                 if opts.public_ip else None
             return rank, V.ensure_nic(api, net.group, net.region, T.nic_name(name, rank),
@@ -584,7 +590,7 @@ class AzureProvider:
             return []    # nothing of it can be found (nor created yet: the record comes first)
         api = self._api(str(sub))
         group = self.group(cluster)
-        vms = [v for v in V.list_vms(api, group) if v.rank is not None and v.owner == self.owner]
+        vms = [v for v in V.list_vms(api, group) if v.rank is not None and v.owner == self._owner(cluster)]
         return self._nodes(api, cluster, group, vms)
 
     def master_port(self, cluster: str) -> int:
@@ -601,7 +607,7 @@ class AzureProvider:
 
     def terminate(self, cluster: str) -> None:
         api = self._api(self._subscription(cluster))
-        TD.teardown(api, cluster, self.owner, expected=self.group(cluster), sleep=self.sleep,
+        TD.teardown(api, cluster, self._owner(cluster), expected=self.group(cluster), sleep=self.sleep,
                     poll=self.poll)
         self._nets = {k: v for k, v in self._nets.items() if k[0] != cluster}
 
@@ -638,9 +644,16 @@ class AzureProvider:
             api = self._api(sub)
             for g in TD.find_groups(api, None, owner):
                 tg = g.get("tags") or {}
-                if tg.get(T.CLUSTER) in live and tg.get(T.OWNER) == self.owner:
+                if tg.get(T.CLUSTER) in live and tg.get(T.OWNER) == self._owner(tg.get(T.CLUSTER, "")):
                     continue
-                out += TD.as_resources(g, TD.inventory(api, str(g["name"])))
+                found = TD.as_resources(g, TD.inventory(api, str(g["name"])))
+                if any(r.kind == "virtual-machine" for r in found):
+                    # each VM's power state: gc terminates a running one only with --force
+                    power = {v.name: v.status for v in V.list_vms(api, str(g["name"]))}
+                    for r in found:
+                        if r.kind == "virtual-machine" and r.name in power:
+                            r.detail = f" [{power[r.name]}]"
+                out += found
         return out
 
     def remove(self, resources: list[TD.Resource]) -> None:

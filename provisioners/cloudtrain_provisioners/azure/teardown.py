@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from cloudtrain.errors import ProviderError
+from cloudtrain.names import check
 
 from . import tags as T
 from .api import Api, as_dict, code_of, is_not_found
@@ -74,7 +75,11 @@ def find_groups(api: Api, cluster: str | None, owner: str | None,
     """The resource groups tagged for ``cluster`` of ``owner`` (None: any cluster / any owner,
     but always something cloudtrain tagged); ``expected``: a group name looked up directly as
     well (lists can lag behind a create)."""
-    flt = f"tagName eq '{T.CLUSTER}'" + (f" and tagValue eq '{cluster}'" if cluster else "")
+    if cluster is not None:
+        check(cluster)     # defense in depth: only a valid name reaches the filter
+    # OData string literal: a quote is doubled
+    flt = f"tagName eq '{T.CLUSTER}'" + (f" and tagValue eq '{cluster.replace(chr(39), chr(39) * 2)}'"
+                                         if cluster else "")
     found = {str(g["name"]).lower(): g for g in
              (as_dict(x) for x in api.items("list resource groups",
                                             api.c.resource.resource_groups.list, filter=flt))}

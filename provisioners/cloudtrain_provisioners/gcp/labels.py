@@ -13,7 +13,8 @@ from __future__ import annotations
 import hashlib
 import re
 
-from cloudtrain.ownership import default_owner, now, owner_hash  # noqa: F401
+from cloudtrain.names import check
+from cloudtrain.ownership import default_owner, now, owner_hash, split_owner  # noqa: F401
 
 CLUSTER = "cloudtrain-cluster"
 RANK = "cloudtrain-node-rank"
@@ -25,12 +26,21 @@ _MARK = re.compile(r"(cloudtrain-[a-z-]+)=(\S*)")
 
 def owner_value(owner: str) -> str:
     """``owner`` as a label value: lowercase letters, digits, '-' and '_', at most 63
-    characters ('@' becomes '_at_', anything else '-')."""
-    s = owner.lower().replace("@", "_at_")
+    characters ('@' becomes '_at_', anything else '-'). The home id of ``user@host/home-<id>``
+    is always kept whole at the end (``..._at_host-home-<id>``), so homes stay apart."""
+    base, hid = split_owner(owner)
+    if hid is None:
+        return _label(owner, 63)
+    suffix = f"-home-{hid}"
+    return _label(base, 63 - len(suffix)) + suffix
+
+
+def _label(text: str, limit: int) -> str:
+    s = text.lower().replace("@", "_at_")
     s = re.sub(r"[^a-z0-9_-]", "-", s)
-    if len(s) > 63:
-        h = hashlib.sha256(owner.encode()).hexdigest()[:8]
-        s = s[:54] + "-" + h
+    if len(s) > limit:
+        h = hashlib.sha256(text.encode()).hexdigest()[:8]
+        s = s[:limit - 9] + "-" + h
     return s
 
 
@@ -43,17 +53,23 @@ def instance_filter(cluster: str | None, owner: str | None) -> str:
     owner, but always something cloudtrain labelled)."""
     terms = [f"(labels.{CLUSTER}:*)"]
     if cluster is not None:
-        terms.append(f'(labels.{CLUSTER} = "{cluster}")')
+        terms.append(f'(labels.{CLUSTER} = "{_quoted(check(cluster))}")')
     if owner is not None:
-        terms.append(f'(labels.{OWNER} = "{owner_value(owner)}")')
+        terms.append(f'(labels.{OWNER} = "{_quoted(owner_value(owner))}")')
     return " ".join(terms)
+
+
+def _quoted(value: str) -> str:
+    """``value`` inside a double-quoted filter string (label characters need no escape; a
+    quote or backslash would end or bend the string)."""
+    return value.replace("\\", "\\\\").replace('"', '\\"')
 
 
 def base_name(cluster: str, owner: str) -> str:
     """The cluster's name prefix in GCE (instances ``<base>-<rank>``, firewall rules
     ``<base>-ssh`` ...) and its network tag: readable, and unique per owner (two people may
     both have a cluster called 'train'). At most 51 characters."""
-    return f"ct-{cluster}-{owner_hash(cluster, owner)}"
+    return f"ct-{check(cluster)}-{owner_hash(cluster, owner)}"
 
 
 def description(cluster: str, owner: str, what: str) -> str:

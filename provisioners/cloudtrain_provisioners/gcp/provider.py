@@ -31,6 +31,7 @@ from cloudtrain.addrmap import AddressMap
 from cloudtrain.caller import CallerCidr, lookup_public_ip
 from cloudtrain.cluster_record import ClusterRecord
 from cloudtrain.errors import AuthError, CapacityError, ProviderError, QuotaError, UserError
+from cloudtrain.ownership import owner_of_cluster
 from cloudtrain.provider import ClusterRequest, NetworkRef, Node, Plan, ProviderContext
 
 from . import images as IMG
@@ -88,7 +89,7 @@ class GCPProvider:
         self.sleep = sleep
         self.poll = poll
         self.running_timeout = running_timeout
-        self.owner = owner or L.default_owner()
+        self.owner = owner or L.default_owner(ctx.home)   # user@host/home-<this home's id>
         self.cidr = CallerCidr(ctx.home, caller_ip or lookup_public_ip)
         self._offers_fn = offers
         self._ui = ui
@@ -130,6 +131,16 @@ class GCPProvider:
     def api(self) -> Api:
         """The API with the default credentials (tests look at its retry delays)."""
         return self._api(None)
+
+    @staticmethod
+    def owner_mark(owner: str) -> str:
+        """``owner`` as GCE stores it (a label value): what gc compares marks with."""
+        return L.owner_value(owner)
+
+    def _owner(self, cluster: str | None) -> str:
+        """The owner mark of ``cluster``'s resources: this home's, or plain user@host for a
+        cluster this home created before owner marks carried a home id."""
+        return owner_of_cluster(self.records.read(cluster) if cluster else None, self.owner)
 
     def _record_file(self, cluster: str) -> Path:
         return self.records.path(cluster)
@@ -257,7 +268,7 @@ class GCPProvider:
         res, opts = request.resources, self._opts(request)
         targets = self.targets(request)
         first = targets[0]
-        base = L.base_name(request.name, self.owner)
+        base = L.base_name(request.name, self._owner(request.name))
         cidr = res.ssh_cidr or self.cidr.cached() or "your public IP/32 (looked up when up runs)"
         project = opts.project or "the default project (GOOGLE_CLOUD_PROJECT or the credentials')"
         creates = [f"firewall rule {r.name(base)} on network {opts.network}: {r.text(base)}"
@@ -278,7 +289,7 @@ class GCPProvider:
             f"{opts.ssh_user})" + ("; no external IP" if not opts.public_ip else ""))
         notes = [f"project: {project}",
                  f"every instance and boot disk is labelled {L.CLUSTER}={request.name}, "
-                 f"{L.OWNER}={L.owner_value(self.owner)}, {L.RANK}; the firewall rules carry "
+                 f"{L.OWNER}={L.owner_value(self._owner(request.name))}, {L.RANK}; the firewall rules carry "
                  "the same marks in their description"]
         zone_note = (f"zone {res.zone}" if res.zone else
                      f"the zones of {first.region} in turn"
@@ -307,9 +318,9 @@ class GCPProvider:
                    credentials_file=opts.credentials_file)
         NET.check_network(api, project, opts.network)
         cidr = self.cidr.get(res.ssh_cidr)
-        base = L.base_name(request.name, self.owner)
+        base = L.base_name(request.name, self._owner(request.name))
         rules = NET.desired_rules(base, cidr, list(res.ports))
-        NET.ensure_firewalls(api, project, opts.network, base, request.name, self.owner, rules)
+        NET.ensure_firewalls(api, project, opts.network, base, request.name, self._owner(request.name), rules)
         self._save(request.name, ssh_cidr=cidr)
         return NetworkRef(f"{project}/{opts.network}",
                           f"firewall rules on network {opts.network} ({project}): "
@@ -337,7 +348,7 @@ class GCPProvider:
     def _scan(self, api: Api, project: str, cluster: str) -> tuple[list[I.Inst], list[I.Inst]]:
         """(live: one per rank, the oldest when a rank somehow has two, in rank order;
         duplicates and instances without a rank)."""
-        every = I.describe(api, project, cluster, self.owner)
+        every = I.describe(api, project, cluster, self._owner(cluster))
         by_rank: dict[int, I.Inst] = {}
         dups = []
         for i in sorted(every, key=lambda i: (i.created_at, i.id)):
@@ -464,11 +475,11 @@ class GCPProvider:
         if missing:
             assert image is not None
             spec = I.LaunchSpec(
-                project=project, zone=zone, base=L.base_name(request.name, self.owner),
+                project=project, zone=zone, base=L.base_name(request.name, self._owner(request.name)),
                 machine_type=target.machine_type, accelerator=target.accelerator,
                 accelerator_count=target.count, image=image, disk_gb=res.disk_size_gb,
                 disk_type=opts.disk_type or IMG.default_disk_type(target.machine_type),
-                cluster=request.name, owner=self.owner, spot=res.use_spot,
+                cluster=request.name, owner=self._owner(request.name), spot=res.use_spot,
                 network=opts.network, subnetwork=opts.subnetwork, public_ip=opts.public_ip,
                 ssh_user=opts.ssh_user, public_key=request.public_key,
                 service_account=opts.service_account, install_driver=opts.install_nvidia_driver)
@@ -551,7 +562,7 @@ class GCPProvider:
 
     def terminate(self, cluster: str) -> None:
         api, project = self._cluster_api(cluster)
-        TD.teardown(api, project, cluster, self.owner, sleep=self.sleep, poll=self.poll)
+        TD.teardown(api, project, cluster, self._owner(cluster), sleep=self.sleep, poll=self.poll)
 
     # --- gc ------------------------------------------------------------------------------
 
@@ -582,11 +593,10 @@ class GCPProvider:
         no live cluster owns. ``live``: the names of this machine's GCP clusters. GCE's
         aggregated lists cover every zone, so ``all_regions`` changes nothing."""
         owner = None if any_owner else self.owner
-        mine = L.owner_value(self.owner)
         out: list[TD.Resource] = []
         for project, cred in self._gc_projects():
             for r in TD.find(self._api(cred), project, None, owner).resources:
-                if r.cluster in live and r.owner == mine:
+                if r.cluster in live and r.owner == L.owner_value(self._owner(r.cluster)):
                     continue
                 r.project, r.credentials_file = project, cred
                 out.append(r)

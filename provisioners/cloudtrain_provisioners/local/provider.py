@@ -5,6 +5,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import socket
 import sys
 import time
@@ -211,9 +212,26 @@ class LocalProvider:
         d = self._dir(cluster)
         layout = self._read_layout(cluster)
         if layout is None:
+            # The layout is gone (files deleted by hand, a crash): the nodes' sshd and what
+            # runs under them still carry the marker, which depends only on home and name.
+            for p in sshd.sshd_under(d / "nodes"):
+                try:
+                    os.kill(p, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+            left = sshd.kill_marked(f"{self._tag(cluster)}-{cluster}")
+            deadline = time.monotonic() + 10
+            while sshd.sshd_under(d / "nodes") and time.monotonic() < deadline:
+                time.sleep(0.05)
+            left += sshd.sshd_under(d / "nodes")
             if d.exists():
                 shutil.rmtree(d, ignore_errors=True)
             self._remove_orphans(cluster)
+            if left:
+                raise ProviderError(
+                    f"local cluster '{cluster}' was not fully removed: "
+                    + ", ".join(f"process {p}" for p in left) + ".",
+                    "Run 'cloudtrain down' again; if it persists, kill them by hand.")
             return
         nodes = layout["nodes"]  # type: ignore[assignment]
         for spec in nodes:  # type: ignore[union-attr]

@@ -133,6 +133,28 @@ def stop(node_dir: Path) -> None:
             pass
 
 
+def sshd_under(folder: Path) -> list[int]:
+    """sshd processes started with a config file under ``folder`` (found by command line:
+    what is left of a node whose pid file was deleted). sshd rewrites its command line into
+    one string ("sshd: /usr/sbin/sshd -f CONFIG ..."), so the config is found as a word."""
+    import re
+
+    word = re.compile(rb"(?:^|[\s\0])" + re.escape(str(folder).rstrip("/").encode() + b"/")
+                      + rb"[^\s\0]*/sshd_config(?=[\s\0]|$)")
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            state = (entry / "stat").read_text().rsplit(")", 1)[-1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state != "Z" and word.search(cmdline):
+            found.append(int(entry.name))
+    return found
+
+
 def marked_processes(marker: str) -> list[int]:
     """Processes whose environment carries our marker: everything started through the nodes'
     sshd (shells, jobs, their children), however they daemonised."""
