@@ -13,7 +13,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Callable, TextIO
 
 from . import bootstrap as bootstrap_mod
-from . import sync, torchrun
+from . import paths, sync, torchrun
 from .cluster import Env, Handle, bootstrap_env, cluster_uid, run_bootstrap, stop_processes
 from .errors import Interrupted, JobFailed, RemoteError, UserError
 from .remote import Group, Result, bash
@@ -269,10 +269,13 @@ def sync_plan(task: Task) -> sync.SyncPlan:
     wd = task.workdir_path()
     exclude: list[str] = []
     if wd is not None:
-        try:
-            exclude.append(task.outputs_path().relative_to(wd).as_posix())
-        except ValueError:
-            pass
+        # Never sent: the outputs folder, and cloudtrain's own home (its state, logs and the
+        # local nodes' roots) when it lies inside the workdir.
+        for inner in (task.outputs_path(), paths.home().resolve()):
+            try:
+                exclude.append(inner.relative_to(wd).as_posix())
+            except ValueError:
+                pass
     mounts = tuple(sync.Mount((task.base_dir / local).resolve(), remote)
                    for remote, local in task.file_mounts.items())
     # Outputs and mount targets inside the workdir survive the workdir sync's --delete.
@@ -451,9 +454,12 @@ def pull_outputs(env: Env, handle: Handle, task: Task) -> list[Path]:
         dest = dest_root / f"node-{n.rank}" if task.outputs_from == "all" else dest_root
         for rel in task.outputs:
             try:
-                if sync.pull(n, handle.keys, rel, dest):
+                pulled = sync.pull(n, handle.keys, rel, dest)
+                for what in pulled.skipped:
+                    env.ui.warn(f"output '{rel}' on node {n.rank}: not copied: {what}")
+                if pulled.found:
                     got.append(dest / rel.rstrip("/"))
-                else:
+                elif not pulled.skipped:
                     env.ui.warn(f"output '{rel}' does not exist on node {n.rank}")
             except RemoteError as exc:
                 env.ui.warn(str(exc))
