@@ -107,7 +107,7 @@ class LogSink:
         self.env = env
         self.raw = raw
         self.folder = folder
-        folder.mkdir(parents=True, exist_ok=True)
+        paths.private_dir(folder)
         self.suffix = suffix
         self.echo = echo
         self.files: dict[int, TextIO] = {}
@@ -117,7 +117,8 @@ class LogSink:
         with self.lock:
             f = self.files.get(rank)
             if f is None:
-                f = self.files[rank] = open(self.folder / f"node-{rank}{self.suffix}.log", "a")
+                f = self.files[rank] = open(self.folder / f"node-{rank}{self.suffix}.log", "a",
+                                                 opener=paths.private_opener)
             f.write(line + "\n")
             f.flush()
         if self.echo:
@@ -403,7 +404,8 @@ def _run_task(env: Env, handle: Handle, group: Group, task: Task, *, detach: boo
     scripts = {n.rank: script(n, job_env(env, handle, n, task.envs, job_id, overrides), bodies[n.rank])
                for n in nodes}
     sink = LogSink(env, logs, "", echo=True)
-    (logs / "job.txt").write_text(f"job_id={job_id}\ncluster={handle.name}\nnodes={len(nodes)}\n")
+    with open(logs / "job.txt", "w", opener=paths.private_opener) as f:
+        f.write(f"job_id={job_id}\ncluster={handle.name}\nnodes={len(nodes)}\n")
     env.ui.step(f"Running job {job_id} on {len(nodes)} node(s)")
     job = _Job(env, handle, group, job_id, scripts, sink, ranks)
     try:

@@ -198,8 +198,13 @@ def _run(cmd: list[str], what: str, node: NodeRow) -> None:
                           + " | ".join(err), hint)
 
 
+# rsync's quick check compares whole seconds by default: a same-size edit within the second
+# of the last sync would be skipped although the fingerprint (nanoseconds) saw it.
+PUSH_OPTIONS = ("-a", "--modify-window=-1")
+
+
 def push(plan: SyncPlan, node: NodeRow, keys: ClusterKeys) -> None:
-    base = [_rsync_bin(), "-a", "--delete", "-e", _ssh_e(keys, node)]
+    base = [_rsync_bin(), *PUSH_OPTIONS, "--delete", "-e", _ssh_e(keys, node)]
     if plan.workdir is not None:
         _run(base + plan.workdir_filters() + [f"{plan.workdir}/", _dest(node, workdir_on(node) + "/")],
              "syncing workdir", node)
@@ -208,7 +213,7 @@ def push(plan: SyncPlan, node: NodeRow, keys: ClusterKeys) -> None:
         src = f"{m.local}/" if m.local.is_dir() else str(m.local)
         dst = target + "/" if m.local.is_dir() else target
         parent = shlex.quote(str(PurePosixPath(target).parent))
-        _run([_rsync_bin(), "-a", "-e", _ssh_e(keys, node),
+        _run([_rsync_bin(), *PUSH_OPTIONS, "-e", _ssh_e(keys, node),
               f"--rsync-path=mkdir -p {parent} && rsync", src, _dest(node, dst)],
              f"syncing {m.local}", node)
 
@@ -247,7 +252,7 @@ class Pulled:
     skipped: list[str]
 
 
-def _open_dir(name: str, dir_fd: int, create: bool, mode: int = 0o755) -> int:
+def _open_dir(name: str, dir_fd: int, create: bool, mode: int = 0o755, shown: str = "") -> int:
     """Open (creating if asked) the directory ``name`` inside ``dir_fd`` without following a
     link: a link or a file in its place raises :class:`RemoteError`."""
     if create:
@@ -258,7 +263,7 @@ def _open_dir(name: str, dir_fd: int, create: bool, mode: int = 0o755) -> int:
     try:
         return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
     except OSError as exc:
-        raise _unsafe(name, exc) from None
+        raise _unsafe(shown or name, exc) from None
 
 
 def _unsafe(name: str, exc: OSError) -> RemoteError:
@@ -278,7 +283,8 @@ def _merge(src_fd: int, dst_fd: int, where: str, skipped: list[str]) -> None:
             try:
                 sub_dst = _open_dir(entry.name, dst_fd, create=True, mode=stat.S_IMODE(st.st_mode) | 0o700)
             except RemoteError:
-                skipped.append(f"{rel}/ (a link or a file is in its place here)")
+                skipped.append(f"{rel}/ (a link or a file is in its place in the outputs folder; "
+                               "outputs are never written through a link)")
                 continue
             sub_src = os.open(entry.name, _DIR_FLAGS, dir_fd=src_fd)
             try:
@@ -345,6 +351,16 @@ def pull(node: NodeRow, keys: ClusterKeys, rel: str, dest: Path) -> Pulled:
         skipped += [line.split('"')[1] + " (a link or special file on the node)"
                     for line in proc.stdout.splitlines() + proc.stderr.splitlines()
                     if line.startswith("skipping non-regular file") and line.count('"') >= 2]
+        # The folders leading to the output must be plain folders here (no link left by an
+        # earlier pull, say): checked (and made) one component at a time.
+        fd = os.dup(dst_fd)
+        try:
+            for i, comp in enumerate(parts[:-1]):
+                nfd = _open_dir(comp, fd, create=True, shown="/".join(parts[:i + 1]))
+                os.close(fd)
+                fd = nfd
+        finally:
+            os.close(fd)
         src_fd = os.open(staging, _DIR_FLAGS)
         try:
             _merge(src_fd, dst_fd, "", skipped)
