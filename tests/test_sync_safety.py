@@ -95,7 +95,7 @@ num_nodes: 1
 workdir: .
 run: |
   echo "gen=$(cat src/build/gen.py)"
-  for f in build/out.o src/local_only.txt local_only.txt src/tmp/t.txt a.log keep.log; do
+  for f in build/out.o src/local_only.txt local_only.txt src/tmp/t.txt a.log src/keep.tmp; do
     if [ -e "$f" ]; then echo "has:$f"; else echo "not:$f"; fi
   done
 """
@@ -106,15 +106,16 @@ def test_fingerprint_is_what_rsync_sends(cli: CLI, tmp_path: Path) -> None:
     (proj / "src" / "build").mkdir(parents=True)
     (proj / "src" / "tmp").mkdir()
     (proj / "build").mkdir()
-    (proj / ".gitignore").write_text("/build\n*.log\n!keep.log\n")   # anchored, glob, negation
-    (proj / "src" / ".gitignore").write_text("/local_only.txt\ntmp/\n")  # nested, anchored to src/
+    (proj / ".gitignore").write_text("/build\n*.log\n")          # anchored, glob
+    # nested, anchored to src/; a negation
+    (proj / "src" / ".gitignore").write_text("/local_only.txt\ntmp/\n*.tmp\n!keep.tmp\n")
     (proj / "src" / "build" / "gen.py").write_text("v1\n")
     (proj / "build" / "out.o").write_text("obj\n")
     (proj / "src" / "local_only.txt").write_text("x\n")
     (proj / "local_only.txt").write_text("x\n")
     (proj / "src" / "tmp" / "t.txt").write_text("x\n")
     (proj / "a.log").write_text("x\n")
-    (proj / "keep.log").write_text("x\n")
+    (proj / "src" / "keep.tmp").write_text("x\n")
     task = proj / "task.yaml"
     task.write_text(PROBE)
 
@@ -125,25 +126,25 @@ def test_fingerprint_is_what_rsync_sends(cli: CLI, tmp_path: Path) -> None:
     for line in ("not:build/out.o", "not:src/local_only.txt", "has:local_only.txt",
                  "not:src/tmp/t.txt", "not:a.log"):
         assert line in r1.stdout, r1.stdout
-    # rsync's per-directory ignore files take no '!' negation: keep.log stays excluded, and
+    # rsync's per-directory ignore files take no '!' negation: keep.tmp stays excluded, and
     # the fingerprint agrees (below: editing it does not re-sync).
-    assert "not:keep.log" in r1.stdout
-
-    # Edits to files that are not sent leave the fingerprint alone: no sync.
-    for f in ("build/out.o", "src/local_only.txt", "src/tmp/t.txt", "a.log", "keep.log"):
-        (proj / f).write_text("changed\n")
-    r2 = cli.run("launch", str(task), cwd=proj)
-    assert r2.returncode == 0, r2.stderr
-    assert "Syncing" not in r2.stderr and "gen=v1" in r2.stdout
+    assert "not:src/keep.tmp" in r1.stdout
 
     # An edit under src/build/ (same size, same second) re-syncs and the node runs the new code.
     gen = proj / "src" / "build" / "gen.py"
     st = gen.stat()
     gen.write_text("v2\n")
     os.utime(gen, ns=(st.st_atime_ns, st.st_mtime_ns + 1))
+    r2 = cli.run("launch", str(task), cwd=proj)
+    assert r2.returncode == 0, r2.stderr
+    assert "Syncing" in r2.stderr and "gen=v2" in r2.stdout, r2.stderr + r2.stdout
+
+    # Edits to files that are not sent leave the fingerprint alone: no sync.
+    for f in ("build/out.o", "src/local_only.txt", "src/tmp/t.txt", "a.log", "src/keep.tmp"):
+        (proj / f).write_text("changed\n")
     r3 = cli.run("launch", str(task), "--down", cwd=proj)
     assert r3.returncode == 0, r3.stderr
-    assert "Syncing" in r3.stderr and "gen=v2" in r3.stdout
+    assert "Syncing" not in r3.stderr and "gen=v2" in r3.stdout
     assert_nothing_left(cli.home)
 
 
