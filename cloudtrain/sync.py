@@ -70,7 +70,7 @@ class SyncPlan:
             if m.local.is_dir():
                 _hash_listing(h, m.local, [])
             else:
-                _hash_entry(h, "f", m.local.name, m.local)
+                _hash_entry(h, os.fsencode(m.local.name), os.fsencode(m.local))
         return h.hexdigest()[:32]
 
 
@@ -87,47 +87,54 @@ def _escaped(name: bytes) -> str:
     return "".join(chr(b) if 0x20 <= b < 0x7F else f"\\#{b:03o}" for b in name)
 
 
-def _hash_entry(h: "hashlib._Hash", kind: str, rel: str, path: Path | bytes) -> None:
+def _hash_entry(h: "hashlib._Hash", rel: bytes, path: bytes) -> None:
     try:
         st = os.lstat(path)
     except OSError:
         return  # gone between rsync's listing and now: the next launch sees it
-    if stat.S_ISLNK(st.st_mode):
-        h.update(b"l\0" + os.fsencode(rel) + b"\0" + os.readlink(os.fsencode(path)) + b"\0")
-    elif stat.S_ISDIR(st.st_mode):
-        h.update(b"d\0" + os.fsencode(rel) + f"\0{stat.S_IMODE(st.st_mode)}\0".encode())
+    mode = st.st_mode
+    if stat.S_ISLNK(mode):
+        h.update(b"l\0" + rel + b"\0" + os.readlink(path) + b"\0")
+    elif stat.S_ISDIR(mode):
+        h.update(b"d\0%s\0%d\0" % (rel, mode & 0o7777))
     else:
-        h.update(b"f\0" + os.fsencode(rel)
-                 + f"\0{st.st_size}:{st.st_mtime_ns}:{stat.S_IMODE(st.st_mode)}\0".encode())
+        h.update(b"f\0%s\0%d:%d:%d\0" % (rel, st.st_size, st.st_mtime_ns, mode & 0o7777))
 
 
-_LIST_LINE = re.compile(r"^(\S+)\s+[\d,.]+\s+\S+\s+\S+\s(.*)$")
+# rsync --list-only: "PERMS SIZE YYYY/MM/DD HH:MM:SS NAME" (NAME as is after one space)
+_LIST_LINE = re.compile(rb"^(\S{10}) +[\d,.]+ \S+ \S+ (.*?)\n?$", re.DOTALL)
 
 
 def _hash_listing(h: "hashlib._Hash", root: Path, filters: list[str]) -> None:
-    """Hash what ``rsync -a FILTERS root/ DEST`` would send: rsync lists the files, this
-    hashes each one's name, type, size, mtime (ns) and mode (and a link's target)."""
-    proc = subprocess.run([_rsync_bin(), "-a", "--list-only", *filters, f"{root}/"],
-                          capture_output=True, env={**os.environ, "LC_ALL": "C"})
-    if proc.returncode not in (0, 24):  # 24: a file vanished while listing
-        raise UserError(f"Listing '{root}' for the sync failed (rsync exit {proc.returncode}): "
-                        + proc.stderr.decode(errors="replace").strip()[-300:],
-                        "Check that every file under it is readable.")
+    """Hash what ``rsync -a FILTERS root/ DEST`` would send: rsync lists the files (read as
+    it walks), this hashes each one's name, type, size, mtime (ns) and mode (and a link's
+    target)."""
     rootb = os.fsencode(root)
     real: dict[str, bytes] = {".": b""}  # rsync's printed dir path -> real relative path
-    for raw in proc.stdout.decode("ascii", errors="replace").splitlines():
-        m = _LIST_LINE.match(raw)
-        if m is None:
-            continue
-        perms, shown = m.group(1), m.group(2)
-        if shown == ".":
-            continue
-        rel = _real_name(rootb, real, shown, is_link=perms.startswith("l"))
-        if rel is None:
-            continue
-        if perms.startswith("d"):
-            real[shown] = rel
-        _hash_entry(h, perms[0], os.fsdecode(rel), os.path.join(rootb, rel))
+    with subprocess.Popen([_rsync_bin(), "-a", "--list-only", *filters, f"{root}/"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          env={**os.environ, "LC_ALL": "C"}) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        for raw in proc.stdout:
+            m = _LIST_LINE.match(raw)
+            if m is None or m.group(2) == b".":
+                continue
+            perms, shown_b = m.group(1), m.group(2)
+            kind = perms[:1]
+            if b"\\#" not in shown_b and kind != b"l":
+                rel: bytes | None = shown_b
+            else:
+                rel = _real_name(rootb, real, shown_b.decode("ascii", "replace"), kind == b"l")
+                if rel is None:
+                    continue
+            if kind == b"d" and rel != shown_b:
+                real[shown_b.decode("ascii", "replace")] = rel
+            _hash_entry(h, rel, rootb + b"/" + rel)
+        err = proc.stderr.read()
+    if proc.returncode not in (0, 24):  # 24: a file vanished while listing
+        raise UserError(f"Listing '{root}' for the sync failed (rsync exit {proc.returncode}): "
+                        + err.decode(errors="replace").strip()[-300:],
+                        "Check that every file under it is readable.")
 
 
 def _real_name(rootb: bytes, real: dict[str, bytes], shown: str, is_link: bool) -> bytes | None:
@@ -136,9 +143,11 @@ def _real_name(rootb: bytes, real: dict[str, bytes], shown: str, is_link: bool) 
     directory listed earlier, whose printed path is a prefix of this line)."""
     if "\\#" not in shown and not is_link:
         return shown.encode()
-    cuts = [i for i, c in enumerate(shown) if c == "/" and shown[:i] in real]
+    cuts = [i for i, c in enumerate(shown) if c == "/"]
     for head in [shown[:i] for i in reversed(cuts)] + ["."]:
-        parent = real[head]
+        parent = real.get(head, head.encode() if "\\#" not in head else None)
+        if parent is None:
+            continue
         tail = shown[len(head) + 1:] if head != "." else shown
         try:
             names = os.listdir(os.path.join(rootb, parent) if parent else rootb)
