@@ -83,8 +83,15 @@ def _literal(path: str) -> str:
 
 
 def _escaped(name: bytes) -> str:
-    """A name as rsync prints it under LC_ALL=C: bytes outside printable ASCII as \\#ooo."""
-    return "".join(chr(b) if 0x20 <= b < 0x7F else f"\\#{b:03o}" for b in name)
+    """A name as rsync prints it under LC_ALL=C: bytes outside printable ASCII as \\#ooo, and
+    a backslash too where it would read as such an escape (followed by # and 3 digits)."""
+    out = []
+    for i, b in enumerate(name):
+        if b == 0x5C and re.match(rb"#[0-9]{3}", name[i + 1:i + 5]):
+            out.append("\\#134")
+        else:
+            out.append(chr(b) if 0x20 <= b < 0x7F else f"\\#{b:03o}")
+    return "".join(out)
 
 
 def _hash_entry(h: "hashlib._Hash", rel: bytes, path: bytes) -> None:
@@ -127,7 +134,7 @@ def _hash_listing(h: "hashlib._Hash", root: Path, filters: list[str]) -> None:
                 rel = _real_name(rootb, real, shown_b.decode("ascii", "replace"), kind == b"l")
                 if rel is None:
                     continue
-            if kind == b"d" and rel != shown_b:
+            if kind == b"d" and b"\\#" in shown_b:  # its entries are looked up through it
                 real[shown_b.decode("ascii", "replace")] = rel
             _hash_entry(h, rel, rootb + b"/" + rel)
         err = proc.stderr.read()

@@ -22,7 +22,9 @@ import pytest
 
 from conftest import CLI, assert_nothing_left, needs_sshd, processes_with
 
-pytestmark = [needs_sshd, pytest.mark.e2e]
+
+def e2e(f):  # type: ignore[no-untyped-def]
+    return needs_sshd(pytest.mark.e2e(f))
 
 
 def _mode(p: Path) -> int:
@@ -40,6 +42,7 @@ def _all_files(root: Path) -> list[Path]:
 
 # --- finding 3 --------------------------------------------------------------------------------
 
+@e2e
 def test_outputs_from_a_hostile_node_stay_inside_the_outputs_folder(cli: CLI, tmp_path: Path) -> None:
     victim = tmp_path / "victim"
     victim.mkdir()
@@ -101,6 +104,7 @@ run: |
 """
 
 
+@e2e
 def test_fingerprint_is_what_rsync_sends(cli: CLI, tmp_path: Path) -> None:
     proj = tmp_path / "p"
     (proj / "src" / "build").mkdir(parents=True)
@@ -148,8 +152,42 @@ def test_fingerprint_is_what_rsync_sends(cli: CLI, tmp_path: Path) -> None:
     assert_nothing_left(cli.home)
 
 
+ODD_NAMES = [" lead space", "new\nline", "back\\#012slash", "caf\u00e9", "tab\there", "a -> b",
+             "sub dir/ inner", "we\\#ird dir/x\ny"]
+
+
+def test_fingerprint_sees_every_file_rsync_sends_whatever_its_name(tmp_path: Path) -> None:
+    """rsync prints odd bytes escaped and links as 'name -> target': every file it would send,
+    however named, is in the fingerprint (a change to any of them changes it)."""
+    from cloudtrain.sync import SyncPlan
+
+    wd = tmp_path / "wd"
+    wd.mkdir()
+    for n in ODD_NAMES:
+        (wd / n).parent.mkdir(parents=True, exist_ok=True)
+        (wd / n).write_text("1")
+    (wd / "link -> x").symlink_to("t -> u/v")
+    (wd / ".gitignore").write_text("/ignored*\n")
+    (wd / "ignored \\#1").write_text("1")
+    plan = SyncPlan(workdir=wd, mounts=(), protect=(), exclude=())
+    before = plan.fingerprint()
+    assert plan.fingerprint() == before
+    for n in ODD_NAMES:
+        (wd / n).write_text("22")
+        after = plan.fingerprint()
+        assert after != before, n
+        before = after
+    (wd / "link -> x").unlink()
+    (wd / "link -> x").symlink_to("t -> u/w")
+    assert plan.fingerprint() != before
+    before = plan.fingerprint()
+    (wd / "ignored \\#1").write_text("22")   # not sent, not in the fingerprint
+    assert plan.fingerprint() == before
+
+
 # --- finding 13 -------------------------------------------------------------------------------
 
+@e2e
 @pytest.mark.parametrize("home_as", ["./.cloudtrain", "absolute"])
 def test_cloudtrain_home_inside_the_workdir_is_never_synced(tmp_path: Path, home_as: str) -> None:
     proj = tmp_path / "p"
@@ -187,6 +225,7 @@ run: |
 
 # --- finding 12 -------------------------------------------------------------------------------
 
+@e2e
 def test_secrets_at_rest_are_private_and_old_jobs_pruned(cli: CLI, tmp_path: Path) -> None:
     cli.home.chmod(0o755)  # a home made by an older version
     proj = tmp_path / "p"
