@@ -118,10 +118,11 @@ def _hash_listing(h: "hashlib._Hash", root: Path, filters: list[str]) -> None:
     target)."""
     rootb = os.fsencode(root)
     real: dict[str, bytes] = {".": b""}  # rsync's printed dir path -> real relative path
-    with subprocess.Popen([_rsync_bin(), "-a", "--list-only", *filters, f"{root}/"],
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          env={**os.environ, "LC_ALL": "C"}) as proc:
-        assert proc.stdout is not None and proc.stderr is not None
+    with tempfile.TemporaryFile() as errf, \
+            subprocess.Popen([_rsync_bin(), "-a", "--list-only", *filters, f"{root}/"],
+                             stdout=subprocess.PIPE, stderr=errf,
+                             env={**os.environ, "LC_ALL": "C"}) as proc:
+        assert proc.stdout is not None
         for raw in proc.stdout:
             m = _LIST_LINE.match(raw)
             if m is None or m.group(2) == b".":
@@ -137,7 +138,9 @@ def _hash_listing(h: "hashlib._Hash", root: Path, filters: list[str]) -> None:
             if kind == b"d" and b"\\#" in shown_b:  # its entries are looked up through it
                 real[shown_b.decode("ascii", "replace")] = rel
             _hash_entry(h, rel, rootb + b"/" + rel)
-        err = proc.stderr.read()
+        proc.wait()
+        errf.seek(0)
+        err = errf.read()
     if proc.returncode not in (0, 24):  # 24: a file vanished while listing
         raise UserError(f"Listing '{root}' for the sync failed (rsync exit {proc.returncode}): "
                         + err.decode(errors="replace").strip()[-300:],
