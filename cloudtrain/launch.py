@@ -8,6 +8,7 @@ import secrets
 import shlex
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Callable, TextIO
@@ -331,10 +332,17 @@ def _run_task(env: Env, handle: Handle, group: Group, task: Task, *, detach: boo
               guard: Watch | None) -> Outcome:
     overrides = overrides or {}
     job_id = job_id or new_job_id()
+    # The fingerprint (a local rsync listing, ~50 ms even for a small tree) is taken while the
+    # nodes answer the prep round trip; again after a bootstrap (edits made during it count).
+    plan = sync_plan(task)
+    fp_pool = ThreadPoolExecutor(max_workers=1)
+    fp_future: Future[str] | None = fp_pool.submit(plan.fingerprint)
+    fp_pool.shutdown(wait=False)
     prep = _prep(group, list(task.file_mounts), bootstrap_env(handle, task.bootstrap))
     if not all(f.bootstrapped and n.python_bin for n, f in zip(handle.nodes, prep.values())):
         env.ui.step("Bootstrapping")
         run_bootstrap(env, handle, group, task.bootstrap)
+        fp_future = None
     _budget_spent(env, guard, None)
     nodes = handle.nodes
     ranks = [n.rank for n in nodes]
@@ -349,9 +357,8 @@ def _run_task(env: Env, handle: Handle, group: Group, task: Task, *, detach: boo
                 "it (resources.local.python on the local provider).")
 
     # 1. sync, skipped where the node already has this exact content
-    plan = sync_plan(task)
     t0 = time.monotonic()
-    fp = plan.fingerprint()
+    fp = fp_future.result() if fp_future is not None else plan.fingerprint()
     setup_hash = hashlib.sha256(f"{task.setup or ''}\0{fp}\0{sorted(task.envs.items())}".encode()
                                 ).hexdigest()[:32]
     stale = [n for n in nodes if prep[n.rank].sync_fp != fp]
