@@ -338,7 +338,7 @@ def pull(node: NodeRow, keys: ClusterKeys, rel: str, dest: Path) -> Pulled:
     """Copy ``workdir/rel`` from the node into ``dest/rel``, treating the node as untrusted:
     nothing can land outside ``dest``."""
     parts = [p for p in PurePosixPath(rel).parts if p not in ("", ".", "/")]
-    if not parts or ".." in parts:
+    if ".." in parts:
         raise RemoteError(f"output '{rel}' is not a path inside the workdir.",
                           "List outputs as paths inside workdir, e.g. checkpoints/")
     try:
@@ -346,7 +346,8 @@ def pull(node: NodeRow, keys: ClusterKeys, rel: str, dest: Path) -> Pulled:
         dst_fd = os.open(dest, _DIR_FLAGS)
     except OSError as exc:
         raise _unsafe(str(dest), exc) from None
-    src = str(PurePosixPath(workdir_on(node), *parts))
+    # no parts: the whole workdir ("." in outputs), its contents straight into dest
+    src = str(PurePosixPath(workdir_on(node), *parts)) + ("" if parts else "/")
     skipped: list[str] = []
     try:
         staging = Path(tempfile.mkdtemp(prefix=".cloudtrain-pull-", dir=dest))
