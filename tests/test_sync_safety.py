@@ -53,13 +53,14 @@ def test_outputs_from_a_hostile_node_stay_inside_the_outputs_folder(cli: CLI, tm
     # A link left in the local outputs folder (by an earlier pull of an older version, say).
     outputs.mkdir()
     (outputs / "run1").symlink_to(victim)
+    (outputs / "out2").symlink_to(victim)
     (proj / "task.yaml").write_text(f"""
 name: hostile
 num_nodes: 1
 workdir: .
 envs:
   VICTIM: {victim}
-outputs: [out/, top/, run1/ckpt/]
+outputs: [out/, top/, run1/ckpt/, out2/]
 run: |
   mkdir -p out/sub run1/ckpt
   echo ok > out/sub/ok.txt
@@ -68,6 +69,7 @@ run: |
   ln -s "$VICTIM" out/sub/deeper
   ln -s "$VICTIM" top                              # the output itself is a link
   echo written-through > run1/ckpt/escaped.txt
+  mkdir -p out2 && echo written-through > out2/escaped.txt
   mkfifo out/fifo
   echo job-done
 """)
@@ -79,13 +81,14 @@ run: |
     assert (victim / "precious.txt").read_text() == "mine\n"
     # The regular file came back; no link did (only the one planted here remains, untouched).
     assert (outputs / "out" / "sub" / "ok.txt").read_text() == "ok\n"
-    assert _links_under(outputs) == [outputs / "run1"]
+    assert sorted(_links_under(outputs)) == [outputs / "out2", outputs / "run1"]
     assert not (outputs / "top").exists() and not (outputs / "out" / "fifo").exists()
     assert not list(outputs.glob(".cloudtrain-pull-*"))
     # The user is told what was left out and why.
     assert "out/abs" in r.stderr and "out/rel" in r.stderr and "out/sub/deeper" in r.stderr
     assert "output 'top/'" in r.stderr
     assert "'run1'" in r.stderr and "never written through a link" in r.stderr
+    assert "out2/ (a link or a file is in its place" in r.stderr
     assert "Traceback" not in r.stderr
     assert_nothing_left(cli.home)
 
