@@ -22,6 +22,7 @@ Runs under a fresh temporary CLOUDTRAIN_HOME; every cluster is torn down in a ``
 (``cloudtrain down -a -y``), on Ctrl-C and SIGTERM too.
 
     python bench/bench_sync.py [--nodes 1[,4]] [--repeats 5] [--files 200] [--file-mb 1]
+    python bench/bench_sync.py --fingerprint-tree 50000     # the fingerprint alone, no cluster
 """
 
 from __future__ import annotations
@@ -162,6 +163,35 @@ def bench_nodes(root: Path, home: Path, wd: Path, nodes: int, repeats: int) -> d
     return out
 
 
+def bench_fingerprint(root: Path, files: int, repeats: int) -> list[float]:
+    """``--fingerprint-tree N``: no cluster, just SyncPlan.fingerprint() over a source tree of
+    N small files in nested packages, plus an ignored build/ folder (2,000 files, ``/build`` in
+    .gitignore) that rsync, and so the fingerprint, skips."""
+    from cloudtrain.sync import SyncPlan
+
+    wd = root / "tree"
+    t = time.monotonic()
+    for i in range(files):
+        d = wd / "src" / f"pkg{i // 500}" / f"sub{(i // 50) % 10}"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"m{i}.py").write_text(f"X = {i}\n")
+    (wd / "build").mkdir(parents=True, exist_ok=True)
+    for i in range(2000):
+        (wd / "build" / f"o{i}.o").write_text("x")
+    (wd / ".gitignore").write_text("/build\n*.pyc\n")
+    print(f"# tree {wd}: {files} source files + 2000 ignored, written in "
+          f"{time.monotonic() - t:.1f} s", flush=True)
+    plan = SyncPlan(workdir=wd, mounts=(), protect=(), exclude=("cloudtrain-outputs",))
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        plan.fingerprint()
+        times.append(time.perf_counter() - t0)
+    print(f"fingerprint of {files} files: {' '.join(f'{x:.3f}' for x in times)} s; "
+          f"median {median(times):.3f} s", flush=True)
+    return times
+
+
 def report(results: list[dict[str, object]], repeats: int, target: float, size: int) -> None:
     print()
     print(f"## Sync of a {size / 1e6:.0f} MB workdir (medians; push_all: {repeats} runs each)")
@@ -210,7 +240,15 @@ def main() -> int:
     ap.add_argument("--file-mb", type=float, default=1.0, help="size of each data file in MB (default 1)")
     ap.add_argument("--target", type=float, default=0.5, help="target one-file sync, s (default 0.5)")
     ap.add_argument("--keep-files", action="store_true", help="keep the temp dir afterwards")
+    ap.add_argument("--fingerprint-tree", type=int, default=0, metavar="N",
+                    help="only time SyncPlan.fingerprint() over a tree of N small files (no cluster)")
     args = ap.parse_args()
+    if args.fingerprint_tree:
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="ctbench-fp-") as tmp:
+            bench_fingerprint(Path(tmp), args.fingerprint_tree, args.repeats)
+        return 0
     counts = list(iter_csv_ints(args.nodes))
 
     root, home = begin("ctbench-sync-", f"cloudtrain workdir sync, local provider, node counts {counts}")

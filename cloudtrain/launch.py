@@ -8,12 +8,13 @@ import secrets
 import shlex
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Callable, TextIO
 
 from . import bootstrap as bootstrap_mod
-from . import sync, torchrun
+from . import paths, sync, torchrun
 from .cluster import Env, Handle, bootstrap_env, cluster_uid, run_bootstrap, stop_processes
 from .errors import Interrupted, JobFailed, RemoteError, UserError
 from .remote import Group, Result, bash
@@ -107,7 +108,7 @@ class LogSink:
         self.env = env
         self.raw = raw
         self.folder = folder
-        folder.mkdir(parents=True, exist_ok=True)
+        paths.private_dir(folder)
         self.suffix = suffix
         self.echo = echo
         self.files: dict[int, TextIO] = {}
@@ -117,7 +118,8 @@ class LogSink:
         with self.lock:
             f = self.files.get(rank)
             if f is None:
-                f = self.files[rank] = open(self.folder / f"node-{rank}{self.suffix}.log", "a")
+                f = self.files[rank] = open(self.folder / f"node-{rank}{self.suffix}.log", "a",
+                                                 opener=paths.private_opener)
             f.write(line + "\n")
             f.flush()
         if self.echo:
@@ -269,10 +271,13 @@ def sync_plan(task: Task) -> sync.SyncPlan:
     wd = task.workdir_path()
     exclude: list[str] = []
     if wd is not None:
-        try:
-            exclude.append(task.outputs_path().relative_to(wd).as_posix())
-        except ValueError:
-            pass
+        # Never sent: the outputs folder, and cloudtrain's own home (its state, logs and the
+        # local nodes' roots) when it lies inside the workdir.
+        for inner in (task.outputs_path(), paths.home().resolve()):
+            try:
+                exclude.append(inner.relative_to(wd).as_posix())
+            except ValueError:
+                pass
     mounts = tuple(sync.Mount((task.base_dir / local).resolve(), remote)
                    for remote, local in task.file_mounts.items())
     # Outputs and mount targets inside the workdir survive the workdir sync's --delete.
@@ -327,10 +332,17 @@ def _run_task(env: Env, handle: Handle, group: Group, task: Task, *, detach: boo
               guard: Watch | None) -> Outcome:
     overrides = overrides or {}
     job_id = job_id or new_job_id()
+    # The fingerprint (a local rsync listing, ~50 ms even for a small tree) is taken while the
+    # nodes answer the prep round trip; again after a bootstrap (edits made during it count).
+    plan = sync_plan(task)
+    fp_pool = ThreadPoolExecutor(max_workers=1)
+    fp_future: Future[str] | None = fp_pool.submit(plan.fingerprint)
+    fp_pool.shutdown(wait=False)
     prep = _prep(group, list(task.file_mounts), bootstrap_env(handle, task.bootstrap))
     if not all(f.bootstrapped and n.python_bin for n, f in zip(handle.nodes, prep.values())):
         env.ui.step("Bootstrapping")
         run_bootstrap(env, handle, group, task.bootstrap)
+        fp_future = None
     _budget_spent(env, guard, None)
     nodes = handle.nodes
     ranks = [n.rank for n in nodes]
@@ -345,9 +357,8 @@ def _run_task(env: Env, handle: Handle, group: Group, task: Task, *, detach: boo
                 "it (resources.local.python on the local provider).")
 
     # 1. sync, skipped where the node already has this exact content
-    plan = sync_plan(task)
     t0 = time.monotonic()
-    fp = plan.fingerprint()
+    fp = fp_future.result() if fp_future is not None else plan.fingerprint()
     setup_hash = hashlib.sha256(f"{task.setup or ''}\0{fp}\0{sorted(task.envs.items())}".encode()
                                 ).hexdigest()[:32]
     stale = [n for n in nodes if prep[n.rank].sync_fp != fp]
@@ -400,7 +411,8 @@ def _run_task(env: Env, handle: Handle, group: Group, task: Task, *, detach: boo
     scripts = {n.rank: script(n, job_env(env, handle, n, task.envs, job_id, overrides), bodies[n.rank])
                for n in nodes}
     sink = LogSink(env, logs, "", echo=True)
-    (logs / "job.txt").write_text(f"job_id={job_id}\ncluster={handle.name}\nnodes={len(nodes)}\n")
+    with open(logs / "job.txt", "w", opener=paths.private_opener) as f:
+        f.write(f"job_id={job_id}\ncluster={handle.name}\nnodes={len(nodes)}\n")
     env.ui.step(f"Running job {job_id} on {len(nodes)} node(s)")
     job = _Job(env, handle, group, job_id, scripts, sink, ranks)
     try:
@@ -451,9 +463,12 @@ def pull_outputs(env: Env, handle: Handle, task: Task) -> list[Path]:
         dest = dest_root / f"node-{n.rank}" if task.outputs_from == "all" else dest_root
         for rel in task.outputs:
             try:
-                if sync.pull(n, handle.keys, rel, dest):
+                pulled = sync.pull(n, handle.keys, rel, dest)
+                for what in pulled.skipped:
+                    env.ui.warn(f"output '{rel}' on node {n.rank}: not copied: {what}")
+                if pulled.found:
                     got.append(dest / rel.rstrip("/"))
-                else:
+                elif not pulled.skipped:
                     env.ui.warn(f"output '{rel}' does not exist on node {n.rank}")
             except RemoteError as exc:
                 env.ui.warn(str(exc))

@@ -10,13 +10,29 @@ def home() -> Path:
     """``$CLOUDTRAIN_HOME``, or the platform's user data directory."""
     env = os.environ.get("CLOUDTRAIN_HOME")
     if env:
-        p = Path(env).expanduser()
+        p = Path(env).expanduser().absolute()  # a relative home (./.cloudtrain) must not move with cwd
     else:
         from platformdirs import user_data_dir
 
         p = Path(user_data_dir("cloudtrain", appauthor=False))
-    p.mkdir(parents=True, exist_ok=True)
+    p.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = p.stat()
+    if st.st_mode & 0o077 and st.st_uid == os.getuid():
+        p.chmod(0o700)  # it holds keys, state and logs: private, also when made by an older version
     return p
+
+
+def private_dir(path: Path) -> Path:
+    """``mkdir -p`` where every folder it creates is 0700 (pathlib gives missing parents 0755)."""
+    missing = [d for d in [path, *path.parents] if not d.exists()]
+    for d in reversed(missing):
+        d.mkdir(mode=0o700, exist_ok=True)
+    return path
+
+
+def private_opener(path: str, flags: int) -> int:
+    """``open(..., opener=private_opener)``: a new file is created 0600 (logs, state)."""
+    return os.open(path, flags, 0o600)
 
 
 def _data_root(name: str) -> Path:

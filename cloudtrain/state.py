@@ -19,6 +19,7 @@ Schema versions (``PRAGMA user_version``): 0/1 the first release; 2 adds ``usage
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import time
 from contextlib import contextmanager
@@ -184,6 +185,11 @@ class State:
     def __init__(self, path: Path) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
+        # Private before sqlite first opens it (its -wal/-shm files take the database's mode).
+        os.close(os.open(path, os.O_CREAT | os.O_RDWR, 0o600))
+        for f in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+            if f.exists() and f.stat().st_mode & 0o077:
+                f.chmod(0o600)
         db = self._connect()
         try:
             db.executescript(SCHEMA)
