@@ -191,7 +191,7 @@ class _Job:
             if r.error is not None:
                 self.errors[r.rank] = r.error
         if code != 0 and self.stop_on_failure and not self.stopping.is_set():
-            what = f"exit code {code}" if code is not None else f"lost: {r.error}"
+            what = f"exit code {code}" if code is not None else f"lost: {getattr(r.error, 'message', r.error)}"
             t = threading.Thread(target=self.stop_everywhere, daemon=True,
                                  args=(f"node {r.rank} failed ({what}): stopping the job on every node",))
             self._stopper = t

@@ -313,6 +313,12 @@ def connect(node: NodeRow, keys: ClusterKeys, *, deadline: float, learn: bool = 
     """Connect to one node, retrying until ``deadline`` (time.monotonic) while sshd comes up."""
     import paramiko
 
+    # paramiko logs a traceback for every connection that breaks in its transport thread (a
+    # node going away mid-handshake); the failure is reported by the caller, once, by name.
+    import logging
+
+    if not logging.getLogger("paramiko").handlers:
+        logging.getLogger("paramiko").addHandler(logging.NullHandler())
     pkey = _load_key(Path(node.identity_file) if node.identity_file else keys.private_key)
     last: BaseException | None = None
     delay = 0.05
