@@ -128,6 +128,23 @@ def test_dropped_session_reconnects_and_the_log_is_complete(cli: CLI, tmp_path: 
     assert shown == want
 
 
+def test_logs_follow_reconnects_and_misses_nothing(cli: CLI, tmp_path: Path) -> None:
+    """Finding 5 for `logs --follow`: a dropped session is resumed at the byte it stopped at."""
+    task = _task(tmp_path, "ticks", TICKER.format(name="follow"))
+    d = cli.run("launch", str(task), "-d")
+    assert d.returncode == 0, d.stderr
+    proc = cli.popen("logs", "follow", "--follow")
+    out = _wait_for_line(proc, "tick 20 of 1", 120)
+    _kill(_sessions(_listener(cli, "follow", 1)))
+    rc = proc.wait(timeout=120)
+    err = proc.stderr.read() if proc.stderr else ""
+    assert rc == 0, err
+    assert "reconnected" in err and "Traceback" not in err
+    time.sleep(0.2)
+    want = [f"tick {i} of 1" for i in range(1, TICKS + 1)] + ["done on 1"]
+    assert [ln.split(") ", 1)[1].rstrip("\n") for ln in out if "(node-1) " in ln] == want
+
+
 @needs_torch
 def test_dropped_session_ddp_job_survives(cli: CLI, demo_dir: Path) -> None:
     """Finding 4 with the 2-node x 2-process DDP fixture: the distributed job survives node
