@@ -203,6 +203,41 @@ run: |
         assert [c["name"] for c in cli.status()] == ["lost"]
 
 
+def test_silent_node_is_named_not_waited_for(cli: CLI, tmp_path: Path) -> None:
+    """Finding 5: node 1 stops answering without closing anything (its sshd frozen with
+    SIGSTOP: no RST, no FIN). The CLI does not hang: the node is named within the timeout."""
+    task = _task(tmp_path, "quiet", """
+name: quiet
+num_nodes: 2
+run: |
+  echo "up on $CLOUDTRAIN_NODE_RANK"
+  sleep 600
+""")
+    proc = cli.popen("launch", str(task), CLOUDTRAIN_NODE_TIMEOUT="5")
+    seen = _wait_for_line(proc, "up on 1", 120)
+    assert wait_until(lambda: any("up on 0" in ln for ln in seen), 30), seen
+    listener = _listener(cli, "quiet", 1)
+    frozen = [listener] + _sessions(listener)
+    t0 = time.monotonic()
+    for p in frozen:
+        os.kill(p, signal.SIGSTOP)
+    try:
+        rc = proc.wait(timeout=120)
+        took = time.monotonic() - t0
+    finally:
+        for p in frozen:
+            try:
+                os.kill(p, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+    err = proc.stderr.read() if proc.stderr else ""
+    assert rc == 1, err
+    assert "error: lost the connection to node 1 (root@127." in err, err
+    assert "Traceback" not in err
+    assert took < 5 + 40, took
+    assert wait_until(lambda: not processes_with("CLOUDTRAIN_NODE_RANK=0"), 10)
+
+
 def test_sighup_leaves_no_follower_on_the_nodes(cli: CLI, tmp_path: Path) -> None:
     """Finding 19: the terminal closes (SIGHUP to the CLI): the log followers (tail under the
     SSH sessions) end with their sessions."""
