@@ -506,6 +506,7 @@ class Group:
                     if b"::ctjob no-job" in err.buf:
                         return done(None, RemoteError(f"node {node.rank}: the job is not there "
                                                       f"({err.text().strip()})"))
+                    self.stop.wait(0.2)
                     continue   # the follower ended, the job still runs: follow again
                 return done(code)
             except _Lost as exc:
