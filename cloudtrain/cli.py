@@ -52,8 +52,10 @@ def _guard(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def _env(quiet: bool = False) -> Env:
     from .cluster import open_env
+    from .remote import node_timeout
     from .ui import UI
 
+    node_timeout()   # a bad CLOUDTRAIN_NODE_TIMEOUT is refused before anything is created
     return open_env(UI(quiet=quiet))
 
 

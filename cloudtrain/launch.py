@@ -17,7 +17,7 @@ from . import bootstrap as bootstrap_mod
 from . import paths, sync, torchrun
 from .cluster import Env, Handle, bootstrap_env, cluster_uid, run_bootstrap, stop_processes
 from .errors import Interrupted, JobFailed, RemoteError, UserError
-from .remote import Group, Result, bash
+from .remote import Group, NodeLost, Result, bash
 from .spec import Task
 from .state import NodeRow
 
@@ -140,6 +140,11 @@ def start_command(jdir: str, detach: bool) -> str:
     return bootstrap_mod.inline("ctjob.sh", jdir, *(["--detach"] if detach else []))
 
 
+def follow_command(jdir: str, offset: int) -> str:
+    """Stream a started job's node.log from byte ``offset``; exits with the job's exit code."""
+    return bootstrap_mod.inline("ctjob.sh", jdir, "--follow", str(offset))
+
+
 class _Job:
     """One script on every node at once, stopped everywhere when one node fails."""
 
@@ -153,6 +158,7 @@ class _Job:
         self.sink = sink
         self.ranks = ranks
         self.order: list[tuple[int, int | None, float]] = []
+        self.errors: dict[int, BaseException] = {}
         self.stopping = threading.Event()
         self._stopper: threading.Thread | None = None
         self.lock = threading.Lock()
@@ -184,20 +190,31 @@ class _Job:
         code = r.exit_code if r.error is None else None
         with self.lock:
             self.order.append((r.rank, code, time.time()))
+            if r.error is not None:
+                self.errors[r.rank] = r.error
         if code != 0 and self.stop_on_failure and not self.stopping.is_set():
-            what = f"exit code {code}" if code is not None else f"lost ({r.error})"
+            what = f"exit code {code}" if code is not None else f"lost: {getattr(r.error, 'message', r.error)}"
             t = threading.Thread(target=self.stop_everywhere, daemon=True,
                                  args=(f"node {r.rank} failed ({what}): stopping the job on every node",))
             self._stopper = t
             t.start()
 
     def run(self, detach: bool = False) -> dict[int, Result]:
+        """Start the job detached on every node, then (unless ``detach``) follow each node's
+        log until the job ends there: a dropped connection is resumed, not an exit."""
         jdirs = self._jdirs()
         try:
-            res = self.group.run(lambda n: start_command(jdirs[n.rank], detach),
+            res = self.group.run(lambda n: start_command(jdirs[n.rank], True),
                                  stdin=lambda n: self.scripts[n.rank].encode(),
-                                 on_line=None if detach else self.sink, combine=True,
-                                 ranks=self.ranks, on_done=None if detach else self._on_done)
+                                 combine=True, ranks=self.ranks)
+            if not detach:
+                started = [r for r in self.ranks if res[r].ok]
+                for r in self.ranks:
+                    if not res[r].ok:
+                        self._on_done(res[r])
+                res.update(self.group.follow_all(lambda n, off: follow_command(jdirs[n.rank], off),
+                                                 self.sink, started, on_done=self._on_done,
+                                                 on_note=self.env.ui.warn))
         except KeyboardInterrupt:
             self.env.ui.warn("Interrupted: stopping the job on every node...")
             try:
@@ -208,6 +225,14 @@ class _Job:
         if self._stopper is not None:
             self._stopper.join()
         return res
+
+    def lost(self) -> NodeLost | None:
+        """The lost-node error of the node that failed first, when it was lost (not exited)."""
+        first = self.first_failure()
+        if first is None or first[1] is not None:
+            return None
+        err = self.errors.get(first[0])
+        return err if isinstance(err, NodeLost) else None
 
     def first_failure(self) -> tuple[int, int | None] | None:
         for rank, code, _ in sorted(self.order, key=lambda x: x[2]):
@@ -393,6 +418,7 @@ def _run_task(env: Env, handle: Handle, group: Group, task: Task, *, detach: boo
             finally:
                 sink.close()
             _budget_spent(env, guard, job_id)
+            _raise_if_lost(env, job, job_id)
             first = job.first_failure()
             if first is not None:
                 rank, code = first
@@ -438,6 +464,7 @@ def _run_task(env: Env, handle: Handle, group: Group, task: Task, *, detach: boo
                               "Check the node with 'cloudtrain status'.")
         return Outcome(job_id, 0, detached=True)
 
+    _raise_if_lost(env, job, job_id)
     outcome = Outcome(job_id, 0, node_codes={r: res[r].exit_code for r in ranks})
     first = job.first_failure()
     if first is not None:
@@ -453,6 +480,15 @@ def _run_task(env: Env, handle: Handle, group: Group, task: Task, *, detach: boo
     status = "SUCCEEDED" if outcome.exit_code == 0 else "FAILED"
     env.state.finish_launch(job_id, status, outcome.exit_code, outcome.failed_node)
     return outcome
+
+
+def _raise_if_lost(env: Env, job: _Job, job_id: str) -> None:
+    """A node lost mid-run is reported as a lost connection to it (the job was already
+    stopped on the other nodes), not as an exit code it never had."""
+    lost = job.lost()
+    if lost is not None:
+        env.state.finish_launch(job_id, "FAILED", 1, lost.rank, lost.message)
+        raise lost
 
 
 def pull_outputs(env: Env, handle: Handle, task: Task) -> list[Path]:

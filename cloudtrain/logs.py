@@ -6,8 +6,8 @@ import shlex
 from pathlib import Path, PurePosixPath
 
 from .cluster import Env, connect, get_handle
-from .errors import UserError
-from .launch import LogSink, job_dir
+from .errors import RemoteError, UserError
+from .launch import LogSink, follow_command, job_dir
 from .remote import bash
 
 
@@ -73,18 +73,21 @@ def _stream_from_nodes(env: Env, name: str, job: str, node: int | None, follow: 
     sink = LogSink(env, env.logs_dir(name) / job, "", echo=True)
 
     def cmd(n) -> str:  # type: ignore[no-untyped-def]
-        d = shlex.quote(job_dir(n, job))
         log = str(PurePosixPath(job_dir(n, job)) / "node.log")
-        if follow:
-            return bash(f"if [ -r {d}/rc ]; then cat {shlex.quote(log)}; else "
-                        f"tail -n +1 -s 0.2 -F --pid=\"$(cat {d}/pid)\" {shlex.quote(log)}; fi")
         return bash(f"cat {shlex.quote(log)} 2>/dev/null")
 
     try:
-        group.run(cmd, on_line=sink, combine=True, ranks=ranks)
-        if follow:
-            rcs = group.run(lambda n: bash(f"cat {shlex.quote(job_dir(n, job))}/rc 2>/dev/null"), ranks=ranks)
-            codes = {r: int(res.stdout.strip()) for r, res in rcs.items() if res.stdout.strip().isdigit()}
+        if not follow:
+            group.run(cmd, on_line=sink, combine=True, ranks=ranks)
+        else:
+            # ctjob.sh's follower: resumes after a dropped connection, ends with its SSH
+            # session, and exits with the job's code once the job has ended.
+            res = group.follow_all(lambda n, off: follow_command(job_dir(n, job), off), sink, ranks,
+                                   on_note=env.ui.warn)
+            lost = [r.error for r in res.values() if r.error is not None]
+            if lost:
+                raise lost[0] if isinstance(lost[0], RemoteError) else RemoteError(str(lost[0]))
+            codes = {r: x.exit_code for r, x in res.items() if x.exit_code is not None}
             if len(codes) == len(ranks):
                 bad = [(r, c) for r, c in sorted(codes.items()) if c != 0]
                 env.state.finish_launch(job, "FAILED" if bad else "SUCCEEDED",

@@ -23,7 +23,8 @@ import shutil
 import stat
 import subprocess
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
+import threading
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -206,8 +207,20 @@ def _dest(node: NodeRow, path: str) -> str:
     return f"{node.user}@{host}:{path}"
 
 
+_live: set[subprocess.Popen[str]] = set()   # rsyncs of push_all now running (Ctrl-C ends them)
+_live_lock = threading.Lock()
+
+
 def _run(cmd: list[str], what: str, node: NodeRow) -> None:
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as p:
+        with _live_lock:
+            _live.add(p)
+        try:
+            stdout, stderr = p.communicate()
+        finally:
+            with _live_lock:
+                _live.discard(p)
+    proc = subprocess.CompletedProcess(cmd, p.returncode, stdout, stderr)
     if proc.returncode != 0:
         err = proc.stderr.strip().splitlines()[-3:]
         hint = "Check the node with 'cloudtrain status'."
@@ -244,6 +257,16 @@ def push_all(plan: SyncPlan, nodes: list[NodeRow], keys: ClusterKeys) -> dict[in
     out: dict[int, BaseException | None] = {}
     with ThreadPoolExecutor(max_workers=min(32, len(nodes))) as pool:
         futs = {n.rank: pool.submit(push, plan, n, keys) for n in nodes}
+        try:
+            for fut in futs.values():
+                wait([fut], timeout=None)
+        except KeyboardInterrupt:
+            # Ctrl-C: end the rsyncs at once and report an interruption, not a sync failure.
+            pool.shutdown(wait=False, cancel_futures=True)
+            with _live_lock:
+                for p in _live:
+                    p.terminate()
+            raise
         for rank, fut in futs.items():
             try:
                 fut.result()
