@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Stop every process of a job (or cluster) on this node: the job's process group, and anything
 # else whose environment carries the marker (workers that started their own session).
-#   usage: ctkill.sh JOB_DIR MARKER [GRACE_SECONDS]
+#   usage: ctkill.sh JOB_DIR MARKER [GRACE_SECONDS]   (GRACE_SECONDS may have decimals: 0.5)
 #   JOB_DIR may be empty; MARKER is KEY=VALUE, e.g. CLOUDTRAIN_JOB_ID=20261121-101500-ab12cd
 # Prints "::left N" with the number of processes still alive at the end (0 when clean).
 set -u
@@ -27,8 +27,13 @@ signal_all() {
     done
 }
 
+case $grace in
+    *.*) whole=${grace%%.*} frac=${grace#*.} ;;
+    *) whole=$grace frac= ;;
+esac
+frac="${frac}000000000"
 signal_all TERM
-end=$(( $(date +%s%N) + grace * 1000000000 ))
+end=$(( $(date +%s%N) + 10#${whole:-0} * 1000000000 + 10#${frac:0:9} ))
 while [ -n "$(job_pids)" ] && [ "$(date +%s%N)" -lt "$end" ]; do
     sleep 0.1
 done

@@ -373,13 +373,15 @@ def get_handle(env: Env, name: str) -> Handle:
 
 # --- stopping jobs and tearing down ----------------------------------------------------------
 
-def kill_command(job_dir: str, marker: str, grace: int = 5) -> str:
-    return bootstrap_mod.inline("ctkill.sh", job_dir, marker, str(grace))
+def kill_command(job_dir: str, marker: str, grace: float = 5) -> str:
+    seconds = f"{grace:.3f}".rstrip("0").rstrip(".") or "0"
+    return bootstrap_mod.inline("ctkill.sh", job_dir, marker, seconds)
 
 
 def stop_processes(env: Env, handle: Handle, marker: str, job_dirs: dict[int, str] | None = None,
-                   grace: int = 5, group: Group | None = None) -> dict[int, int]:
-    """Stop every process carrying ``marker`` (KEY=VALUE in its environment) on every node.
+                   grace: float = 5, group: Group | None = None) -> dict[int, int]:
+    """Stop every process carrying ``marker`` (KEY=VALUE in its environment) on every node:
+    SIGTERM, then SIGKILL to what is left after ``grace`` seconds (a task's stop_grace).
     Returns how many were left per node (0 when clean)."""
     own = group is None
     if group is None:

@@ -192,6 +192,9 @@ class Task(_Strict):
     outputs_dir: str = "cloudtrain-outputs"
     max_cost_usd: float | None = Field(None, gt=0)  # budget for this task's cluster, USD
     max_hours: float | None = Field(None, gt=0)     # how long it is expected/allowed to run
+    # Seconds from SIGTERM to SIGKILL when a job is stopped (a failure elsewhere, Ctrl-C, the
+    # budget): the time the job has to write its checkpoint.
+    stop_grace: float = Field(60, gt=0, le=3600, allow_inf_nan=False)
 
     # Set by load_task, not by the user: where relative paths start.
     base_dir: Path = Field(default=Path("."), exclude=True)
