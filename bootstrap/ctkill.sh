@@ -18,11 +18,14 @@ job_pids() {
 }
 
 signal_all() {
-    local sig=$1 p
+    # The processes are listed before any is signalled: what a job starts in answer to SIGTERM
+    # (a trap writing its checkpoint) is not signalled again.
+    local sig=$1 p pids
+    pids=$(job_pids)
     if [ -n "$job_dir" ] && [ -r "$job_dir/pid" ]; then
         kill "-$sig" -- "-$(cat "$job_dir/pid")" 2>/dev/null || true
     fi
-    for p in $(job_pids); do
+    for p in $pids; do
         kill "-$sig" "$p" 2>/dev/null || true
     done
 }
