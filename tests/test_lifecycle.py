@@ -106,6 +106,14 @@ def test_stop_grace_must_be_a_sane_number_of_seconds(cli: CLI, tmp_path: Path, v
     assert not (cli.home / "clusters").exists() or not any((cli.home / "clusters").iterdir())
 
 
+@pytest.mark.parametrize("value", ["0.5", "90", "3600"])
+def test_stop_grace_accepts_seconds_up_to_an_hour(cli: CLI, tmp_path: Path, value: str) -> None:
+    task = _write(tmp_path / "t.yaml", f"name: ok\nstop_grace: {value}\nrun: 'true'\n")
+    r = cli.run("up", str(task), "--dry-run")
+    assert r.returncode == 0, r.stderr
+    assert cli.status() == []
+
+
 def test_sighup_during_launch_down_stops_pulls_and_tears_down(cli: CLI, tmp_path: Path) -> None:
     ready = tmp_path / "ready"
     task = _write(tmp_path / "hup.yaml", f"""
