@@ -202,9 +202,9 @@ class _Job:
         except KeyboardInterrupt:
             self.env.ui.warn("Interrupted: stopping the job on every node...")
             try:
-                self.stop_everywhere("Ctrl-C")
+                self.stop_everywhere("Interrupted")
             except KeyboardInterrupt:
-                self.stop_everywhere("Ctrl-C")
+                self.stop_everywhere("Interrupted")
             raise Interrupted("Interrupted; the job was stopped on every node.") from None
         if self._stopper is not None:
             self._stopper.join()
