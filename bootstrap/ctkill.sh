@@ -35,12 +35,19 @@ case $grace in
     *) whole=$grace frac= ;;
 esac
 frac="${frac}000000000"
+# Alive: a process with the marker, or any process of the job's group (the job's own shell
+# is in the group but has the marker only in what it exports to its children).
+alive() {
+    [ -n "$(job_pids)" ] && return 0
+    [ -n "$job_dir" ] && [ -r "$job_dir/pid" ] && kill -0 -- "-$(cat "$job_dir/pid")" 2>/dev/null
+}
+
 signal_all TERM
 end=$(( $(date +%s%N) + 10#${whole:-0} * 1000000000 + 10#${frac:0:9} ))
-while [ -n "$(job_pids)" ] && [ "$(date +%s%N)" -lt "$end" ]; do
+while alive && [ "$(date +%s%N)" -lt "$end" ]; do
     sleep 0.1
 done
-if [ -n "$(job_pids)" ]; then
+if alive; then
     signal_all KILL
     sleep 0.2
 fi

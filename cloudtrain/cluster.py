@@ -379,10 +379,13 @@ def kill_command(job_dir: str, marker: str, grace: float = 5) -> str:
 
 
 def stop_processes(env: Env, handle: Handle, marker: str, job_dirs: dict[int, str] | None = None,
-                   grace: float = 5, group: Group | None = None) -> dict[int, int]:
+                   grace: float = 5, group: Group | None = None,
+                   node_markers: dict[int, str] | None = None) -> dict[int, int]:
     """Stop every process carrying ``marker`` (KEY=VALUE in its environment) on every node:
     SIGTERM, then SIGKILL to what is left after ``grace`` seconds (a task's stop_grace).
-    Returns how many were left per node (0 when clean)."""
+    ``node_markers``: a marker per node instead of ``marker`` (nodes that share one machine,
+    like local ones, must not stop each other's processes). Returns how many were left per
+    node (0 when clean)."""
     own = group is None
     if group is None:
         try:
@@ -391,7 +394,8 @@ def stop_processes(env: Env, handle: Handle, marker: str, job_dirs: dict[int, st
             env.ui.warn(f"Could not reach every node to stop processes: {exc}")
             return {}
     try:
-        res = group.run(lambda n: kill_command((job_dirs or {}).get(n.rank, ""), marker, grace),
+        res = group.run(lambda n: kill_command((job_dirs or {}).get(n.rank, ""),
+                                               (node_markers or {}).get(n.rank, marker), grace),
                         timeout=grace + 30)
     finally:
         if own:

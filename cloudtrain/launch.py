@@ -162,14 +162,22 @@ class _Job:
     def _jdirs(self) -> dict[int, str]:
         return {n.rank: job_dir(n, self.job_id) for n in self.handle.nodes}
 
+    def _stop(self) -> None:
+        # Each node's processes by that node's job directory (CLOUDTRAIN_JOB_DIR): nodes that
+        # share a machine (local ones) must not signal each other's job, or a node's job could
+        # lose its child before it gets SIGTERM itself and never run its checkpoint trap.
+        jdirs = self._jdirs()
+        stop_processes(self.env, self.handle, f"CLOUDTRAIN_JOB_ID={self.job_id}", jdirs,
+                       grace=self.grace, group=self.group,
+                       node_markers={r: f"CLOUDTRAIN_JOB_DIR={d}" for r, d in jdirs.items()})
+
     def stop_everywhere(self, reason: str) -> None:
         if self.stopping.is_set():
             return
         self.stopping.set()
         self.env.ui.warn(f"{reason} (SIGTERM, then SIGKILL after {self.grace:g} s: stop_grace)")
         self._last_stop = time.monotonic()
-        stop_processes(self.env, self.handle, f"CLOUDTRAIN_JOB_ID={self.job_id}", self._jdirs(),
-                       grace=self.grace, group=self.group)
+        self._stop()
 
     def stop_for_budget(self, reason: str) -> None:
         """Called by the budget watch at 100 %, and again on its later polls while this job
@@ -178,8 +186,7 @@ class _Job:
             self.stop_everywhere(f"{reason}: stopping job {self.job_id} on every node")
         elif time.monotonic() - self._last_stop >= 1.0:
             self._last_stop = time.monotonic()
-            stop_processes(self.env, self.handle, f"CLOUDTRAIN_JOB_ID={self.job_id}",
-                           self._jdirs(), grace=self.grace, group=self.group)
+            self._stop()
 
     def _on_done(self, r: Result) -> None:
         code = r.exit_code if r.error is None else None

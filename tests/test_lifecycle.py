@@ -142,6 +142,7 @@ run: |
             proc.kill()
     assert proc.returncode == 130, err
     assert "Interrupted" in err and "Traceback" not in err
+    assert (tmp_path / "cloudtrain-outputs" / "ckpt" / "on-term").exists(), err
     assert (tmp_path / "cloudtrain-outputs" / "ckpt" / "on-term").read_text() == "saved\n"
     assert cli.status() == []
     assert_nothing_left(cli.home)
