@@ -56,8 +56,10 @@ ls -1dt -- "$(dirname "$job_dir")"/*/ 2>/dev/null | tail -n +$((keep + 1)) | whi
     fi
     rm -rf -- "$d"
 done
+# The wrapper outlives a SIGTERM to the group (trap :) so the log is followed, and rc written,
+# while the job uses its stop_grace (e.g. to write a checkpoint).
 # shellcheck disable=SC2016
-setsid bash -c 'bash "$1/run.sh"; rc=$?; echo "$rc" > "$1/rc.tmp"; mv "$1/rc.tmp" "$1/rc"' _ "$job_dir" \
+setsid bash -c 'trap : TERM; bash "$1/run.sh"; rc=$?; echo "$rc" > "$1/rc.tmp"; mv "$1/rc.tmp" "$1/rc"' _ "$job_dir" \
     > "$job_dir/node.log" 2>&1 < /dev/null &
 pid=$!
 echo "$pid" > "$job_dir/pid"

@@ -65,11 +65,52 @@ def _load(task_file: str):  # type: ignore[no-untyped-def]
     return load_task(task_file)
 
 
+# The signals that stop a command the way Ctrl-C does (exit 130, after the same cleanup:
+# the job stopped on every node, outputs pulled back where possible, --down tearing down).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _silence_lost_terminal() -> None:
+    """After SIGHUP the terminal is gone and writing to it fails (EIO), which would abort the
+    cleanup half-way: what would have gone to it goes to /dev/null (the logs keep it)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for fd in (1, 2):
+            try:
+                if os.isatty(fd):
+                    os.dup2(devnull, fd)
+            except OSError:
+                os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+
+
 def _sigterm_as_interrupt() -> None:
+    """SIGTERM and SIGHUP (the terminal was closed) are handled like Ctrl-C."""
     def handler(signum: int, frame: object) -> None:
+        if signum == signal.SIGHUP:
+            _silence_lost_terminal()
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGHUP, handler)
+
+
+class _Shielded:
+    """While inside, SIGINT/SIGTERM/SIGHUP are ignored: a teardown or rollback is not cut off
+    half-way (a SIGHUP still silences the lost terminal)."""
+
+    def __enter__(self) -> None:
+        def on_hup(signum: int, frame: object) -> None:
+            _silence_lost_terminal()
+
+        self.previous = {s: signal.getsignal(s) for s in STOP_SIGNALS}
+        for s in STOP_SIGNALS:
+            signal.signal(s, on_hup if s == signal.SIGHUP else signal.SIG_IGN)
+
+    def __exit__(self, *exc: object) -> None:
+        for s, h in self.previous.items():
+            signal.signal(s, h)
 
 
 def _parse_env(pairs: tuple[str, ...]) -> dict[str, str]:
@@ -295,7 +336,9 @@ def launch(task_file: str, cluster_name: str | None, down_after: bool, detach: b
     interrupted: list[str] = []
     try:
         try:
-            with cl.opened(env, task, name, planned=plan) as (handle, group, _):
+            with cl.opened(env, task, name, planned=plan) as (handle, group, fresh):
+                if fresh:
+                    _bootstrap_or_roll_back(env, handle, group, task, name)
                 guard = None if budget is None else bg.Watch(env.state, name,
                                                              budget.max_cost_usd, env.ui)
                 outcome = ln.run_task(env, handle, group, task, detach=detach,
@@ -339,6 +382,21 @@ def launch(task_file: str, cluster_name: str | None, down_after: bool, detach: b
     env.ui.ok(f"Job {outcome.job_id} succeeded on every node")
 
 
+def _bootstrap_or_roll_back(env: Env, handle: Any, group: Any, task: Any, name: str) -> None:
+    """A cluster this launch created is bootstrapped here; when that fails or is interrupted,
+    what was created is removed again (as 'up' does), before the error is reported."""
+    from . import cluster as cl
+
+    env.ui.step("Bootstrapping")
+    try:
+        cl.run_bootstrap(env, handle, group, task.bootstrap)
+    except BaseException:
+        with _Shielded():
+            group.close()
+            cl._rollback(env, handle.provider, name)
+        raise
+
+
 def _interruptions(handle: Any, name: str) -> list[str]:
     """What the provider says it took back (spot interruptions), in words; [] when it cannot
     tell."""
@@ -359,17 +417,13 @@ def _teardown_shielded(env: Env, name: str, provider_name: str) -> None:
     from . import cluster as cl
     from .errors import CloudtrainError
 
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    prev_term = signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    try:
-        if env.state.get_cluster(name) is not None or os.path.isdir(env.pctx.cluster_dir(name)):
-            cl.down(env, name, provider_name=provider_name)
-    except CloudtrainError as exc:
-        env.ui.error(f"teardown of '{name}' failed: {exc}")
-        raise
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        signal.signal(signal.SIGTERM, prev_term)
+    with _Shielded():
+        try:
+            if env.state.get_cluster(name) is not None or os.path.isdir(env.pctx.cluster_dir(name)):
+                cl.down(env, name, provider_name=provider_name)
+        except CloudtrainError as exc:
+            env.ui.error(f"teardown of '{name}' failed: {exc}")
+            raise
 
 
 @cli.command(name="exec", context_settings=CONTEXT)
@@ -481,6 +535,7 @@ def status(cluster_name: str | None, as_json: bool, refresh: bool) -> None:
         _check_name(cluster_name)
     env = _env(quiet=as_json)
     rows = cl.status(env, cluster_name, refresh_all=refresh)
+    _probe_hosts(env, rows)
     now = time.time()
     usage = env.state.usage(cluster=cluster_name) if rows else []
     spent = {r.name: spend_of(r.name, r.created_at, usage, now=now) for r in rows}
@@ -523,6 +578,45 @@ def status(cluster_name: str | None, as_json: bool, refresh: bool) -> None:
                       addrs)
     Console(no_color=not color_ok(sys.stdout), highlight=False,
             color_system="auto" if color_ok(sys.stdout) else None, width=200).print(table)
+
+
+PROBE_TIMEOUT = 5.0
+
+
+def _probe_hosts(env: Env, rows: list[Any]) -> None:
+    """Nodes of providers that never power anything off (the ``ssh`` provider: the user's own
+    machines, with no API to ask) are checked live: does each answer with an SSH banner within
+    PROBE_TIMEOUT s? All at once, so the wait is bounded whatever the number of hosts. A node
+    that does not is shown as 'unreachable' and its cluster as DEGRADED (UNREACHABLE when no
+    node answers)."""
+    import socket
+    from concurrent.futures import ThreadPoolExecutor
+
+    from . import registry
+
+    def probe(host: str, port: int) -> str:
+        try:
+            with socket.create_connection((host, port), timeout=PROBE_TIMEOUT) as s:
+                s.settimeout(PROBE_TIMEOUT)
+                return "running" if s.recv(64).startswith(b"SSH-") else "unreachable"
+        except OSError:
+            return "unreachable"
+
+    live = [r for r in rows if not getattr(registry.provider_class(r.provider), "powers_off", True)]
+    nodes = [n for r in live for n in r.nodes]
+    if not nodes:
+        return
+    with ThreadPoolExecutor(max_workers=min(32, len(nodes))) as pool:
+        found = list(pool.map(lambda n: probe(n.host, n.port), nodes))
+    for n, st in zip(nodes, found):
+        n.status = st
+    for r in live:
+        down = [n for n in r.nodes if n.status != "running"]
+        if down:
+            r.status = "UNREACHABLE" if len(down) == len(r.nodes) else "DEGRADED"
+            for n in down:
+                env.ui.warn(f"'{r.name}' node {n.rank} ({n.user}@{n.host}:{n.port}) does not "
+                            f"answer SSH within {PROBE_TIMEOUT:g} s")
 
 
 @cli.command(context_settings=CONTEXT)

@@ -374,14 +374,19 @@ def get_handle(env: Env, name: str) -> Handle:
 
 # --- stopping jobs and tearing down ----------------------------------------------------------
 
-def kill_command(job_dir: str, marker: str, grace: int = 5) -> str:
-    return bootstrap_mod.inline("ctkill.sh", job_dir, marker, str(grace))
+def kill_command(job_dir: str, marker: str, grace: float = 5) -> str:
+    seconds = f"{grace:.3f}".rstrip("0").rstrip(".") or "0"
+    return bootstrap_mod.inline("ctkill.sh", job_dir, marker, seconds)
 
 
 def stop_processes(env: Env, handle: Handle, marker: str, job_dirs: dict[int, str] | None = None,
-                   grace: int = 5, group: Group | None = None) -> dict[int, int]:
-    """Stop every process carrying ``marker`` (KEY=VALUE in its environment) on every node.
-    Returns how many were left per node (0 when clean)."""
+                   grace: float = 5, group: Group | None = None,
+                   node_markers: dict[int, str] | None = None) -> dict[int, int]:
+    """Stop every process carrying ``marker`` (KEY=VALUE in its environment) on every node:
+    SIGTERM, then SIGKILL to what is left after ``grace`` seconds (a task's stop_grace).
+    ``node_markers``: a marker per node instead of ``marker`` (nodes that share one machine,
+    like local ones, must not stop each other's processes). Returns how many were left per
+    node (0 when clean)."""
     own = group is None
     if group is None:
         try:
@@ -390,7 +395,8 @@ def stop_processes(env: Env, handle: Handle, marker: str, job_dirs: dict[int, st
             env.ui.warn(f"Could not reach every node to stop processes: {exc}")
             return {}
     try:
-        res = group.run(lambda n: kill_command((job_dirs or {}).get(n.rank, ""), marker, grace),
+        res = group.run(lambda n: kill_command((job_dirs or {}).get(n.rank, ""),
+                                               (node_markers or {}).get(n.rank, marker), grace),
                         timeout=grace + 30)
     finally:
         if own:

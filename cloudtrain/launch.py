@@ -24,7 +24,8 @@ from .state import NodeRow
 if TYPE_CHECKING:
     from .budget import Watch
 
-STOP_GRACE = 3
+# Seconds from SIGTERM to SIGKILL when a job is stopped, unless the task sets stop_grace.
+STOP_GRACE: float = 60
 
 
 def new_job_id() -> str:
@@ -150,8 +151,10 @@ class _Job:
 
     def __init__(self, env: Env, handle: Handle, group: Group, job_id: str,
                  scripts: dict[int, str], sink: Callable[[int, str], None],
-                 ranks: list[int], stop_on_failure: bool = True) -> None:
+                 ranks: list[int], stop_on_failure: bool = True,
+                 grace: float = STOP_GRACE) -> None:
         self.env, self.handle, self.group = env, handle, group
+        self.grace = grace
         self.stop_on_failure = stop_on_failure
         self.job_id = job_id
         self.scripts = scripts
@@ -167,14 +170,22 @@ class _Job:
     def _jdirs(self) -> dict[int, str]:
         return {n.rank: job_dir(n, self.job_id) for n in self.handle.nodes}
 
+    def _stop(self) -> None:
+        # Each node's processes by that node's job directory (CLOUDTRAIN_JOB_DIR): nodes that
+        # share a machine (local ones) must not signal each other's job, or a node's job could
+        # lose its child before it gets SIGTERM itself and never run its checkpoint trap.
+        jdirs = self._jdirs()
+        stop_processes(self.env, self.handle, f"CLOUDTRAIN_JOB_ID={self.job_id}", jdirs,
+                       grace=self.grace, group=self.group,
+                       node_markers={r: f"CLOUDTRAIN_JOB_DIR={d}" for r, d in jdirs.items()})
+
     def stop_everywhere(self, reason: str) -> None:
         if self.stopping.is_set():
             return
         self.stopping.set()
-        self.env.ui.warn(reason)
+        self.env.ui.warn(f"{reason} (SIGTERM, then SIGKILL after {self.grace:g} s: stop_grace)")
         self._last_stop = time.monotonic()
-        stop_processes(self.env, self.handle, f"CLOUDTRAIN_JOB_ID={self.job_id}", self._jdirs(),
-                       grace=STOP_GRACE, group=self.group)
+        self._stop()
 
     def stop_for_budget(self, reason: str) -> None:
         """Called by the budget watch at 100 %, and again on its later polls while this job
@@ -183,8 +194,7 @@ class _Job:
             self.stop_everywhere(f"{reason}: stopping job {self.job_id} on every node")
         elif time.monotonic() - self._last_stop >= 1.0:
             self._last_stop = time.monotonic()
-            stop_processes(self.env, self.handle, f"CLOUDTRAIN_JOB_ID={self.job_id}",
-                           self._jdirs(), grace=STOP_GRACE, group=self.group)
+            self._stop()
 
     def _on_done(self, r: Result) -> None:
         code = r.exit_code if r.error is None else None
@@ -218,9 +228,9 @@ class _Job:
         except KeyboardInterrupt:
             self.env.ui.warn("Interrupted: stopping the job on every node...")
             try:
-                self.stop_everywhere("Ctrl-C")
+                self.stop_everywhere("Interrupted")
             except KeyboardInterrupt:
-                self.stop_everywhere("Ctrl-C")
+                self.stop_everywhere("Interrupted")
             raise Interrupted("Interrupted; the job was stopped on every node.") from None
         if self._stopper is not None:
             self._stopper.join()
@@ -400,6 +410,7 @@ def _run_task(env: Env, handle: Handle, group: Group, task: Task, *, detach: boo
 
     logs = env.logs_dir(handle.name) / job_id
     env.state.add_launch(handle.name, job_id, task.name, detach)
+    env.state.set_job_envs(handle.name, {**task.envs, **overrides})   # for exec
 
     # 2. setup, once per (setup, workdir content) per node
     if task.setup:
@@ -409,7 +420,8 @@ def _run_task(env: Env, handle: Handle, group: Group, task: Task, *, detach: boo
             sink = LogSink(env, logs, ".setup", echo=True)
             scripts = {n.rank: script(n, job_env(env, handle, n, task.envs, job_id + "-setup", overrides),
                                       task.setup) for n in nodes}
-            job = _Job(env, handle, group, job_id + "-setup", scripts, sink, todo)
+            job = _Job(env, handle, group, job_id + "-setup", scripts, sink, todo,
+                       grace=task.stop_grace)
             try:
                 res = _run_guarded(job, guard)
             except Interrupted:
@@ -440,11 +452,18 @@ def _run_task(env: Env, handle: Handle, group: Group, task: Task, *, detach: boo
     with open(logs / "job.txt", "w", opener=paths.private_opener) as f:
         f.write(f"job_id={job_id}\ncluster={handle.name}\nnodes={len(nodes)}\n")
     env.ui.step(f"Running job {job_id} on {len(nodes)} node(s)")
-    job = _Job(env, handle, group, job_id, scripts, sink, ranks)
+    job = _Job(env, handle, group, job_id, scripts, sink, ranks, grace=task.stop_grace)
     try:
         res = _run_guarded(job, guard, detach=detach)
     except Interrupted:
         env.state.finish_launch(job_id, "INTERRUPTED", 130, None)
+        # What the job wrote when it was stopped (a checkpoint on SIGTERM) comes back first;
+        # a second signal gives up on it.
+        if task.outputs:
+            try:
+                pull_outputs(env, handle, task)
+            except KeyboardInterrupt:
+                env.ui.warn("Interrupted again: outputs not pulled back.")
         raise
     finally:
         sink.close()
@@ -518,7 +537,8 @@ def run_command(env: Env, handle: Handle, group: Group, command: str,
     """``cloudtrain exec``: a command on some nodes with the job environment, stopped on every
     node by Ctrl-C. Returns (exit code, first failing node)."""
     job_id = "exec-" + new_job_id()
-    scripts = {n.rank: script(n, job_env(env, handle, n, {}, job_id, {}), command)
+    envs = env.state.job_envs(handle.name)   # the last launch's task envs and --env
+    scripts = {n.rank: script(n, job_env(env, handle, n, envs, job_id, {}), command)
                for n in handle.nodes}
     sink = LogSink(env, env.logs_dir(handle.name) / job_id, "", echo=True, raw=len(ranks) == 1)
     job = _Job(env, handle, group, job_id, scripts, sink, ranks, stop_on_failure=False)

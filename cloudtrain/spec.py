@@ -242,6 +242,9 @@ class Task(_Strict):
                                        allow_inf_nan=False)
     max_hours: float | None = Field(None, gt=0, le=MAX_HOURS,           # expected/allowed run
                                     allow_inf_nan=False)
+    # Seconds from SIGTERM to SIGKILL when a job is stopped (a failure elsewhere, Ctrl-C, the
+    # budget): the time the job has to write its checkpoint.
+    stop_grace: float = Field(60, gt=0, le=3600, allow_inf_nan=False)
 
     # Set by load_task, not by the user: where relative paths start.
     base_dir: Path = Field(default=Path("."), exclude=True)

@@ -90,6 +90,11 @@ CREATE TABLE IF NOT EXISTS usage (
 );
 CREATE INDEX IF NOT EXISTS usage_cluster ON usage(cluster);
 CREATE INDEX IF NOT EXISTS launches_cluster ON launches(cluster);
+CREATE TABLE IF NOT EXISTS job_envs (
+    cluster TEXT PRIMARY KEY,
+    envs_json TEXT NOT NULL DEFAULT '{}',
+    updated_at REAL NOT NULL
+);
 """
 
 SCHEMA_VERSION = 2
@@ -315,6 +320,19 @@ class State:
         with self._write() as db:
             db.execute("DELETE FROM nodes WHERE cluster=?", (name,))
             db.execute("DELETE FROM clusters WHERE name=?", (name,))
+            db.execute("DELETE FROM job_envs WHERE cluster=?", (name,))
+
+    # --- the environment of the cluster's last launch (for exec) -----------------------------
+
+    def set_job_envs(self, cluster: str, envs: dict[str, str]) -> None:
+        with self._write() as db:
+            db.execute("INSERT OR REPLACE INTO job_envs (cluster, envs_json, updated_at) "
+                       "VALUES (?, ?, ?)", (cluster, json.dumps(envs), time.time()))
+
+    def job_envs(self, cluster: str) -> dict[str, str]:
+        with self._read() as db:
+            r = db.execute("SELECT envs_json FROM job_envs WHERE cluster=?", (cluster,)).fetchone()
+        return {} if r is None else {str(k): str(v) for k, v in json.loads(r[0]).items()}
 
     @staticmethod
     def _cluster_from(r: sqlite3.Row) -> ClusterRow:
