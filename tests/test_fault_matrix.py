@@ -45,9 +45,6 @@ run: |
 """
 
 PHASES = ["provision", "ssh", "bootstrap", "sync", "setup", "run"]
-# Ctrl-C (and the signals handled like it) while waiting for SSH or during rsync is swallowed
-# on this branch: finding 17, fixed by the conn engineer.
-FINDING_17 = {"ssh", "sync"}
 
 
 def _project(tmp_path: Path) -> tuple[Path, Path]:
@@ -96,9 +93,7 @@ def _cells() -> list[object]:
     out: list[object] = []
     for phase in PHASES:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            marks = [pytest.mark.xfail(strict=True, reason="finding 17: fixed on branch fix/conn")] \
-                if phase in FINDING_17 else []
-            out.append(pytest.param(phase, sig, id=f"{phase}-{sig.name}", marks=marks))
+            out.append(pytest.param(phase, sig, id=f"{phase}-{sig.name}"))
     return out
 
 

@@ -133,7 +133,8 @@ class Matrix:
         assert cloud.left("fmlost"), "down without --provider touched the cluster"
         r = cloud.run("down", "fmlost", "--provider", cloud.provider, "-y")
         assert r.returncode == 0, r.stderr[-3000:]
-        assert f"'fmlost' is down; {cloud.provider} lists none of its nodes" in r.stderr
+        assert "'fmlost' is down" in r.stderr, r.stderr[-3000:]
+        assert f"{cloud.provider} lists none of its nodes" in r.stderr, r.stderr[-3000:]
         assert not cloud.left("fmlost"), cloud.left("fmlost")
 
     def test_sigkill_state_lost_then_gc(self, cloud: Cloud) -> None:
@@ -145,7 +146,12 @@ class Matrix:
         assert listed.returncode == 0, listed.stderr[-3000:]
         assert "fmorphan" in listed.stdout
         assert cloud.left("fmorphan"), "gc without -y removed something"
+        # A running instance is never terminated without --force: gc -y names the command.
         r = cloud.run("gc", "--provider", cloud.provider, "-y")
+        assert f"cloudtrain gc --provider {cloud.provider} --force -y" in r.stdout + r.stderr, \
+            r.stdout[-2000:] + r.stderr[-2000:]
+        assert cloud.left("fmorphan"), "gc -y without --force terminated a running instance"
+        r = cloud.run("gc", "--provider", cloud.provider, "--force", "-y")
         assert r.returncode == 0, r.stderr[-3000:]
         assert wait_until(lambda: not cloud.left("fmorphan"), 30), cloud.left("fmorphan")
 

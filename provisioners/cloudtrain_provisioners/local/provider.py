@@ -224,8 +224,7 @@ class LocalProvider:
             while sshd.sshd_under(d / "nodes") and time.monotonic() < deadline:
                 time.sleep(0.05)
             left += sshd.sshd_under(d / "nodes")
-            if d.exists():
-                shutil.rmtree(d, ignore_errors=True)
+            _remove_tree(d)
             self._remove_orphans(cluster)
             if left:
                 raise ProviderError(
@@ -255,7 +254,7 @@ class LocalProvider:
             if not alive:
                 break
             time.sleep(0.05)
-        shutil.rmtree(d, ignore_errors=True)
+        _remove_tree(d)
         problems = [f"process {p}" for p in left]
         if nl is not None:
             problems += netns.leftovers(nl, len(nodes))  # type: ignore[arg-type]
@@ -283,3 +282,14 @@ class LocalProvider:
                         pass
                 netns.delete_node(nl, int(ns[len(prefix):]))
         netns.delete_bridge(nl)
+
+
+def _remove_tree(d: Path, patience: float = 3.0) -> None:
+    """rmtree that outlasts a dying process still writing its last file (a job's exit code
+    written as it is killed): try again until the folder is gone or ``patience`` runs out."""
+    deadline = time.monotonic() + patience
+    while d.exists():
+        shutil.rmtree(d, ignore_errors=True)
+        if not d.exists() or time.monotonic() > deadline:
+            return
+        time.sleep(0.05)
