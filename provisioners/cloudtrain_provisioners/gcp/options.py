@@ -30,7 +30,12 @@ class GCPOptions(BaseModel):
         default_factory=list,
         description="Zones to try, in this order (default: the zones the catalog lists for the "
                     "offer, else every zone of the region).")
-    network: str = Field("default", description="VPC network for the nodes and firewall rules.")
+    network: str | None = Field(
+        None, description="VPC network for the nodes and firewall rules (default: a network of "
+                          "the cluster's own, created with it and deleted at teardown). A named "
+                          "network is refused when a firewall rule on it admits more than "
+                          "cloudtrain's rules would (the 'default' network's default-allow-ssh "
+                          "and default-allow-internal do).")
     subnetwork: str | None = Field(
         None, description="Subnetwork (name in the node's region, or a path); needed for "
                           "custom-mode networks.")

@@ -246,6 +246,11 @@ class GCPProvider:
         if region and opts.zones and not any(z.startswith(region + "-") for z in opts.zones):
             raise UserError(f"resources.gcp.zones lists no zone of region {region}.",
                             f"List zones of {region}, or drop resources.gcp.zones.")
+        if opts.subnetwork and not opts.network:
+            raise UserError("resources.gcp.subnetwork is given without resources.gcp.network.",
+                            "Name the network the subnetwork belongs to in "
+                            "resources.gcp.network, or drop the subnetwork (cloudtrain then "
+                            "creates a network of the cluster's own).")
         if opts.credentials_file and not Path(opts.credentials_file).expanduser().is_file():
             raise UserError(f"resources.gcp.credentials_file {opts.credentials_file} does not "
                             "exist.", "Give the path of a service-account key file (JSON).")
@@ -260,8 +265,11 @@ class GCPProvider:
         base = L.base_name(request.name, self.owner)
         cidr = res.ssh_cidr or self.cidr.cached() or "your public IP/32 (looked up when up runs)"
         project = opts.project or "the default project (GOOGLE_CLOUD_PROJECT or the credentials')"
-        creates = [f"firewall rule {r.name(base)} on network {opts.network}: {r.text(base)}"
-                   for r in NET.desired_rules(base, cidr, list(res.ports))]
+        net = opts.network or NET.dedicated_name(base)
+        creates = ([] if opts.network else
+                   [f"VPC network {net} (auto-mode, the cluster's own; deleted at teardown)"])
+        creates += [f"firewall rule {r.name(base)} on network {net}: {r.text(base)}"
+                    for r in NET.desired_rules(base, cidr, list(res.ports))]
         market = ("spot (provisioningModel SPOT, termination action DELETE)" if res.use_spot
                   else "on-demand")
         gpus = (f" + {first.count} x {IMG.accelerator_type(first.accelerator)} attached"
@@ -302,17 +310,23 @@ class GCPProvider:
     def ensure_network(self, request: ClusterRequest) -> NetworkRef:
         res, opts = request.resources, self._opts(request)
         api, project = self._request_api(request)
-        # Written before anything is created: teardown looks in this project.
-        self._save(request.name, project=project, network=opts.network,
-                   credentials_file=opts.credentials_file)
-        NET.check_network(api, project, opts.network)
-        cidr = self.cidr.get(res.ssh_cidr)
         base = L.base_name(request.name, self.owner)
+        network = opts.network or NET.dedicated_name(base)
+        # Written before anything is created: teardown looks in this project.
+        self._save(request.name, project=project, network=network,
+                   credentials_file=opts.credentials_file)
+        cidr = self.cidr.get(res.ssh_cidr)
+        if opts.network:
+            NET.check_network(api, project, opts.network)
+            NET.audit_network(api, project, opts.network, base, cidr, list(res.ports),
+                              opts.service_account)
+        else:
+            NET.ensure_dedicated_network(api, project, base, request.name, self.owner)
         rules = NET.desired_rules(base, cidr, list(res.ports))
-        NET.ensure_firewalls(api, project, opts.network, base, request.name, self.owner, rules)
+        NET.ensure_firewalls(api, project, network, base, request.name, self.owner, rules)
         self._save(request.name, ssh_cidr=cidr)
-        return NetworkRef(f"{project}/{opts.network}",
-                          f"firewall rules on network {opts.network} ({project}): "
+        return NetworkRef(f"{project}/{network}",
+                          f"firewall rules on network {network} ({project}): "
                           + "; ".join(f"{r.name(base)}: {r.text(base)}" for r in rules))
 
     # --- contract: nodes -----------------------------------------------------------------
@@ -469,7 +483,8 @@ class GCPProvider:
                 accelerator_count=target.count, image=image, disk_gb=res.disk_size_gb,
                 disk_type=opts.disk_type or IMG.default_disk_type(target.machine_type),
                 cluster=request.name, owner=self.owner, spot=res.use_spot,
-                network=opts.network, subnetwork=opts.subnetwork, public_ip=opts.public_ip,
+                network=opts.network or NET.dedicated_name(L.base_name(request.name, self.owner)),
+                subnetwork=opts.subnetwork, public_ip=opts.public_ip,
                 ssh_user=opts.ssh_user, public_key=request.public_key,
                 service_account=opts.service_account, install_driver=opts.install_nvidia_driver)
             new, errors = I.launch(api, spec, missing)
