@@ -224,6 +224,8 @@ def wider_rules(rules: list[dict[str, Any]], network: str, base: str, cidr: str,
             target = "every instance on the network"
         ranges = list(fw.get("sourceRanges") or [])
         other = list(fw.get("sourceTags") or []) + list(fw.get("sourceServiceAccounts") or [])
+        if not ranges and other and set(other) <= {base}:
+            continue   # from the cluster's own nodes (its internal rule)
         allowed_ports = [_port_set(a) for a in fw["allowed"]]
         if not other and _within(ranges, cidr) and all(
                 p is not None and p <= ok_ports for p in allowed_ports):
@@ -243,16 +245,17 @@ def audit_network(api: Api, project: str, network: str, base: str, cidr: str,
                       ports, service_account)
     if not bad:
         return
-    fw, what = bad[0]
-    more = "".join(f"; {f['name']} ({w})" for f, w in bad[1:4])
+    names = [f["name"] for f, _ in bad]
+    listed = "; ".join(f"{f['name']} admits {w}" for f, w in bad[:5])
     raise UserError(
-        f"resources.gcp.network: on network '{network}' (project {project}) the firewall "
-        f"rule {fw['name']} admits {what}, wider than cloudtrain's own rules (SSH from "
-        f"{cidr} only, the rendezvous/NCCL ports only between the cluster's nodes)"
-        + (f"; also {more[2:]}" if more else "") + ". Nothing was created.",
-        "Leave resources.gcp.network out so that cloudtrain creates a dedicated network for "
-        f"the cluster, or narrow the rule (e.g. 'gcloud compute firewall-rules delete "
-        f"{fw['name']}', or give it target tags the nodes do not carry).")
+        f"resources.gcp.network: on network '{network}' (project {project}) "
+        f"{'the firewall rule' if len(bad) == 1 else f'{len(bad)} firewall rules are'} wider "
+        f"than cloudtrain's own (SSH from {cidr} only, the rendezvous/NCCL ports only between "
+        f"the cluster's nodes): {listed}" + ("; ..." if len(bad) > 5 else "")
+        + ". Nothing was created.",
+        "Leave resources.gcp.network out so that cloudtrain creates a network of the "
+        "cluster's own, or narrow those rules (give them target tags the nodes do not carry, "
+        f"or delete them: 'gcloud compute firewall-rules delete {' '.join(names)}').")
 
 
 def find_rules(api: Api, project: str, cluster: str | None,
