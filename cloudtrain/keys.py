@@ -1,14 +1,17 @@
 """Per-cluster SSH identity and pinned host keys.
 
 Each cluster gets its own ed25519 key (mode 0600) and its own known_hosts file. A node's host
-key is pinned either from what the provider reports at creation (the local provider generates
-the host keys itself; clouds may read them from the console) or, failing that, learned on the
-first contact with a freshly created node. After that, a different key is refused: there is no
-``StrictHostKeyChecking=no`` anywhere in cloudtrain.
+key is pinned either from what the provider reports at creation, out of band (the local
+provider generates the host keys itself; AWS reads them from the console output, GCP from the
+guest attributes its guest agent publishes), or, failing that, learned on the first contact
+with a freshly created node. After that, a different key is refused: there is no
+``StrictHostKeyChecking=no`` anywhere in cloudtrain. How each node's key was pinned is kept
+beside the known_hosts file (``pinning.json``) for ``cloudtrain status``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +60,33 @@ def ensure_keys(cluster_dir: Path, comment: str) -> ClusterKeys:
     keys.public_key_path.write_text(pub.decode() + f" {comment}\n")
     keys.known_hosts.touch(mode=0o600, exist_ok=True)
     return keys
+
+
+PINNED_AT_CREATION = "pinned at creation"
+FIRST_CONTACT = "learned on first contact"
+USER_KNOWN_HOSTS = "the user's known_hosts"
+
+
+def record_pinning(keys: ClusterKeys, how: dict[int, str]) -> None:
+    """Remember how each rank's host key was (or will be) pinned; ranks not given keep theirs."""
+    path = keys.dir / "pinning.json"
+    try:
+        old = {int(k): str(v) for k, v in json.loads(path.read_text()).items()}
+    except (OSError, ValueError, AttributeError):
+        old = {}
+    old.update(how)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({str(k): v for k, v in sorted(old.items())}))
+    os.replace(tmp, path)
+
+
+def pinning(cluster_dir: Path) -> dict[int, str]:
+    """How each rank's host key was pinned ({} when nothing was recorded)."""
+    try:
+        data = json.loads((cluster_dir / "ssh" / "pinning.json").read_text())
+        return {int(k): str(v) for k, v in data.items()}
+    except (OSError, ValueError, AttributeError):
+        return {}
 
 
 def host_entry_name(host: str, port: int) -> str:

@@ -13,6 +13,9 @@ enforces that matter to cloudtrain):
   it gets a networkIP (10.128.x.y) and, with an access config, a natIP (34.x.y.z), both
   invented here. Its boot disk exists beside it and goes with it when ``autoDelete``.
 - disks: list, aggregated list, delete (a boot disk left behind without autoDelete).
+- instances.getGuestAttributes (``hostkeys/``): what the test, playing the guest agent,
+  published with :meth:`GCEFake.publish_host_keys`; refused unless the instance's metadata
+  sets ``enable-guest-attributes``.
 - firewalls: insert (a rule without sources is open to 0.0.0.0/0, as in GCE), get, list,
   patch, delete.
 - zone and global operations: RUNNING until polled ``op_polls`` times (``get`` or
@@ -175,6 +178,7 @@ class GCEFake:
         self.jwt_uses: list[dict[str, Any]] = []
         self.outside: list[str] = []
         self.on_running: list[Callable[[dict[str, Any]], None]] = []
+        self.guest_attributes: dict[tuple[str, str], dict[str, str]] = {}
         self._op_faults: list[dict[str, Any]] = []
         self._take_back: list[dict[str, Any]] = []
         self._http_faults: list[dict[str, Any]] = []
@@ -414,6 +418,8 @@ class GCEFake:
             ("GET", z + r"/instances/(?P<name>[^/]+)", self._get_instance),
             ("DELETE", z + r"/instances/(?P<name>[^/]+)", self._delete_instance),
             ("POST", z + r"/instances/(?P<name>[^/]+)/start", self._start_instance),
+            ("GET", z + r"/instances/(?P<name>[^/]+)/getGuestAttributes",
+             self._guest_attrs),
             ("GET", p + r"/aggregated/instances", self._aggregated_instances),
             ("GET", z + r"/disks", self._list_disks),
             ("GET", p + r"/aggregated/disks", self._aggregated_disks),
@@ -656,6 +662,7 @@ class GCEFake:
 
     def _remove_instance(self, zone: str, name: str) -> None:
         inst = self.instances.pop((zone, name), None)
+        self.guest_attributes.pop((zone, name), None)
         if inst is None:
             return
         for d in inst.get("disks", []):
@@ -680,6 +687,36 @@ class GCEFake:
         if inst is None:
             raise _not_found(f"projects/{project}/zones/{zone}/instances/{name}")
         return self._read(inst)
+
+    def publish_host_keys(self, inst: dict[str, Any], key_lines: list[str]) -> None:
+        """Play the guest agent: publish an instance's SSH host public keys ("type base64")
+        in its guest attributes (``hostkeys/<type>``), as it does on a real instance whose
+        metadata sets ``enable-guest-attributes``."""
+        zone = _last(str(inst["zone"]))
+        with self.lock:
+            attrs = self.guest_attributes.setdefault((zone, inst["name"]), {})
+            for line in key_lines:
+                typ, b64 = line.split()[:2]
+                attrs[f"hostkeys/{typ}"] = b64
+
+    def _guest_attrs(self, project: str, zone: str, name: str, query: dict[str, str],
+                     **_: Any) -> dict[str, Any]:
+        zone = self._zone(project, zone)
+        inst = self.instances.get((zone, name))
+        if inst is None:
+            raise _not_found(f"projects/{project}/zones/{zone}/instances/{name}")
+        meta = {i.get("key"): i.get("value") for i in (inst.get("metadata") or {}).get("items", [])}
+        if str(meta.get("enable-guest-attributes", "")).upper() != "TRUE":
+            raise ApiError(400, "invalid", "Guest attributes endpoint access is disabled.")
+        path = query.get("queryPath", "")
+        items = [{"namespace": k.split("/", 1)[0], "key": k.split("/", 1)[1], "value": v}
+                 for k, v in sorted(self.guest_attributes.get((zone, name), {}).items())
+                 if k.startswith(path)]
+        if not items:
+            raise _not_found(f"projects/{project}/zones/{zone}/instances/{name}/"
+                             f"guestAttributes/{path}")
+        return {"kind": "compute#guestAttributes", "queryPath": path,
+                "queryValue": {"items": items}}
 
     def _instances_in(self, zone: str, flt: str | None) -> list[dict[str, Any]]:
         return [self._read(i) for (z, n), i in sorted(self.instances.items())
@@ -1217,7 +1254,8 @@ class Harness:
             resources["accelerators"] = "T4:1"
         keys = ensure_keys(self.home / "clusters" / name, comment=f"cloudtrain-{name}")
         return ClusterRequest(name=name, num_nodes=num_nodes, resources=Resources(**resources),
-                              options=GCPOptions(**(gcp or {})), public_key=keys.public_key())
+                              options=GCPOptions(**{"host_key_wait": 0, **(gcp or {})}),
+                              public_key=keys.public_key())
 
     def up(self, request: Any, provider: Any = None) -> tuple[Any, list[Any]]:
         p = provider or self.provider()

@@ -56,6 +56,11 @@ class GCPOptions(BaseModel):
     service_account: str | None = Field(
         None, description="Service account email for the nodes (default: none, so the nodes "
                           "hold no Google credentials).")
+    host_key_wait: float = Field(
+        120.0, ge=0, le=900,
+        description="Seconds to wait for each new node's SSH host keys in its guest attributes "
+                    "(published by the guest agent), to pin them before the first connection "
+                    "(0: learn the key on first contact instead).")
     install_nvidia_driver: bool = Field(
         True, description="Ask Deep Learning VM images to install the NVIDIA driver on first "
                           "boot where the image does not carry it.")

@@ -504,7 +504,13 @@ class GCPProvider:
                        public_ip=opts.public_ip)
             if self.amap is not None:
                 self.amap.wait_for([a for i in running for a in (i.nat_ip, i.internal_ip) if a])
-            return [self._node(i, opts.ssh_user, opts.public_ip) for i in running]
+            keys = self._host_keys(api, project, zone, [i.name for i in running],
+                                   opts.host_key_wait)
+            self._save(request.name, host_keys={**((self._record(request.name) or {})
+                                                   .get("host_keys") or {}),
+                                                **{k: list(v) for k, v in keys.items()}})
+            return [self._node(i, opts.ssh_user, opts.public_ip, keys.get(i.name, ()))
+                    for i in running]
         except BaseException:
             self._rollback(api, project, zone, list(new.values()))
             raise
@@ -516,7 +522,40 @@ class GCPProvider:
                          + ", ".join(names))
             I.delete(api, project, {zone: names})
 
-    def _node(self, i: I.Inst, user: str, public: bool) -> Node:
+    def _host_keys(self, api: Api, project: str, zone: str, names: list[str],
+                   wait: float) -> dict[str, tuple[str, ...]]:
+        """Each node's host keys from its guest attributes, waiting up to ``wait`` seconds
+        (of polling) for the guest agent to publish them. A node still without keys then is
+        learned on first contact, and said so."""
+        found: dict[str, tuple[str, ...]] = {}
+        if wait <= 0 or not names:
+            return found
+        waited, step = 0.0, 2.0
+        while True:
+            try:
+                for n in names:
+                    if n not in found:
+                        keys = I.host_keys(api, project, zone, n)
+                        if keys:
+                            found[n] = keys
+            except ProviderError as exc:
+                # e.g. no compute.instances.getGuestAttributes permission: not fatal, the
+                # keys are then learned on first contact (and status says so)
+                self.ui.warn(f"gcp: cannot read the nodes' host keys from their guest "
+                             f"attributes ({exc.message}).")
+                break
+            if len(found) == len(names) or waited >= wait:
+                break
+            self.sleep(step)
+            waited += step
+        missing = [n for n in names if n not in found]
+        if missing:
+            self.ui.warn(f"gcp: {', '.join(missing)} published no SSH host key in its guest "
+                         f"attributes within {wait:.0f} s; its key is learned on first contact.")
+        return found
+
+    def _node(self, i: I.Inst, user: str, public: bool,
+              host_keys: tuple[str, ...] = ()) -> Node:
         addr = i.nat_ip if public else i.internal_ip
         status = I.STATUS.get(i.status, "unknown")
         iid = f"{i.name}/{i.id}" if i.id else i.name
@@ -524,7 +563,7 @@ class GCPProvider:
         if self.amap is None:
             return Node(rank=rank, instance_id=iid, host=addr, port=22, user=user,
                         internal_ip=i.internal_ip, status=status,  # type: ignore[arg-type]
-                        root_dir="cloudtrain", spot=i.spot)
+                        root_dir="cloudtrain", spot=i.spot, host_keys=host_keys)
         # Test mode: only addresses the map gives are ever used.
         if not addr:
             return Node(rank=rank, instance_id=iid, host="", user=user,
@@ -535,7 +574,7 @@ class GCPProvider:
         return Node(rank=rank, instance_id=iid, host=t.host, port=t.port,
                     user=str(self.amap.setting("user") or user), internal_ip=inner,
                     status=status, root_dir=t.root_dir or "cloudtrain",  # type: ignore[arg-type]
-                    spot=i.spot)
+                    spot=i.spot, host_keys=host_keys)
 
     def list_nodes(self, cluster: str) -> list[Node]:
         rec = self._record(cluster)

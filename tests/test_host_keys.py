@@ -1,0 +1,170 @@
+"""Finding 11: a node's SSH host key is learned out of band where the provider allows it, and
+``status`` says how each node's key was pinned.
+
+- GCP: the guest agent publishes the host keys in the instance's guest attributes
+  (``hostkeys/``); cloudtrain reads and pins them before its first connection. In the e2e
+  world the fake plays the guest agent and publishes the host key of the local sshd node the
+  instance's address maps to; a node that presents another key than the published one is
+  refused on first contact.
+- ssh provider: a host the user's own ~/.ssh/known_hosts knows is pinned with those keys; a
+  host presenting another key is refused, as ``ssh`` would."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import CLI, needs_sshd, processes_with, wait_until
+
+pytestmark = [needs_sshd, pytest.mark.e2e]
+
+
+def _other_key() -> str:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    pub = Ed25519PrivateKey.generate().public_key().public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    return pub.decode()
+
+
+# --- GCP: guest attributes -------------------------------------------------------------------
+
+HAVE_GCP = True
+try:
+    import google.cloud.compute_v1  # noqa: F401
+
+    from test_gcp_e2e import world  # noqa: F401  (the e2e world fixture, used by name)
+except ImportError:  # pragma: no cover - the gcp extra is not installed
+    HAVE_GCP = False
+
+needs_gcp = pytest.mark.skipif(not HAVE_GCP, reason="google-cloud-compute not installed")
+
+GCP_TASK = ("name: keys\nnum_nodes: 2\nrun: 'true'\nresources:\n  provider: gcp\n"
+            "  region: us-central1\n  accelerators: T4:1\n  ssh_cidr: 198.51.100.7/32\n")
+
+
+def _known_hosts(cli: CLI, name: str) -> str:
+    return (cli.home / "clusters" / name / "ssh" / "known_hosts").read_text()
+
+
+@needs_gcp
+def test_gcp_host_keys_are_pinned_from_guest_attributes_before_first_contact(
+        world, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    cli, env, fake, nodes, _authorized = world
+    task = tmp_path / "task.yaml"
+    task.write_text(GCP_TASK)
+    r = cli.run("up", str(task), "--no-bootstrap", timeout=300, **env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    # the instances were asked to publish their keys, and cloudtrain read them
+    for body in fake.inserted_instances():
+        items = {i["key"]: i["value"] for i in body["metadata"]["items"]}
+        assert items["enable-guest-attributes"] == "TRUE"
+    assert fake.calls("GET", "/getGuestAttributes")
+    # what is pinned is exactly what the guest agent published: the nodes' real keys
+    kh = _known_hosts(cli, "keys")
+    for (addr, port), key in zip(nodes.addrs, nodes.host_keys):
+        assert f"[{addr}]:{port} {key}" in kh
+    st = cli.run("status", "--json", **env)
+    assert st.returncode == 0, st.stderr
+    [c] = json.loads(st.stdout)
+    assert [n["host_key"] for n in c["nodes"]] == ["pinned at creation"] * 2
+    table = cli.run("status", **env)
+    assert "HOST KEYS" in table.stdout and "pinned at creation" in table.stdout
+    d = cli.run("down", "keys", "-y", timeout=120, **env)
+    assert d.returncode == 0, d.stderr
+    assert fake.empty(), fake.ours()
+
+
+@needs_gcp
+def test_gcp_node_presenting_another_key_than_published_is_refused(
+        world, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    cli, env, fake, nodes, _authorized = world
+    nodes.publish_instead = [_other_key()]   # the "instance" says X, the node presents Y
+    task = tmp_path / "task.yaml"
+    task.write_text(GCP_TASK)
+    r = cli.run("up", str(task), "--no-bootstrap", timeout=300, **env)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0, out
+    assert "presented a host key different" in out and "Traceback" not in out, out
+    # nothing was learned from the node itself
+    kh_file = cli.home / "clusters" / "keys" / "ssh" / "known_hosts"
+    kh = kh_file.read_text() if kh_file.exists() else ""
+    assert not any(k.split()[1] in kh for k in nodes.host_keys)
+    # the fresh cluster was rolled back: nothing left in the project or in the state
+    assert fake.empty(), fake.ours()
+    assert json.loads(cli.run("status", "--json", **env).stdout) == []
+
+
+# --- ssh provider: the user's known_hosts ----------------------------------------------------
+
+def _hosts_cluster(cli: CLI, tmp_path: Path) -> tuple[list[dict], Path]:  # type: ignore[type-arg]
+    """Two local sshd nodes standing in for the user's hosts; their real host keys."""
+    t = tmp_path / "hosts.yaml"
+    t.write_text("name: hosts\nnum_nodes: 2\nrun: 'true'\n")
+    r = cli.run("up", str(t), "--no-bootstrap")
+    assert r.returncode == 0, r.stderr
+    return cli.status()[0]["nodes"], cli.home / "clusters" / "hosts" / "ssh"
+
+
+def _ssh_task(tmp_path: Path, hosts: list[dict], key: Path) -> Path:  # type: ignore[type-arg]
+    entries = "\n".join(f"      - {{address: {h['host']}, port: {h['port']}, "
+                        f"identity_file: {key}}}" for h in hosts)
+    task = tmp_path / "mine.yaml"
+    task.write_text(f"name: mine\nnum_nodes: 2\nresources:\n  provider: ssh\n  ssh:\n"
+                    f"    hosts:\n{entries}\nbootstrap:\n  python: {sys.executable}\n"
+                    "run: 'true'\n")
+    return task
+
+
+def _user_home(tmp_path: Path, lines: list[str]) -> Path:
+    """A HOME whose ~/.ssh/known_hosts holds ``lines`` (hashed, as HashKnownHosts writes)."""
+    import paramiko
+
+    home = tmp_path / "user-home"
+    (home / ".ssh").mkdir(parents=True)
+    out = []
+    for ln in lines:
+        name, typ, b64 = ln.split()
+        out.append(f"{paramiko.HostKeys.hash_host(name)} {typ} {b64}")
+    (home / ".ssh" / "known_hosts").write_text("\n".join(out) + "\n")
+    return home
+
+
+def test_ssh_provider_refuses_a_host_whose_key_differs_from_the_users_known_hosts(
+        cli: CLI, tmp_path: Path) -> None:
+    hosts, ssh_dir = _hosts_cluster(cli, tmp_path)
+    wrong = [f"[{h['host']}]:{h['port']} {_other_key()}" for h in hosts]
+    home = _user_home(tmp_path, wrong)
+    task = _ssh_task(tmp_path, hosts, ssh_dir / "id_ed25519")
+    r = cli.run("up", str(task), "--no-bootstrap", HOME=str(home))
+    out = r.stdout + r.stderr
+    assert r.returncode != 0, out
+    assert "presented a host key different" in out and "Traceback" not in out, out
+    # nothing learned from the hosts themselves (the failed up rolled its cluster back)
+    kh_file = cli.home / "clusters" / "mine" / "ssh" / "known_hosts"
+    kh = kh_file.read_text() if kh_file.exists() else ""
+    real = _known_hosts(cli, "hosts")
+    assert not any(ln.split()[-1] in kh for ln in real.splitlines() if ln.strip())
+    assert [c["name"] for c in cli.status()] == ["hosts"]   # the failed up was rolled back
+    assert cli.run("down", "hosts", "-y").returncode == 0
+    assert wait_until(lambda: not processes_with(str(cli.home)), 10)
+
+
+def test_ssh_provider_pins_the_keys_of_the_users_known_hosts(cli: CLI, tmp_path: Path) -> None:
+    hosts, ssh_dir = _hosts_cluster(cli, tmp_path)
+    real = [ln for ln in _known_hosts(cli, "hosts").splitlines() if ln.strip()]
+    home = _user_home(tmp_path, real)
+    task = _ssh_task(tmp_path, hosts, ssh_dir / "id_ed25519")
+    r = cli.run("up", str(task), "--no-bootstrap", HOME=str(home))
+    assert r.returncode == 0, r.stderr
+    st = cli.run("status", "mine", "--json", HOME=str(home))
+    [c] = json.loads(st.stdout)
+    assert [n["host_key"] for n in c["nodes"]] == ["the user's known_hosts"] * 2
+    assert set(_known_hosts(cli, "mine").splitlines()) == set(real)
+    assert cli.run("down", "mine", "-y", HOME=str(home)).returncode == 0
+    assert cli.run("down", "hosts", "-y").returncode == 0
+    assert wait_until(lambda: not processes_with(str(cli.home)), 10)
