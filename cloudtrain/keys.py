@@ -89,6 +89,44 @@ def pinning(cluster_dir: Path) -> dict[int, str]:
         return {}
 
 
+def generate_host_key() -> tuple[str, str]:
+    """A fresh ed25519 host key pair for one node: (private key in OpenSSH PEM, public line
+    "ssh-ed25519 AAAA...")."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key = Ed25519PrivateKey.generate()
+    priv = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                             serialization.NoEncryption()).decode()
+    pub = key.public_key().public_bytes(serialization.Encoding.OpenSSH,
+                                        serialization.PublicFormat.OpenSSH).decode()
+    return priv, pub
+
+
+def host_key_cloud_config(private: str, public: str) -> str:
+    """cloud-init user data that installs this host key pair as the node's only SSH host key
+    before sshd first starts (cc_ssh: ``ssh_keys``; no key of its own is generated)."""
+    import yaml
+
+    return "#cloud-config\n" + yaml.safe_dump(
+        {"ssh_deletekeys": True, "ssh_genkeytypes": [],
+         "ssh_keys": {"ed25519_private": private, "ed25519_public": public}},
+        default_style=None, sort_keys=True)
+
+
+def host_key_from_cloud_config(text: str) -> tuple[str, str] | None:
+    """The (private, public) ed25519 host key in cloud-init user data, as cloud-init reads it."""
+    import yaml
+
+    if not text.startswith("#cloud-config"):
+        return None
+    data = yaml.safe_load(text) or {}
+    keys = data.get("ssh_keys") or {}
+    if "ed25519_private" not in keys or "ed25519_public" not in keys:
+        return None
+    return str(keys["ed25519_private"]), str(keys["ed25519_public"])
+
+
 def host_entry_name(host: str, port: int) -> str:
     return host if port == 22 else f"[{host}]:{port}"
 

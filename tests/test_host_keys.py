@@ -99,6 +99,66 @@ def test_gcp_node_presenting_another_key_than_published_is_refused(
     assert json.loads(cli.run("status", "--json", **env).stdout) == []
 
 
+# --- Azure: a host key cloudtrain makes, injected through customData --------------------------
+
+try:
+    import test_azure_e2e as AZ
+except Exception:  # noqa: BLE001 - the azure extra is not installed  # pragma: no cover
+    AZ = None  # type: ignore[assignment]
+
+needs_azure = pytest.mark.skipif(AZ is None, reason="azure SDK not installed")
+
+AZ_TASK = ("name: azkeys\nnum_nodes: 2\nrun: 'true'\nresources:\n  provider: azure\n"
+           "  region: eastus\n  instance_type: Standard_NC4as_T4_v3\n  ssh_cidr: 127.0.0.1/32\n")
+
+
+@pytest.fixture
+def az_world(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """test_azure_e2e's world (ARM fake, sshd nodes, the booter playing cloud-init)."""
+    yield from AZ.world.__wrapped__(tmp_path)
+
+
+@needs_azure
+def test_azure_host_key_is_made_by_cloudtrain_injected_and_pinned(
+        az_world, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    fake, nodes, booter, env = az_world
+    task = tmp_path / "task.yaml"
+    task.write_text(AZ_TASK)
+    r = AZ._cloudtrain(env, "up", str(task), "--no-bootstrap", timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    # each VM got its own key in customData; ARM never shows customData back
+    assert sorted(booter.host_keys) == [0, 1]
+    assert len(set(booter.host_keys.values())) == 2
+    puts = fake.ops_of("PUT", "virtualmachines")
+    assert all(p.body["properties"]["osProfile"]["customData"] for p in puts)
+    assert "customData" not in json.dumps(fake.resources)
+    home = Path(env["CLOUDTRAIN_HOME"])
+    kh = (home / "clusters" / "azkeys" / "ssh" / "known_hosts").read_text()
+    for rank, n in enumerate(nodes.nodes):
+        assert f"[{n['address']}]:{n['port']} {booter.host_keys[rank]}" in kh
+    [c] = json.loads(AZ._cloudtrain(env, "status", "--json").stdout)
+    assert [n["host_key"] for n in c["nodes"]] == ["pinned at creation"] * 2
+    d = AZ._cloudtrain(env, "down", "azkeys", "-y", timeout=200)
+    assert d.returncode == 0, d.stderr
+    assert fake.everything() == []
+
+
+@needs_azure
+def test_azure_node_presenting_another_key_than_injected_is_refused(
+        az_world, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    fake, nodes, booter, env = az_world
+    booter.keep_own_host_key = True
+    task = tmp_path / "task.yaml"
+    task.write_text(AZ_TASK)
+    r = AZ._cloudtrain(env, "up", str(task), "--no-bootstrap", timeout=300)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0, out
+    assert "presented a host key different" in out and "Traceback" not in out, out
+    # rolled back: nothing in the subscription, nothing in the state
+    assert fake.everything() == []
+    assert json.loads(AZ._cloudtrain(env, "status", "--json").stdout) == []
+
+
 # --- ssh provider: the user's known_hosts ----------------------------------------------------
 
 def _hosts_cluster(cli: CLI, tmp_path: Path) -> tuple[list[dict], Path]:  # type: ignore[type-arg]

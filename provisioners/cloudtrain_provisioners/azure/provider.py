@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
@@ -33,6 +33,7 @@ from cloudtrain.caller import CallerCidr, lookup_public_ip
 from cloudtrain.cluster_record import ClusterRecord
 from cloudtrain.errors import AuthError, CapacityError, ProviderError, QuotaError, UserError
 from cloudtrain.provider import ClusterRequest, NetworkRef, Node, Plan, ProviderContext
+from cloudtrain.keys import generate_host_key, host_key_cloud_config
 
 from . import network as NET
 from . import tags as T
@@ -462,12 +463,17 @@ class AzureProvider:
         where = f"{spec.region} zone {zone}" if zone else spec.region
         tried: list[str] = []
         created = T.now()
+        # Each new VM gets a host key made here, installed by cloud-init from customData
+        # before sshd starts, and pinned before the first connection. Azure never returns
+        # customData through its API; on the VM only root reads it (waagent's ovf-env.xml).
+        host = {r: generate_host_key() for r in nics}
 
         def one(rank: int) -> None:
             vm = T.vm_name(name, rank)
             api.lro(f"create VM {vm} ({spec.size}) in {where}",
                     api.c.compute.virtual_machines.begin_create_or_update, group, vm,
-                    V.vm_body(spec, rank, nics[rank], zone, created))
+                    V.vm_body(spec, rank, nics[rank], zone, created,
+                              custom_data=host_key_cloud_config(*host[rank])))
 
         try:
             if nics:
@@ -490,7 +496,8 @@ class AzureProvider:
                 addrs = V.addresses(api, group)
                 found = [addrs.get(v.nic_id.lower()) or V.Addresses("", "") for v in vms]
                 self.amap.wait_for([x for a in found for x in (a.public, a.private) if x])
-            return self._nodes(api, name, group, vms)
+            return [replace(n, host_keys=(host[n.rank][1],)) if n.rank in host else n
+                    for n in self._nodes(api, name, group, vms)]
         except BaseException:
             self._rollback(api, group, tried)
             raise
