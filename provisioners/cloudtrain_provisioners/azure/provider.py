@@ -496,8 +496,12 @@ class AzureProvider:
                 addrs = V.addresses(api, group)
                 found = [addrs.get(v.nic_id.lower()) or V.Addresses("", "") for v in vms]
                 self.amap.wait_for([x for a in found for x in (a.public, a.private) if x])
-            return [replace(n, host_keys=(host[n.rank][1],)) if n.rank in host else n
-                    for n in self._nodes(api, name, group, vms)]
+            # the public halves, by VM id, so every later listing reports the same keys
+            made = {v.id.lower(): host[v.rank][1] for v in vms if v.rank in host}
+            if made:
+                self._save(name, host_keys={**(self._record(name).get("host_keys") or {}),
+                                            **made})
+            return self._nodes(api, name, group, vms)
         except BaseException:
             self._rollback(api, group, tried)
             raise
@@ -558,11 +562,14 @@ class AzureProvider:
         rec = self._record(cluster)
         user = str(rec.get("user") or "azureuser")
         public = bool(rec.get("public_ip", True))
+        keys = rec.get("host_keys") or {}
         addrs = V.addresses(api, group) if vms else {}
         out = []
         for v in sorted(vms, key=lambda v: v.rank if v.rank is not None else 1 << 30):
             a = addrs.get(v.nic_id.lower(), V.Addresses("", ""))
-            out.append(self._node(v, a, user, public))
+            n = self._node(v, a, user, public)
+            key = keys.get(v.id.lower())
+            out.append(replace(n, host_keys=(str(key),)) if key else n)
         return out
 
     def _node(self, v: V.Vm, a: V.Addresses, user: str, public: bool) -> Node:
