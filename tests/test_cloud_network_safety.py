@@ -167,3 +167,59 @@ def test_dedicated_network_is_created_used_and_deleted(
         assert f"{base}-net" not in fake.network_res
         assert fake.empty(), fake.ours()
         assert "default" in fake.network_res      # the project's own network is untouched
+
+
+# --- AWS and Azure: their defaults checked the same way ----------------------------------------
+
+def test_aws_nodes_carry_only_the_clusters_security_group(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The default VPC's default security group (all traffic between its members) is never
+    attached: each node's only group is the cluster's, whose rules are SSH from the caller's
+    /32 and everything from the group itself."""
+    pytest.importorskip("moto")
+    from moto import mock_aws
+
+    from cloudtrain_provisioners.aws.testing import (TEST_CALLER_IP as AWS_IP, Harness,
+                                                     add_images_to_moto)
+    from cloudtrain_provisioners.aws.testing import hermetic_env as aws_env
+
+    aws_env(monkeypatch)
+    with mock_aws():
+        add_images_to_moto("us-east-1")
+        h = Harness(tmp_path / "home")
+        p = h.provider()
+        req = h.request()
+        p.create_nodes(req, p.ensure_network(req))
+        raw = h.clients.raw("us-east-1")
+        insts = [i for r in raw.describe_instances()["Reservations"] for i in r["Instances"]]
+        assert len(insts) == 2
+        [ours] = h.tagged()["security_groups"]
+        for i in insts:
+            groups = [g for nic in i["NetworkInterfaces"] for g in nic["Groups"]]
+            groups += i.get("SecurityGroups") or []
+            assert {g["GroupId"] for g in groups} == {ours["GroupId"]}, groups
+            assert all(g["GroupName"] != "default" for g in groups)
+        sources = sorted(
+            (perm.get("FromPort"), rng["CidrIp"]) for perm in ours["IpPermissions"]
+            for rng in perm.get("IpRanges", []))
+        assert sources == [(22, f"{AWS_IP}/32")]
+        assert [pair["GroupId"] for perm in ours["IpPermissions"]
+                for pair in perm.get("UserIdGroupPairs", [])] == [ours["GroupId"]]
+
+
+def test_azure_nsg_denies_before_azures_default_rules() -> None:
+    """Azure puts AllowVnetInBound (65000: the VNet, peered networks, gateways) and
+    AllowAzureLoadBalancerInBound (65001) under every NSG. cloudtrain's NSG allows only SSH
+    and the task's ports from the caller's range and the cluster's own VNet range, then denies
+    everything at 4096, before those defaults are reached."""
+    from cloudtrain_provisioners.azure import network as AZNET
+
+    rules = AZNET.desired_rules("198.51.100.7/32", [6006], "10.42.0.0/16")
+    deny = [r for r in rules if r.access == "Deny"]
+    assert [(d.source, d.port, d.priority) for d in deny] == [("*", "*", AZNET.PRIORITY_DENY)]
+    assert AZNET.PRIORITY_DENY < 65000
+    for r in rules:
+        if r.access == "Allow":
+            assert r.priority < AZNET.PRIORITY_DENY
+            assert r.source in ("198.51.100.7/32", "10.42.0.0/16"), r
+            assert r.source not in ("*", "VirtualNetwork", "Internet", "0.0.0.0/0")
