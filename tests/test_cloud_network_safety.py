@@ -223,3 +223,24 @@ def test_azure_nsg_denies_before_azures_default_rules() -> None:
             assert r.priority < AZNET.PRIORITY_DENY
             assert r.source in ("198.51.100.7/32", "10.42.0.0/16"), r
             assert r.source not in ("*", "VirtualNetwork", "Internet", "0.0.0.0/0")
+
+
+def test_a_cluster_made_on_a_shared_network_is_not_silently_moved(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A cluster whose nodes are on a named (or, before this change, the default) network:
+    an ``up`` without resources.gcp.network would put the rules on a new network its nodes
+    are not on. It stops instead (exit 2), saying how to go on."""
+    from cloudtrain.errors import UserError
+
+    from gce_fake import Harness, hermetic_env
+
+    hermetic_env(monkeypatch, tmp_path)
+    monkeypatch.setenv("CLOUDTRAIN_HOME", str(tmp_path / "home"))
+    with GCEFake(networks=("default", "research")) as fake:
+        fake.guard_env(monkeypatch)
+        h = Harness(fake, tmp_path / "home")
+        h.up(h.request(name="old", gcp={"network": "research"}))
+        with pytest.raises(UserError, match="was created on network 'research'") as exc:
+            h.provider().ensure_network(h.request(name="old"))
+        assert exc.value.exit_code == 2 and "resources.gcp.network: research" in exc.value.hint
+        assert not [n for n in fake.network_res if n.startswith("ct-")]

@@ -312,6 +312,14 @@ class GCPProvider:
         api, project = self._request_api(request)
         base = L.base_name(request.name, self.owner)
         network = opts.network or NET.dedicated_name(base)
+        before = (self._record(request.name) or {}).get("network")
+        if not opts.network and before and not str(before).startswith("ct-"):
+            # made by an earlier cloudtrain on a shared network: its nodes are not on ours
+            raise UserError(f"GCP cluster '{request.name}' was created on network '{before}'; "
+                            "cloudtrain now gives each cluster a network of its own.",
+                            f"Take it down ('cloudtrain down {request.name}') and bring it up "
+                            "again, or keep it where it is with resources.gcp.network: "
+                            f"{before} (checked for rules wider than cloudtrain's).")
         # Written before anything is created: teardown looks in this project.
         self._save(request.name, project=project, network=network,
                    credentials_file=opts.credentials_file)
