@@ -167,7 +167,10 @@ def _hosts_cluster(cli: CLI, tmp_path: Path) -> tuple[list[dict], Path]:  # type
     t.write_text("name: hosts\nnum_nodes: 2\nrun: 'true'\n")
     r = cli.run("up", str(t), "--no-bootstrap")
     assert r.returncode == 0, r.stderr
-    return cli.status()[0]["nodes"], cli.home / "clusters" / "hosts" / "ssh"
+    nodes = cli.status()[0]["nodes"]
+    # the local provider makes its nodes' host keys itself
+    assert [n["host_key"] for n in nodes] == ["pinned at creation"] * 2
+    return nodes, cli.home / "clusters" / "hosts" / "ssh"
 
 
 def _ssh_task(tmp_path: Path, hosts: list[dict], key: Path) -> Path:  # type: ignore[type-arg]
