@@ -2,8 +2,10 @@
 
 Each cluster gets its own ed25519 key (mode 0600) and its own known_hosts file. A node's host
 key is pinned either from what the provider reports at creation, out of band (the local
-provider generates the host keys itself; AWS reads them from the console output, GCP from the
-guest attributes its guest agent publishes), or, failing that, learned on the first contact
+provider generates the host keys itself; on AWS and Azure cloudtrain makes a key per node and
+injects it through cloud-init user data; GCP reads the guest attributes its guest agent
+publishes; the ssh provider reads the user's known_hosts), or, failing that, learned on the
+first contact
 with a freshly created node. After that, a different key is refused: there is no
 ``StrictHostKeyChecking=no`` anywhere in cloudtrain. How each node's key was pinned is kept
 beside the known_hosts file (``pinning.json``) for ``cloudtrain status``.

@@ -258,7 +258,7 @@ class LocalNodes:
 
         from cloudtrain.keys import host_key_from_cloud_config
 
-        if not user_data_b64:
+        if not user_data_b64 or getattr(self, "keep_own_host_key", False):
             return None
         pair = host_key_from_cloud_config(base64.b64decode(user_data_b64).decode())
         if pair is None:

@@ -159,6 +159,73 @@ def test_azure_node_presenting_another_key_than_injected_is_refused(
     assert json.loads(AZ._cloudtrain(env, "status", "--json").stdout) == []
 
 
+# --- AWS: a host key cloudtrain makes, injected through user data -----------------------------
+
+try:
+    import test_aws_cli as AWSCLI
+    from test_aws_cli import guarded, moto_server  # noqa: F401  (fixtures, used by name)
+except Exception:  # noqa: BLE001 - boto3/moto not installed  # pragma: no cover
+    AWSCLI = None  # type: ignore[assignment]
+
+needs_aws = pytest.mark.skipif(AWSCLI is None, reason="boto3/moto not installed")
+
+AWS_TASK = ("name: awskeys\nnum_nodes: 2\nrun: 'true'\nresources:\n  provider: aws\n"
+            "  region: us-east-1\n  instance_type: g4dn.xlarge\n  ssh_cidr: 127.0.0.1/32\n")
+
+
+def _aws_up(guarded: dict, moto_server: str, tmp_path: Path,  # type: ignore[type-arg]
+            keep_own_host_key: bool):  # type: ignore[no-untyped-def]
+    import threading
+
+    task = tmp_path / "task.yaml"
+    task.write_text(AWS_TASK)
+    map_file = tmp_path / "address-map.json"
+    env = {**guarded, "AWS_ENDPOINT_URL": moto_server, "AWS_ACCESS_KEY_ID": "testing",
+           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+           "CLOUDTRAIN_AWS_ADDRESS_MAP": str(map_file), "CLOUDTRAIN_AWS_ADDRESS_MAP_WAIT": "60"}
+    ec2 = AWSCLI._moto(moto_server)
+    nodes = AWSCLI.LocalNodes(tmp_path / "nodes")
+    nodes.keep_own_host_key = keep_own_host_key  # type: ignore[attr-defined]
+    nodes.start()
+    seen: dict[str, object] = {}
+    stop = threading.Event()
+    mapper = threading.Thread(target=AWSCLI._map_when_running,
+                              args=(ec2, nodes, "awskeys", map_file, seen, stop), daemon=True)
+    mapper.start()
+    try:
+        r = AWSCLI._cloudtrain(env, "up", str(task), "--no-bootstrap", timeout=300)
+        st = AWSCLI._cloudtrain(env, "status", "--json")
+        d = AWSCLI._cloudtrain(env, "down", "-a", "-y", timeout=200)
+    finally:
+        stop.set()
+        mapper.join(timeout=10)
+        nodes.stop()
+    return r, st, d, seen, ec2
+
+
+@needs_aws
+def test_aws_host_key_is_injected_through_user_data_and_pinned(
+        guarded, moto_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    r, st, d, seen, ec2 = _aws_up(guarded, moto_server, tmp_path, keep_own_host_key=False)
+    assert r.returncode == 0, r.stderr[-3000:]
+    [c] = json.loads(st.stdout)
+    assert [n["host_key"] for n in c["nodes"]] == ["pinned at creation"] * 2
+    assert all(str(k).startswith("ssh-ed25519 ") for k in seen["host_keys"].values())  # type: ignore[attr-defined]
+    assert d.returncode == 0, d.stderr
+    assert AWSCLI._tagged(ec2, "awskeys")["instances"] == []
+
+
+@needs_aws
+def test_aws_node_presenting_another_key_than_injected_is_refused(
+        guarded, moto_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    r, st, _d, _seen, ec2 = _aws_up(guarded, moto_server, tmp_path, keep_own_host_key=True)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0, out
+    assert "presented a host key different" in out and "Traceback" not in out, out
+    assert json.loads(st.stdout) == []                      # rolled back
+    assert AWSCLI._tagged(ec2, "awskeys")["instances"] == []
+
+
 # --- ssh provider: the user's known_hosts ----------------------------------------------------
 
 def _hosts_cluster(cli: CLI, tmp_path: Path) -> tuple[list[dict], Path]:  # type: ignore[type-arg]
