@@ -525,10 +525,13 @@ def status(cluster_name: str | None, as_json: bool, refresh: bool) -> None:
 
     --json: a list of clusters, each with name, provider, status, num_nodes, region,
     instance_type, accelerators, use_spot, price_hourly_usd (per node), cluster_hourly_usd,
-    cost_so_far_usd (null: no price was recorded), created_at and nodes."""
+    cost_so_far_usd (null: no price was recorded), created_at and nodes (each with host_key:
+    how its SSH host key was pinned: "pinned at creation", "the user's known_hosts" or
+    "learned on first contact")."""
     import time
 
     from . import cluster as cl
+    from .keys import pinning
     from .ledger import money, spend_of
 
     if cluster_name is not None:
@@ -539,6 +542,7 @@ def status(cluster_name: str | None, as_json: bool, refresh: bool) -> None:
     now = time.time()
     usage = env.state.usage(cluster=cluster_name) if rows else []
     spent = {r.name: spend_of(r.name, r.created_at, usage, now=now) for r in rows}
+    pins = {r.name: pinning(env.pctx.cluster_dir(r.name)) for r in rows}
 
     def cluster_price(r: Any) -> float | None:
         return None if r.hourly_price is None else r.hourly_price * r.num_nodes
@@ -553,7 +557,8 @@ def status(cluster_name: str | None, as_json: bool, refresh: bool) -> None:
             "hourly_price_per_node": r.hourly_price,
             "created_at": r.created_at,
             "nodes": [{"rank": n.rank, "host": n.host, "port": n.port, "internal_ip": n.internal_ip,
-                       "instance_id": n.instance_id, "status": n.status} for n in r.nodes],
+                       "instance_id": n.instance_id, "status": n.status,
+                       "host_key": pins[r.name].get(n.rank, "unknown")} for n in r.nodes],
         } for r in rows]
         click.echo(json.dumps(out, indent=2))
         return
@@ -567,7 +572,7 @@ def status(cluster_name: str | None, as_json: bool, refresh: bool) -> None:
 
     table = Table(box=None, pad_edge=False)
     for col in ("NAME", "PROVIDER", "STATUS", "NODES", "INSTANCE", "$/H NODE", "$/H CLUSTER",
-                "COST SO FAR", "NODE ADDRESSES"):
+                "COST SO FAR", "HOST KEYS", "NODE ADDRESSES"):
         table.add_column(col, justify="right" if col.startswith(("$", "COST")) else "left")
     for r in rows:
         node = "-" if r.hourly_price is None else f"{r.hourly_price:.2f}"
@@ -575,7 +580,8 @@ def status(cluster_name: str | None, as_json: bool, refresh: bool) -> None:
         addrs = ", ".join(f"{n.rank}:{n.host}:{n.port}({n.status})" for n in r.nodes)
         table.add_row(r.name, r.provider, r.status, str(r.num_nodes), r.instance_type or "-",
                       node, "-" if whole is None else f"{whole:.2f}", money(spent[r.name]),
-                      addrs)
+                      ", ".join(sorted({pins[r.name].get(n.rank, "unknown") for n in r.nodes}))
+                      or "-", addrs)
     Console(no_color=not color_ok(sys.stdout), highlight=False,
             color_system="auto" if color_ok(sys.stdout) else None, width=200).print(table)
 

@@ -17,7 +17,8 @@ from . import bootstrap as bootstrap_mod
 from . import registry
 from .catalog.model import Offer
 from .errors import CapacityError, ClusterNotFound, ProviderError, QuotaError, UserError
-from .keys import ClusterKeys, ensure_keys, is_pinned, pin_host_keys
+from .keys import (FIRST_CONTACT, PINNED_AT_CREATION, ClusterKeys, ensure_keys, is_pinned,
+                   pin_host_keys, record_pinning)
 from .provider import ClusterRequest, Node, Plan, Provider, ProviderContext
 from .remote import Group
 from .spec import BootstrapSpec, Task, provider_options
@@ -239,6 +240,9 @@ def _provision(env: Env, task: Task, name: str, *, keep_on_failure: bool,
         learn = frozenset(n.rank for n in nodes
                           if not n.host_keys and old_ids.get(n.rank) != n.instance_id
                           and not is_pinned(keys.known_hosts, n.host, n.port))
+        source = str(getattr(provider, "host_key_source", PINNED_AT_CREATION))
+        record_pinning(keys, {n.rank: source for n in nodes if n.host_keys}
+                       | {r: FIRST_CONTACT for r in learn})
         return Handle(stored, provider, keys, learn), fresh
 
 

@@ -1,14 +1,19 @@
 """Per-cluster SSH identity and pinned host keys.
 
 Each cluster gets its own ed25519 key (mode 0600) and its own known_hosts file. A node's host
-key is pinned either from what the provider reports at creation (the local provider generates
-the host keys itself; clouds may read them from the console) or, failing that, learned on the
-first contact with a freshly created node. After that, a different key is refused: there is no
-``StrictHostKeyChecking=no`` anywhere in cloudtrain.
+key is pinned either from what the provider reports at creation, out of band (the local
+provider generates the host keys itself; on AWS and Azure cloudtrain makes a key per node and
+injects it through cloud-init user data; GCP reads the guest attributes its guest agent
+publishes; the ssh provider reads the user's known_hosts), or, failing that, learned on the
+first contact
+with a freshly created node. After that, a different key is refused: there is no
+``StrictHostKeyChecking=no`` anywhere in cloudtrain. How each node's key was pinned is kept
+beside the known_hosts file (``pinning.json``) for ``cloudtrain status``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +62,71 @@ def ensure_keys(cluster_dir: Path, comment: str) -> ClusterKeys:
     keys.public_key_path.write_text(pub.decode() + f" {comment}\n")
     keys.known_hosts.touch(mode=0o600, exist_ok=True)
     return keys
+
+
+PINNED_AT_CREATION = "pinned at creation"
+FIRST_CONTACT = "learned on first contact"
+USER_KNOWN_HOSTS = "the user's known_hosts"
+
+
+def record_pinning(keys: ClusterKeys, how: dict[int, str]) -> None:
+    """Remember how each rank's host key was (or will be) pinned; ranks not given keep theirs."""
+    path = keys.dir / "pinning.json"
+    try:
+        old = {int(k): str(v) for k, v in json.loads(path.read_text()).items()}
+    except (OSError, ValueError, AttributeError):
+        old = {}
+    old.update(how)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({str(k): v for k, v in sorted(old.items())}))
+    os.replace(tmp, path)
+
+
+def pinning(cluster_dir: Path) -> dict[int, str]:
+    """How each rank's host key was pinned ({} when nothing was recorded)."""
+    try:
+        data = json.loads((cluster_dir / "ssh" / "pinning.json").read_text())
+        return {int(k): str(v) for k, v in data.items()}
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
+def generate_host_key() -> tuple[str, str]:
+    """A fresh ed25519 host key pair for one node: (private key in OpenSSH PEM, public line
+    "ssh-ed25519 AAAA...")."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key = Ed25519PrivateKey.generate()
+    priv = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                             serialization.NoEncryption()).decode()
+    pub = key.public_key().public_bytes(serialization.Encoding.OpenSSH,
+                                        serialization.PublicFormat.OpenSSH).decode()
+    return priv, pub
+
+
+def host_key_cloud_config(private: str, public: str) -> str:
+    """cloud-init user data that installs this host key pair as the node's only SSH host key
+    before sshd first starts (cc_ssh: ``ssh_keys``; no key of its own is generated)."""
+    import yaml
+
+    return "#cloud-config\n" + yaml.safe_dump(
+        {"ssh_deletekeys": True, "ssh_genkeytypes": [],
+         "ssh_keys": {"ed25519_private": private, "ed25519_public": public}},
+        default_style=None, sort_keys=True)
+
+
+def host_key_from_cloud_config(text: str) -> tuple[str, str] | None:
+    """The (private, public) ed25519 host key in cloud-init user data, as cloud-init reads it."""
+    import yaml
+
+    if not text.startswith("#cloud-config"):
+        return None
+    data = yaml.safe_load(text) or {}
+    keys = data.get("ssh_keys") or {}
+    if "ed25519_private" not in keys or "ed25519_public" not in keys:
+        return None
+    return str(keys["ed25519_private"]), str(keys["ed25519_public"])
 
 
 def host_entry_name(host: str, port: int) -> str:

@@ -29,6 +29,7 @@ never connected to by anything.
 
 from __future__ import annotations
 
+import base64
 import datetime as _dt
 import ipaddress
 import json
@@ -265,6 +266,9 @@ class ArmFake:
         """Resource ids (lower case) that survive their group's deletion (a test of the
         check that follows a teardown)."""
         self.on_vm_running: Callable[[dict[str, Any], str, str], None] | None = None
+        # osProfile.customData by VM id: ARM takes it at creation, hands it to the VM (where
+        # cloud-init reads it) and never returns it in a GET; on_vm_running sees it
+        self.custom_data: dict[str, str] = {}
         """Called (vm body, its public IP, its private IP) when a VM's creation succeeds."""
         self._next_public = 1
         self._next_private: dict[str, int] = {}
@@ -789,6 +793,20 @@ class ArmFake:
                                f"The selected VM size '{size}' cannot boot Hypervisor Generation "
                                f"'{'2' if gen2 else '1'}'.")
         os_ = p.get("osProfile") or {}
+        if "customData" in os_:
+            cd = str(os_.pop("customData"))
+            try:
+                base64.b64decode(cd, validate=True)
+            except ValueError:
+                raise ArmError(400, "InvalidParameter", "Custom data in OSProfile must be in "
+                                                        "Base64 encoding.") from None
+            if len(cd) > 87380:
+                raise ArmError(400, "InvalidParameter", "Custom data is longer than 87380 "
+                                                        "characters.")
+            if old is not None and self.custom_data.get(r["id"].lower(), cd) != cd:
+                raise ArmError(409, "PropertyChangeNotAllowed",
+                               "Changing property 'customData' is not allowed.")
+            self.custom_data[r["id"].lower()] = cd
         lin = os_.get("linuxConfiguration") or {}
         if not lin.get("disablePasswordAuthentication") and not os_.get("adminPassword"):
             raise ArmError(400, "InvalidParameter", "Required parameter 'adminPassword' is missing (null).")
@@ -829,7 +847,10 @@ class ArmFake:
             cfg = nic["properties"]["ipConfigurations"][0]["properties"]
             pip_ref = (cfg.get("publicIPAddress") or {}).get("id")
             public = self.resources[pip_ref.lower()]["properties"].get("ipAddress", "") if pip_ref else ""
-            self.on_vm_running(json.loads(json.dumps(vm)), public, cfg["privateIPAddress"])
+            seen = json.loads(json.dumps(vm))
+            if rid in self.custom_data:
+                seen["properties"].setdefault("osProfile", {})["customData"] = self.custom_data[rid]
+            self.on_vm_running(seen, public, cfg["privateIPAddress"])
 
     def _instance_view(self, vm: dict[str, Any]) -> dict[str, Any]:
         state = vm["properties"].get("provisioningState", "")

@@ -13,13 +13,21 @@ enforces that matter to cloudtrain):
   it gets a networkIP (10.128.x.y) and, with an access config, a natIP (34.x.y.z), both
   invented here. Its boot disk exists beside it and goes with it when ``autoDelete``.
 - disks: list, aggregated list, delete (a boot disk left behind without autoDelete).
+- instances.getGuestAttributes (``hostkeys/``): what the test, playing the guest agent,
+  published with :meth:`GCEFake.publish_host_keys`; refused unless the instance's metadata
+  sets ``enable-guest-attributes``.
 - firewalls: insert (a rule without sources is open to 0.0.0.0/0, as in GCE), get, list,
   patch, delete.
 - zone and global operations: RUNNING until polled ``op_polls`` times (``get`` or
   ``wait``), then DONE; an operation may end with an error (capacity or quota, injected per
   zone/region with :meth:`GCEFake.fail_operation`), which is how GCE reports them.
 - images.getFromFamily (Deep Learning VM families in deeplearning-platform-release),
-  machineTypes.get, acceleratorTypes.get, zones, regions, networks.get.
+  machineTypes.get, acceleratorTypes.get, zones, regions.
+- networks: get, list, insert, delete (refused while a firewall rule or an instance uses the
+  network). The project's ``default`` network comes, as in a real project, with
+  ``default-allow-ssh`` (tcp:22 from 0.0.0.0/0), ``default-allow-rdp``,
+  ``default-allow-icmp`` and ``default-allow-internal`` (all tcp/udp/icmp from
+  10.128.0.0/9), none with target tags.
 - HTTP errors injected per method/path (:meth:`GCEFake.fail_http`), e.g. 403 permission.
 - an OAuth token endpoint (``/token``) for service-account key files whose ``token_uri``
   points here; with ``require_auth`` every API call must carry a token it issued.
@@ -170,6 +178,7 @@ class GCEFake:
         self.jwt_uses: list[dict[str, Any]] = []
         self.outside: list[str] = []
         self.on_running: list[Callable[[dict[str, Any]], None]] = []
+        self.guest_attributes: dict[tuple[str, str], dict[str, str]] = {}
         self._op_faults: list[dict[str, Any]] = []
         self._take_back: list[dict[str, Any]] = []
         self._http_faults: list[dict[str, Any]] = []
@@ -177,6 +186,11 @@ class GCEFake:
         self._nat = list(nat_ips) if nat_ips is not None else None
         self._internal = list(internal_ips) if internal_ips is not None else None
         self._ip = itertools.count(2)
+        self.network_res: dict[str, dict[str, Any]] = {}
+        for net in sorted(self.networks):
+            self.network_res[net] = self._network_res(project, net, {"autoCreateSubnetworks": True})
+        if "default" in self.networks:
+            self.add_default_rules()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -332,6 +346,8 @@ class GCEFake:
                 "firewalls": sorted(n for n, f in self.firewalls.items()
                                     if "cloudtrain" in (f.get("description") or "")
                                     or n.startswith("ct-")),
+                "networks": sorted(n for n, r in self.network_res.items()
+                                   if "cloudtrain" in (r.get("description") or "")),
             }
 
     def empty(self) -> bool:
@@ -402,6 +418,8 @@ class GCEFake:
             ("GET", z + r"/instances/(?P<name>[^/]+)", self._get_instance),
             ("DELETE", z + r"/instances/(?P<name>[^/]+)", self._delete_instance),
             ("POST", z + r"/instances/(?P<name>[^/]+)/start", self._start_instance),
+            ("GET", z + r"/instances/(?P<name>[^/]+)/getGuestAttributes",
+             self._guest_attrs),
             ("GET", p + r"/aggregated/instances", self._aggregated_instances),
             ("GET", z + r"/disks", self._list_disks),
             ("GET", p + r"/aggregated/disks", self._aggregated_disks),
@@ -423,6 +441,9 @@ class GCEFake:
             ("GET", z, self._get_zone),
             ("GET", p + r"/regions/(?P<region>[^/]+)", self._get_region),
             ("GET", p + r"/global/networks/(?P<network>[^/]+)", self._get_network),
+            ("GET", p + r"/global/networks", self._list_networks),
+            ("POST", p + r"/global/networks", self._insert_network),
+            ("DELETE", p + r"/global/networks/(?P<network>[^/]+)", self._delete_network),
         ]
 
     # --- helpers ---------------------------------------------------------------------------
@@ -641,6 +662,7 @@ class GCEFake:
 
     def _remove_instance(self, zone: str, name: str) -> None:
         inst = self.instances.pop((zone, name), None)
+        self.guest_attributes.pop((zone, name), None)
         if inst is None:
             return
         for d in inst.get("disks", []):
@@ -665,6 +687,36 @@ class GCEFake:
         if inst is None:
             raise _not_found(f"projects/{project}/zones/{zone}/instances/{name}")
         return self._read(inst)
+
+    def publish_host_keys(self, inst: dict[str, Any], key_lines: list[str]) -> None:
+        """Play the guest agent: publish an instance's SSH host public keys ("type base64")
+        in its guest attributes (``hostkeys/<type>``), as it does on a real instance whose
+        metadata sets ``enable-guest-attributes``."""
+        zone = _last(str(inst["zone"]))
+        with self.lock:
+            attrs = self.guest_attributes.setdefault((zone, inst["name"]), {})
+            for line in key_lines:
+                typ, b64 = line.split()[:2]
+                attrs[f"hostkeys/{typ}"] = b64
+
+    def _guest_attrs(self, project: str, zone: str, name: str, query: dict[str, str],
+                     **_: Any) -> dict[str, Any]:
+        zone = self._zone(project, zone)
+        inst = self.instances.get((zone, name))
+        if inst is None:
+            raise _not_found(f"projects/{project}/zones/{zone}/instances/{name}")
+        meta = {i.get("key"): i.get("value") for i in (inst.get("metadata") or {}).get("items", [])}
+        if str(meta.get("enable-guest-attributes", "")).upper() != "TRUE":
+            raise ApiError(400, "invalid", "Guest attributes endpoint access is disabled.")
+        path = query.get("queryPath", "")
+        items = [{"namespace": k.split("/", 1)[0], "key": k.split("/", 1)[1], "value": v}
+                 for k, v in sorted(self.guest_attributes.get((zone, name), {}).items())
+                 if k.startswith(path)]
+        if not items:
+            raise _not_found(f"projects/{project}/zones/{zone}/instances/{name}/"
+                             f"guestAttributes/{path}")
+        return {"kind": "compute#guestAttributes", "queryPath": path,
+                "queryValue": {"items": items}}
 
     def _instances_in(self, zone: str, flt: str | None) -> list[dict[str, Any]]:
         return [self._read(i) for (z, n), i in sorted(self.instances.items())
@@ -769,6 +821,86 @@ class GCEFake:
             return None
 
         return self._operation(project, zone, "delete", disk["selfLink"], effect)
+
+    # --- networks --------------------------------------------------------------------------
+
+    def add_default_rules(self) -> None:
+        """The rules a real project's ``default`` network comes with (GCE creates them with
+        the network): SSH, RDP and ICMP from anywhere, and everything between the default
+        network's auto-mode subnets (10.128.0.0/9). None has target tags: they apply to every
+        instance on the network."""
+        net = f"{GOOGLE}/projects/{self.project}/global/networks/default"
+        rules = {
+            "default-allow-ssh": ([{"IPProtocol": "tcp", "ports": ["22"]}], ["0.0.0.0/0"]),
+            "default-allow-rdp": ([{"IPProtocol": "tcp", "ports": ["3389"]}], ["0.0.0.0/0"]),
+            "default-allow-icmp": ([{"IPProtocol": "icmp"}], ["0.0.0.0/0"]),
+            "default-allow-internal": ([{"IPProtocol": "tcp", "ports": ["0-65535"]},
+                                        {"IPProtocol": "udp", "ports": ["0-65535"]},
+                                        {"IPProtocol": "icmp"}], ["10.128.0.0/9"]),
+        }
+        for name, (allowed, ranges) in rules.items():
+            self.firewalls[name] = {
+                "kind": "compute#firewall", "id": str(next(self._ids)), "name": name,
+                "network": net, "direction": "INGRESS", "priority": 65534,
+                "allowed": allowed, "sourceRanges": ranges, "disabled": False,
+                "description": "Allow " + name.split("-", 2)[-1] + " from the default network",
+                "selfLink": f"{GOOGLE}/projects/{self.project}/global/firewalls/{name}",
+                "creationTimestamp": "2026-01-01T00:00:00.000-07:00"}
+
+    def _network_res(self, project: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        return dict(body, kind="compute#network", name=name,
+                    id=str(next(self._ids)),
+                    autoCreateSubnetworks=bool(body.get("autoCreateSubnetworks", False)),
+                    creationTimestamp="2026-01-01T00:00:00.000-07:00",
+                    selfLink=f"{GOOGLE}/projects/{project}/global/networks/{name}")
+
+    def _list_networks(self, project: str, query: dict[str, str], **_: Any) -> dict[str, Any]:
+        self._own(project)
+        rows = [copy.deepcopy(r) for _n, r in sorted(self.network_res.items())
+                if matches(r, query.get("filter"))]
+        items, nxt = self._page(rows, query)
+        out: dict[str, Any] = {"kind": "compute#networkList", "items": items}
+        if nxt:
+            out["nextPageToken"] = nxt
+        return out
+
+    def _insert_network(self, project: str, body: dict[str, Any] | None,
+                        **_: Any) -> dict[str, Any]:
+        self._own(project)
+        b = copy.deepcopy(body or {})
+        name = str(b.get("name", ""))
+        if not _NAME.match(name):
+            raise ApiError(400, "invalid", f"Invalid value for field 'resource.name': '{name}'.")
+        if name in self.network_res:
+            raise ApiError(409, "alreadyExists", f"The resource 'projects/{project}/global/"
+                                                 f"networks/{name}' already exists")
+        res = self._network_res(project, name, b)
+
+        def effect() -> dict[str, Any] | None:
+            self.network_res[name] = res
+            self.networks.add(name)
+            return None
+        return self._operation(project, "global", "insert", res["selfLink"], effect)
+
+    def _delete_network(self, project: str, network: str, **_: Any) -> dict[str, Any]:
+        self._own(project)
+        if network not in self.network_res:
+            raise _not_found(f"projects/{project}/global/networks/{network}")
+        users = [n for n, f in self.firewalls.items() if _last(f["network"]) == network]
+        users += [n for (_z, n), i in self.instances.items()
+                  if any(_last(str(nic.get("network", ""))) == network
+                         for nic in i.get("networkInterfaces") or [])]
+        if users:
+            raise ApiError(400, "resourceInUseByAnotherResource",
+                           f"The network resource 'projects/{project}/global/networks/"
+                           f"{network}' is already being used by '{users[0]}'")
+        link = self.network_res[network]["selfLink"]
+
+        def effect() -> dict[str, Any] | None:
+            self.network_res.pop(network, None)
+            self.networks.discard(network)
+            return None
+        return self._operation(project, "global", "delete", link, effect)
 
     # --- firewalls -------------------------------------------------------------------------
 
@@ -929,10 +1061,9 @@ class GCEFake:
 
     def _get_network(self, project: str, network: str, **_: Any) -> dict[str, Any]:
         self._own(project)
-        if network not in self.networks:
+        if network not in self.network_res:
             raise _not_found(f"projects/{project}/global/networks/{network}")
-        return {"kind": "compute#network", "name": network, "autoCreateSubnetworks": True,
-                "selfLink": f"{GOOGLE}/projects/{project}/global/networks/{network}"}
+        return copy.deepcopy(self.network_res[network])
 
     # --- credentials ------------------------------------------------------------------------
 
@@ -1123,7 +1254,8 @@ class Harness:
             resources["accelerators"] = "T4:1"
         keys = ensure_keys(self.home / "clusters" / name, comment=f"cloudtrain-{name}")
         return ClusterRequest(name=name, num_nodes=num_nodes, resources=Resources(**resources),
-                              options=GCPOptions(**(gcp or {})), public_key=keys.public_key())
+                              options=GCPOptions(**{"host_key_wait": 0, **(gcp or {})}),
+                              public_key=keys.public_key())
 
     def up(self, request: Any, provider: Any = None) -> tuple[Any, list[Any]]:
         p = provider or self.provider()

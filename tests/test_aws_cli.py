@@ -251,6 +251,35 @@ class LocalNodes:
         for n in self.nodes:
             self.sshd.start(n["dir"])
 
+    def install_host_key(self, rank: int, user_data_b64: str | None) -> str | None:
+        """cloud-init's cc_ssh: install the host key pair the instance's user data carries,
+        then restart the node's sshd so that it presents it. Returns the public key."""
+        import base64
+
+        from cloudtrain.keys import host_key_from_cloud_config
+
+        if not user_data_b64 or getattr(self, "keep_own_host_key", False):
+            return None
+        pair = host_key_from_cloud_config(base64.b64decode(user_data_b64).decode())
+        if pair is None:
+            return None
+        d = self.nodes[rank]["dir"]
+        fd = os.open(d / "ssh_host_ed25519_key", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(pair[0])
+        (d / "ssh_host_ed25519_key.pub").write_text(pair[1] + "\n")
+        pid = self.sshd.pid(d)
+        self.sshd.stop(d)
+        deadline = time.monotonic() + 10
+        while pid is not None and time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
+        self.sshd.start(d)
+        return pair[1]
+
     def authorize(self, public_key: str) -> None:
         for n in self.nodes:
             (n["dir"] / "authorized_keys").write_text(public_key.strip() + "\n")
@@ -290,8 +319,12 @@ def _map_when_running(ec2, nodes: LocalNodes, cluster: str, map_file: Path,  # t
                                            IncludePublicKey=True)["KeyPairs"]
             nodes.authorize(kp["PublicKey"])
             addresses: dict[str, dict[str, object]] = {}
+            host_keys = {}
             for i in insts:
                 rank = int({t["Key"]: t["Value"] for t in i["Tags"]}["cloudtrain:node-rank"])
+                ud = ec2.describe_instance_attribute(InstanceId=i["InstanceId"],
+                                                     Attribute="userData")["UserData"]
+                host_keys[rank] = nodes.install_host_key(rank, ud.get("Value"))
                 n = nodes.nodes[rank]
                 addresses[i["PublicIpAddress"]] = {"host": n["address"], "port": n["port"],
                                                    "root_dir": str(n["dir"] / "root")}
@@ -299,6 +332,7 @@ def _map_when_running(ec2, nodes: LocalNodes, cluster: str, map_file: Path,  # t
             seen["invented"] = sorted(addresses)
             seen["placement_groups"] = len(_tagged(ec2, cluster)["placement_groups"])
             seen["key"] = kp["PublicKey"]
+            seen["host_keys"] = host_keys
             tmp = map_file.with_suffix(".tmp")
             tmp.write_text(json.dumps({"addresses": addresses, "user": nodes.user,
                                        "python": sys.executable,
@@ -354,6 +388,10 @@ def test_launch_down_two_nodes_through_the_cli_against_moto(
     assert json.loads(_cloudtrain(env, "status", "--json").stdout) == []
     # the nodes accepted only the key moto's key pair held: cloudtrain's cluster key
     assert str(seen["key"]).startswith("ssh-ed25519 ")
+    # each node presented the host key cloudtrain put in its user data (cloudtrain pinned it
+    # before the first connection and would have refused any other)
+    assert sorted(seen["host_keys"]) == [0, 1]  # type: ignore[call-overload]
+    assert all(str(k).startswith("ssh-ed25519 ") for k in seen["host_keys"].values())  # type: ignore[attr-defined]
     # no connection to an address moto invented, from cloudtrain or from rsync's ssh
     assert _guard_log(env) == ""
     ssh_log = Path(env["CT_TEST_SSH_LOG"]).read_text()

@@ -285,7 +285,8 @@ def test_host_keys_read_from_the_console_are_pinned(aws: Harness, monkeypatch: p
     registry.register_instance("aws", aws.provider())
     try:
         task = parse_task("name: demo\nrun: echo hi\nresources:\n  provider: aws\n"
-                          "  region: us-east-1\n  accelerators: A100:8\n  aws: {host_key_wait: 5}\n")
+                          "  region: us-east-1\n  accelerators: A100:8\n"
+                          "  aws: {host_key_wait: 5, inject_host_key: false}\n")
         handle, _ = provision(open_env(UI(quiet=True)), task, "demo")
     finally:
         registry.unregister_instance("aws")
@@ -312,7 +313,8 @@ class _Every(dict):  # type: ignore[type-arg]
 
 
 def test_console_without_keys_waits_then_learns_on_first_contact(aws: Harness) -> None:
-    p, nodes = _up(aws, aws.request(num_nodes=1, aws={"host_key_wait": 0.01}))
+    p, nodes = _up(aws, aws.request(num_nodes=1, aws={"host_key_wait": 0.01,
+                                                      "inject_host_key": False}))
     assert nodes[0].host_keys == ()
 
 
@@ -389,3 +391,26 @@ def test_configured_vpc_and_subnets(aws: Harness) -> None:
     with pytest.raises(UserError, match="are not in"):
         _up(aws, aws.request(name="other", aws={"vpc_id": vpc, "subnet_ids": [
             default_sub["Subnets"][0]["SubnetId"]]}))
+
+
+def test_each_new_node_gets_an_injected_host_key_pinned_at_creation(aws: Harness) -> None:
+    """The default: a host key pair per node, made by cloudtrain and passed in the user data
+    (cloud-init's ssh_keys), reported as the node's key without reading any console."""
+    import base64
+
+    from cloudtrain.keys import host_key_from_cloud_config
+
+    p, nodes = _up(aws, aws.request())
+    raw = aws.clients.raw(REGION)
+    seen = []
+    for n in nodes:
+        ud = raw.describe_instance_attribute(InstanceId=n.instance_id,
+                                             Attribute="userData")["UserData"]["Value"]
+        pair = host_key_from_cloud_config(base64.b64decode(ud).decode())
+        assert pair is not None and n.host_keys == (pair[1],)
+        seen.append(pair[1])
+    assert len(set(seen)) == 2                       # one key per node
+    assert len(aws.faults.ops("RunInstances")) == 2 and all(
+        r["UserData"] for r in aws.faults.ops("RunInstances"))
+    assert aws.faults.ops("GetConsoleOutput") == []  # nothing read from the console
+    assert p.list_nodes("demo") == nodes             # listed again with the same keys

@@ -11,6 +11,7 @@ fake invented is ever used, and no real Azure endpoint is ever asked for anythin
 
 from __future__ import annotations
 
+import base64
 import getpass
 import hashlib
 import json
@@ -19,6 +20,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +125,20 @@ class Nodes:
         self.sshd.kill_marked(self.marker)
 
 
+def _restart_sshd(sshd: Any, d: Path) -> None:
+    """Stop a node's sshd, wait until it is gone, start it again (it reads its host key)."""
+    pid = sshd.pid(d)
+    sshd.stop(d)
+    deadline = time.monotonic() + 10
+    while pid is not None and time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    sshd.start(d)
+
+
 class Booter:
     """The fake's hook when a VM's creation succeeds: what cloud-init and a test's address
     map would do for it."""
@@ -132,6 +148,27 @@ class Booter:
         self.map_file = map_file
         self.addresses: dict[str, dict[str, Any]] = {}
         self.keys: list[str] = []
+        self.host_keys: dict[int, str] = {}
+        # a node that keeps the host key it had instead of the injected one (tests of a node
+        # presenting another key than the one cloudtrain pinned)
+        self.keep_own_host_key = False
+
+    def _host_key(self, d: Path, rank: int, custom_data: str | None) -> None:
+        """cloud-init's cc_ssh: install the host key pair the user data carries."""
+        from cloudtrain.keys import host_key_from_cloud_config
+
+        if not custom_data or self.keep_own_host_key:
+            return
+        pair = host_key_from_cloud_config(base64.b64decode(custom_data).decode())
+        if pair is None:
+            return
+        priv, pub = pair
+        fd = os.open(d / "ssh_host_ed25519_key", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(priv)
+        (d / "ssh_host_ed25519_key.pub").write_text(pub + "\n")
+        self.host_keys[rank] = pub
+        _restart_sshd(self.nodes.sshd, d)
 
     def __call__(self, vm: dict[str, Any], public: str, private: str) -> None:
         rank = int(vm["tags"]["cloudtrain:node-rank"])
@@ -140,6 +177,7 @@ class Booter:
         keys = [k["keyData"] for k in lin["ssh"]["publicKeys"]]
         self.keys += keys
         (node["dir"] / "authorized_keys").write_text("\n".join(keys) + "\n")
+        self._host_key(node["dir"], rank, vm["properties"]["osProfile"].get("customData"))
         self.addresses[public] = {"host": node["address"], "port": node["port"],
                                   "root_dir": str(node["dir"] / "root")}
         self.addresses[private] = {"host": node["address"]}

@@ -52,12 +52,16 @@ class Nodes:
         net = f"127.{90 + os.getpid() % 100}.{os.getpid() // 100 % 250}"
         self.dirs: list[Path] = []
         self.addrs: list[tuple[str, int]] = []
+        self.host_keys: list[str] = []
+        # what the guest agent publishes instead of the node's real host key (tests of a
+        # node that presents another key than the one published)
+        self.publish_instead: list[str] | None = None
         for r in range(count):
             d = root / f"node{r}"
             (d / "root").mkdir(parents=True)
             addr = f"{net}.{10 + r}"
             port = _free_port(addr)
-            sshd.write_host_key(d / "ssh_host_ed25519_key")
+            self.host_keys.append(sshd.write_host_key(d / "ssh_host_ed25519_key"))
             (d / "authorized_keys").write_text("")
             sshd.write_config(d, address=addr, port=port, user=getpass.getuser(),
                               marker=self.marker, home=d / "root")
@@ -92,11 +96,13 @@ def _entry_point_shim(tmp: Path) -> str | None:
 def world(tmp_path: Path):  # type: ignore[no-untyped-def]
     fake = GCEFake(require_auth=True, nat_ips=list(NAT), internal_ips=list(INTERNAL)).start()
     nodes = Nodes(tmp_path / "nodes")
-    # the guest agent: authorise the instance's metadata key on the node its address maps to
+    # the guest agent: authorise the instance's metadata key on the node its address maps to,
+    # and publish that node's host key in the instance's guest attributes
     authorized: list[str] = []
 
     def guest_agent(inst: dict) -> None:  # type: ignore[type-arg]
         nat = inst["networkInterfaces"][0]["accessConfigs"][0]["natIP"]
+        fake.publish_host_keys(inst, nodes.publish_instead or [nodes.host_keys[NAT.index(nat)]])
         for item in inst["metadata"]["items"]:
             if item["key"] == "ssh-keys":
                 user, _, key = item["value"].partition(":")

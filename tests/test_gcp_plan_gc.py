@@ -43,11 +43,11 @@ def test_plan_lists_the_rules_the_instances_and_the_price_and_calls_nothing(gcp:
     assert plan.instance_type == "n1-standard-8" and plan.use_spot
     assert plan.hourly_price_per_node == pytest.approx(0.25)
     text = "\n".join(plan.creates)
-    assert f"firewall rule {base}-ssh on network default: tcp 22 from 198.51.100.0/24 to " \
+    assert f"firewall rule {base}-ssh on network {base}-net: tcp 22 from 198.51.100.0/24 to " \
            f"instances tagged {base}" in text
-    assert f"firewall rule {base}-internal on network default: all traffic from instances " \
+    assert f"firewall rule {base}-internal on network {base}-net: all traffic from instances " \
            f"tagged {base}" in text
-    assert f"firewall rule {base}-ports on network default: tcp 6006 from 198.51.100.0/24" in text
+    assert f"firewall rule {base}-ports on network {base}-net: tcp 6006 from 198.51.100.0/24" in text
     assert "0.0.0.0/0" not in text
     assert "2 x n1-standard-8 + 1 x nvidia-tesla-t4 attached spot (provisioningModel SPOT, " \
            "termination action DELETE)" in text
@@ -119,9 +119,10 @@ def test_orphans_are_what_no_live_cluster_owns_and_remove_takes_them(gcp: Harnes
     base = _base("old")
     assert sorted((r.kind, r.id) for r in found) == [
         ("firewall", f"{base}-internal"), ("firewall", f"{base}-ssh"),
-        ("instance", f"{base}-0"), ("instance", f"{base}-1")]
+        ("instance", f"{base}-0"), ("instance", f"{base}-1"), ("network", f"{base}-net")]
     assert {r.cluster for r in found} == {"old"} and {r.project for r in found} == {"test-project"}
-    assert all(r.text().startswith(("us-central1-a instance", "global firewall")) for r in found)
+    assert all(r.text().startswith(("us-central1-a instance", "global firewall",
+                                    "global network")) for r in found)
     everyone = p.orphans({"live"}, any_owner=True)
     assert {r.owner for r in everyone} == {L.owner_value("alice@laptop.example"),
                                            L.owner_value("bob@desktop")}
@@ -167,7 +168,7 @@ def test_gc_command_through_the_cli(gcp: Harness) -> None:
     assert r.exit_code == 0, r.output
     listed = json.loads(r.stdout[r.stdout.index("["):])
     assert {(x["kind"], x["cluster"], x["removed"]) for x in listed} == {
-        ("instance", "old", False), ("firewall", "old", False)}
+        ("instance", "old", False), ("firewall", "old", False), ("network", "old", False)}
     assert len(gcp.fake.ours()["instances"]) == 5         # listing removes nothing
     r = CliRunner().invoke(group, ["gc", "--provider", "gcp", "--force", "-y", "--json"],
                            catch_exceptions=False)

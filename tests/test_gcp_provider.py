@@ -37,7 +37,8 @@ def _base(name: str = "demo") -> str:
 
 
 def _rules(h: Harness) -> dict[str, dict]:  # type: ignore[type-arg]
-    return {n: f for n, f in h.fake.firewalls.items()}
+    # cloudtrain's rules (the default network's default-allow-* rules are the project's)
+    return {n: f for n, f in h.fake.firewalls.items() if n.startswith("ct-")}
 
 
 def test_firewall_rules_are_exactly_ssh_internal_and_ports(gcp: Harness) -> None:
@@ -54,7 +55,8 @@ def test_firewall_rules_are_exactly_ssh_internal_and_ports(gcp: Harness) -> None
     assert ports["sourceRanges"] == [f"{TEST_CALLER_IP}/32"]
     for fw in rules.values():
         assert fw["direction"] == "INGRESS" and fw["targetTags"] == [base]
-        assert fw["network"].endswith("/global/networks/default")
+        # the cluster's own network (created with it), not the project's default network
+        assert fw["network"].endswith(f"/global/networks/{base}-net")
         assert "0.0.0.0/0" not in fw.get("sourceRanges", [])
         assert L.marks(fw["description"])[L.CLUSTER] == "demo"
         assert L.marks(fw["description"])[L.OWNER] == OWNER

@@ -65,7 +65,7 @@ def test_terminate_waits_for_gce_then_deletes_the_firewall_rules(gcp: Harness) -
     assert ("GET", "list-instances") in ops[ops.index(("DELETE", "instance")):first_fw]
     # each delete operation was polled to DONE (op_polls=3: RUNNING, RUNNING, DONE)
     waits = [r for r in gcp.fake.requests[start:] if r["path"].endswith("/wait")]
-    assert len(waits) == 3 * 5   # 2 instances + 3 rules
+    assert len(waits) == 3 * 6   # 2 instances + 3 rules + the cluster's own network
     assert gcp.provider().list_nodes("demo") == []
 
 

@@ -114,6 +114,8 @@ class LaunchSpec:
     efa: bool = False
     public_ip: bool = True
     iam_instance_profile: str | None = None
+    user_data: dict[int, str] | None = field(default=None, hash=False, compare=False)
+    """cloud-init user data by rank (the node's host key, see the provider)."""
     nonce: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
     """Part of each call's ClientToken: a retried call returns the instance the first one
     made instead of making another; a new launch (new nonce) is never confused with an old."""
@@ -156,6 +158,8 @@ def run_params(spec: LaunchSpec, rank: int, created: str | None = None) -> dict[
         params["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": opts}
     if spec.iam_instance_profile:
         params["IamInstanceProfile"] = {"Name": spec.iam_instance_profile}
+    if spec.user_data and rank in spec.user_data:
+        params["UserData"] = spec.user_data[rank]   # botocore base64-encodes it
     return params
 
 

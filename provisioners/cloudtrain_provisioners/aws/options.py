@@ -31,10 +31,14 @@ class AWSOptions(BaseModel):
     spot_max_price: float | None = Field(
         None, gt=0, description="Highest spot price per node-hour in USD (default: the "
                                 "on-demand price, AWS's default).")
+    inject_host_key: bool = Field(
+        True, description="Give each new node a host key made by cloudtrain, in its user data "
+                          "(cloud-init installs it), pinned before the first connection. "
+                          "false: read the node's own keys from its console output instead.")
     host_key_wait: float = Field(
         90.0, ge=0, le=900,
-        description="Seconds to wait for each new node's host keys in its console output "
-                    "(0: learn the key on first contact instead).")
+        description="With inject_host_key false: seconds to wait for each new node's host "
+                    "keys in its console output (0: learn the key on first contact instead).")
     iam_instance_profile: str | None = Field(
         None, description="Name of an instance profile for the nodes (e.g. to read S3). "
                           "cloudtrain never copies your own credentials to a node.")

@@ -32,6 +32,7 @@ from cloudtrain.caller import CallerCidr, lookup_public_ip
 from cloudtrain.cluster_record import ClusterRecord
 from cloudtrain.errors import AuthError, CapacityError, ProviderError, QuotaError, UserError
 from cloudtrain.ownership import owner_of_cluster
+from cloudtrain.keys import generate_host_key, host_key_cloud_config
 from cloudtrain.provider import ClusterRequest, NetworkRef, Node, Plan, ProviderContext
 
 from . import images as IMG
@@ -452,6 +453,9 @@ class AWSProvider:
                      have: dict[int, I.Inst]) -> list[Node]:
         res, opts, region = request.resources, self._opts(request), net.region
         new: dict[int, str] = {}
+        # A host key per new node, installed by cloud-init from the user data before sshd
+        # first starts, and pinned before the first connection.
+        host = {r: generate_host_key() for r in missing} if opts.inject_host_key else {}
         if missing:
             assert image is not None
             spec = I.LaunchSpec(
@@ -460,7 +464,8 @@ class AWSProvider:
                 disk_gb=res.disk_size_gb, cluster=request.name, owner=self._owner(request.name),
                 spot=res.use_spot, spot_max_price=opts.spot_max_price, placement_group=pg,
                 efa=opts.efa, public_ip=opts.public_ip,
-                iam_instance_profile=opts.iam_instance_profile)
+                iam_instance_profile=opts.iam_instance_profile,
+                user_data={r: host_key_cloud_config(*k) for r, k in host.items()} or None)
             new, errors = I.launch(self.api, spec, missing)
             if errors:
                 worst = failover.worst(list(errors.values()))
@@ -475,9 +480,14 @@ class AWSProvider:
         try:
             running = I.wait_running(self.api, region, ids, need_public=opts.public_ip,
                                      sleep=self.sleep, poll=self.poll)
-            keys = self._host_keys(region, list(new.values()), opts.host_key_wait)
+            injected = {new[r]: (host[r][1],) for r in new if r in host}
+            keys = self._host_keys(region, [i for i in new.values() if i not in injected],
+                                   opts.host_key_wait)
+            keys.update(injected)
+            known = dict((self._record(request.name) or {}).get("host_keys") or {})
+            known.update({i: list(k) for i, k in keys.items()})
             self._save(request.name, region=region, user=opts.ssh_user,
-                       public_ip=opts.public_ip)
+                       public_ip=opts.public_ip, host_keys=known)
             if self.amap is not None:
                 self.amap.wait_for([a for i in running for a in (i.public_ip, i.private_ip) if a])
             return [self._node(i, keys.get(i.instance_id, ()), opts.ssh_user, opts.public_ip)
@@ -554,7 +564,9 @@ class AWSProvider:
     def list_nodes(self, cluster: str) -> list[Node]:
         rec = self._record(cluster) or {}
         user, public = str(rec.get("user") or "ubuntu"), bool(rec.get("public_ip", True))
-        return [self._node(i, (), user, public) for i in self._live(cluster)]
+        keys = rec.get("host_keys") or {}
+        return [self._node(i, tuple(keys.get(i.instance_id) or ()), user, public)
+                for i in self._live(cluster)]
 
     def master_port(self, cluster: str) -> int:
         if self.amap is not None and self.amap.setting("master_port"):

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
@@ -34,6 +34,7 @@ from cloudtrain.cluster_record import ClusterRecord
 from cloudtrain.errors import AuthError, CapacityError, ProviderError, QuotaError, UserError
 from cloudtrain.ownership import owner_of_cluster
 from cloudtrain.provider import ClusterRequest, NetworkRef, Node, Plan, ProviderContext
+from cloudtrain.keys import generate_host_key, host_key_cloud_config
 
 from . import network as NET
 from . import tags as T
@@ -468,12 +469,17 @@ class AzureProvider:
         where = f"{spec.region} zone {zone}" if zone else spec.region
         tried: list[str] = []
         created = T.now()
+        # Each new VM gets a host key made here, installed by cloud-init from customData
+        # before sshd starts, and pinned before the first connection. Azure never returns
+        # customData through its API; on the VM only root reads it (waagent's ovf-env.xml).
+        host = {r: generate_host_key() for r in nics}
 
         def one(rank: int) -> None:
             vm = T.vm_name(name, rank)
             api.lro(f"create VM {vm} ({spec.size}) in {where}",
                     api.c.compute.virtual_machines.begin_create_or_update, group, vm,
-                    V.vm_body(spec, rank, nics[rank], zone, created))
+                    V.vm_body(spec, rank, nics[rank], zone, created,
+                              custom_data=host_key_cloud_config(*host[rank])))
 
         try:
             if nics:
@@ -496,6 +502,11 @@ class AzureProvider:
                 addrs = V.addresses(api, group)
                 found = [addrs.get(v.nic_id.lower()) or V.Addresses("", "") for v in vms]
                 self.amap.wait_for([x for a in found for x in (a.public, a.private) if x])
+            # the public halves, by VM id, so every later listing reports the same keys
+            made = {v.id.lower(): host[v.rank][1] for v in vms if v.rank in host}
+            if made:
+                self._save(name, host_keys={**(self._record(name).get("host_keys") or {}),
+                                            **made})
             return self._nodes(api, name, group, vms)
         except BaseException:
             self._rollback(api, group, tried)
@@ -557,11 +568,14 @@ class AzureProvider:
         rec = self._record(cluster)
         user = str(rec.get("user") or "azureuser")
         public = bool(rec.get("public_ip", True))
+        keys = rec.get("host_keys") or {}
         addrs = V.addresses(api, group) if vms else {}
         out = []
         for v in sorted(vms, key=lambda v: v.rank if v.rank is not None else 1 << 30):
             a = addrs.get(v.nic_id.lower(), V.Addresses("", ""))
-            out.append(self._node(v, a, user, public))
+            n = self._node(v, a, user, public)
+            key = keys.get(v.id.lower())
+            out.append(replace(n, host_keys=(str(key),)) if key else n)
         return out
 
     def _node(self, v: V.Vm, a: V.Addresses, user: str, public: bool) -> Node:

@@ -6,6 +6,7 @@ named after the cluster and rank, so a repeated call never makes a second one.
 
 from __future__ import annotations
 
+import base64
 from dataclasses import dataclass
 from typing import Any
 
@@ -178,8 +179,9 @@ class VmSpec:
 
 
 def vm_body(spec: VmSpec, rank: int, nic_id: str, zone: str | None,
-            created: str | None = None) -> dict[str, Any]:
-    """The VM's PUT body for one rank."""
+            created: str | None = None, custom_data: str | None = None) -> dict[str, Any]:
+    """The VM's PUT body for one rank. ``custom_data``: cloud-init user data (the node's
+    host key, see the provider), passed base64-encoded as ARM wants it."""
     name = T.vm_name(spec.cluster, rank)
     props: dict[str, Any] = {
         "hardwareProfile": {"vmSize": spec.size},
@@ -202,6 +204,8 @@ def vm_body(spec: VmSpec, rank: int, nic_id: str, zone: str | None,
             {"id": nic_id, "properties": {"primary": True, "deleteOption": "Detach"}}]},
         "diagnosticsProfile": {"bootDiagnostics": {"enabled": True}},
     }
+    if custom_data is not None:
+        props["osProfile"]["customData"] = base64.b64encode(custom_data.encode()).decode()
     if spec.spot:
         props["priority"] = "Spot"
         props["evictionPolicy"] = "Delete"

@@ -18,6 +18,7 @@ owner, tagged with the cluster's network tag, with:
 
 from __future__ import annotations
 
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -117,7 +118,10 @@ def body(spec: LaunchSpec, rank: int) -> dict[str, Any]:
     else:
         sched.update({"provisioningModel": "STANDARD", "automaticRestart": True})
     items = [{"key": "ssh-keys", "value": f"{spec.ssh_user}:{spec.public_key.strip()}"},
-             {"key": "enable-oslogin", "value": "FALSE"}]
+             {"key": "enable-oslogin", "value": "FALSE"},
+             # the guest agent publishes the host's SSH public keys there (hostkeys/), so
+             # cloudtrain pins them before its first connection (see host_keys below)
+             {"key": "enable-guest-attributes", "value": "TRUE"}]
     if spec.install_driver and gpus:
         items.append({"key": "install-nvidia-driver", "value": "True"})
     out: dict[str, Any] = {
@@ -246,3 +250,25 @@ def delete(api: Api, project: str, by_zone: dict[str, list[str]]) -> None:
             api.wait(op, project=project, zone=zone, what=f"deleting {n}")
         except NotFound:
             continue
+
+
+_KEY_TYPE = re.compile(r"^(ssh-ed25519|ecdsa-sha2-nistp(256|384|521)|ssh-rsa)$")
+_KEY_B64 = re.compile(r"^[A-Za-z0-9+/]+={0,3}$")
+
+
+def host_keys(api: Api, project: str, zone: str, name: str) -> tuple[str, ...]:
+    """The host public keys the guest agent published in the instance's guest attributes
+    (``hostkeys/<type>``), as "type base64" lines; () while none is published."""
+    try:
+        d = api.get("instances", "get_guest_attributes",
+                    request={"project": project, "zone": zone, "instance": name,
+                             "query_path": "hostkeys/"})
+    except NotFound:
+        return ()
+    out = []
+    for item in (d.get("queryValue") or {}).get("items") or []:
+        typ, val = str(item.get("key", "")), str(item.get("value", "")).strip()
+        if item.get("namespace", "hostkeys") == "hostkeys" and _KEY_TYPE.match(typ) \
+                and _KEY_B64.match(val):
+            out.append(f"{typ} {val}")
+    return tuple(sorted(out))

@@ -13,10 +13,30 @@ all aimed at that tag only, allow exactly:
 ``ensure_firewalls`` reconciles: it creates missing rules, patches rules that differ, and
 deletes this cluster's rules that are no longer wanted, so the rules match the task after
 every ``up``.
+
+Which network. A project's ``default`` network comes with ``default-allow-ssh`` (tcp:22 from
+0.0.0.0/0) and ``default-allow-internal`` (everything from 10.128.0.0/9), both aimed at every
+instance: on it, "SSH only from your address" would be false and the rendezvous/NCCL ports
+(unauthenticated) would be open to every VM of the project. So by default each cluster gets
+its own VPC network, ``<base>-net``, marked in its description like the rules, carrying
+only cloudtrain's rules, and deleted at teardown (after the instances and rules, then
+checked gone). It is an auto-mode network: GCE gives it a subnet in every region, so a
+cluster can fail over from region to region without cloudtrain managing subnets, and GCE
+adds no firewall rule to a network it did not create with the project. One per cluster
+(not one per owner) so that no cluster's nodes can reach another's unauthenticated ports
+and teardown removes all of it; the cost is one network of the project's quota (15 by
+default) per live cluster.
+
+When the task names a network (``resources.gcp.network``), ``audit_network`` reads its
+firewall rules before anything is created and refuses one that is wider than cloudtrain's
+own and applies to the nodes: an enabled INGRESS allow rule aimed at every instance (no
+target tags or service accounts), at the cluster's tag, or at the nodes' service account,
+that admits anything but tcp 22 / the task's ports from within the caller's range.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -98,7 +118,144 @@ def check_network(api: Api, project: str, network: str) -> None:
     except NotFound:
         raise UserError(f"The VPC network '{network}' does not exist in project {project}.",
                         "Create it, or name an existing one in resources.gcp.network "
-                        "(default: 'default').") from None
+                        "(or leave it out: cloudtrain then creates one for the cluster).") from None
+
+
+def dedicated_name(base: str) -> str:
+    return f"{base}-net"
+
+
+def find_networks(api: Api, project: str, cluster: str | None,
+                  owner: str | None) -> list[dict[str, Any]]:
+    """The VPC networks cloudtrain created for ``cluster`` of ``owner`` (None: any)."""
+    out = []
+    for net in api.items("networks", "list", project=project):
+        m = L.marks(net.get("description"))
+        if not m or not str(net.get("name", "")).startswith("ct-"):
+            continue
+        if cluster is not None and m.get(L.CLUSTER) != cluster:
+            continue
+        if owner is not None and m.get(L.OWNER) != L.owner_value(owner):
+            continue
+        out.append(net)
+    return out
+
+
+def ensure_dedicated_network(api: Api, project: str, base: str, cluster: str,
+                             owner: str) -> str:
+    """Create the cluster's own network (once); returns its name."""
+    name = dedicated_name(base)
+    try:
+        have = api.get("networks", "get", project=project, network=name)
+    except NotFound:
+        have = None
+    if have is not None:
+        m = L.marks(have.get("description"))
+        if m.get(L.CLUSTER) != cluster or m.get(L.OWNER) != L.owner_value(owner):
+            raise UserError(f"A VPC network named {name} exists in project {project} and was "
+                            "not created by cloudtrain for this cluster.",
+                            "Rename or delete it, or use another cluster name.")
+        return name
+    body = {"name": name, "autoCreateSubnetworks": True,
+            "description": L.description(cluster, owner, "the cluster's own VPC network")}
+    try:
+        op = api.call("networks", "insert_unary", project=project,
+                      network_resource=api.clients.message("Network", body))
+    except Conflict:
+        return ensure_dedicated_network(api, project, base, cluster, owner)
+    api.wait(op, project=project, what=f"network {name}")
+    return name
+
+
+def delete_networks(api: Api, project: str, names: list[str]) -> None:
+    for name in names:
+        try:
+            op = api.call("networks", "delete_unary", project=project, network=name)
+            api.wait(op, project=project, what=f"deleting network {name}")
+        except NotFound:
+            continue
+
+
+def _port_set(allowed: dict[str, Any]) -> set[int] | None:
+    """The TCP ports an ``allowed`` entry admits (None: something other than TCP ports)."""
+    if str(allowed.get("IPProtocol", "")).lower() not in ("tcp", "6"):
+        return None
+    ports = allowed.get("ports") or []
+    if not ports:
+        return None          # every TCP port
+    out: set[int] = set()
+    for p in ports:
+        lo, _, hi = str(p).partition("-")
+        a, b = int(lo), int(hi or lo)
+        if b - a > 1024:
+            return None
+        out.update(range(a, b + 1))
+    return out
+
+
+def _within(ranges: list[str], cidr: str) -> bool:
+    try:
+        mine = ipaddress.ip_network(cidr, strict=False)
+        return bool(ranges) and all(ipaddress.ip_network(r, strict=False).subnet_of(mine)  # type: ignore[arg-type]
+                                    for r in ranges)
+    except (ValueError, TypeError):
+        return False
+
+
+def wider_rules(rules: list[dict[str, Any]], network: str, base: str, cidr: str,
+                ports: list[int], service_account: str | None) -> list[tuple[dict[str, Any], str]]:
+    """The rules of ``network`` that let more reach the nodes than cloudtrain's own would,
+    each with what it admits in words."""
+    ok_ports = {22, *ports}
+    out = []
+    for fw in rules:
+        if (fw.get("network") or "").rsplit("/", 1)[-1] != network.rsplit("/", 1)[-1]:
+            continue
+        if fw.get("disabled") or (fw.get("direction") or "INGRESS") != "INGRESS":
+            continue
+        if not fw.get("allowed"):
+            continue   # a deny rule only narrows
+        tags, sas = fw.get("targetTags") or [], fw.get("targetServiceAccounts") or []
+        if tags or sas:
+            if base not in tags and not (service_account and service_account in sas):
+                continue
+            target = "the cluster's nodes"
+        else:
+            target = "every instance on the network"
+        ranges = list(fw.get("sourceRanges") or [])
+        other = list(fw.get("sourceTags") or []) + list(fw.get("sourceServiceAccounts") or [])
+        if not ranges and other and set(other) <= {base}:
+            continue   # from the cluster's own nodes (its internal rule)
+        allowed_ports = [_port_set(a) for a in fw["allowed"]]
+        if not other and _within(ranges, cidr) and all(
+                p is not None and p <= ok_ports for p in allowed_ports):
+            continue
+        what = ", ".join(
+            str(a.get("IPProtocol")) + (":" + ",".join(a["ports"]) if a.get("ports") else "")
+            for a in fw["allowed"])
+        src = ", ".join(ranges + [f"instances tagged/running as {o}" for o in other])
+        out.append((fw, f"{what} from {src or 'anywhere'} to {target}"))
+    return out
+
+
+def audit_network(api: Api, project: str, network: str, base: str, cidr: str,
+                  ports: list[int], service_account: str | None) -> None:
+    """Refuse a user-named network on which a rule wider than ours reaches the nodes."""
+    bad = wider_rules(api.items("firewalls", "list", project=project), network, base, cidr,
+                      ports, service_account)
+    if not bad:
+        return
+    names = [f["name"] for f, _ in bad]
+    listed = "; ".join(f"{f['name']} admits {w}" for f, w in bad[:5])
+    raise UserError(
+        f"resources.gcp.network: on network '{network}' (project {project}) "
+        f"{'the firewall rule' if len(bad) == 1 else f'{len(bad)} firewall rules are'} wider "
+        f"than cloudtrain's own (SSH from {cidr} only, the rendezvous/NCCL ports only between "
+        f"the cluster's nodes): {listed}" + ("; ..." if len(bad) > 5 else "")
+        + ". Nothing was created.",
+        "Leave resources.gcp.network out so that cloudtrain creates a network of the "
+        "cluster's own, or narrow those rules (give them target tags the nodes do not carry, "
+        f"or delete them: 'gcloud compute firewall-rules delete {' '.join(names)}').")
 
 
 def find_rules(api: Api, project: str, cluster: str | None,

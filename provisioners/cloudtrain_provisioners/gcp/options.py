@@ -30,7 +30,12 @@ class GCPOptions(BaseModel):
         default_factory=list,
         description="Zones to try, in this order (default: the zones the catalog lists for the "
                     "offer, else every zone of the region).")
-    network: str = Field("default", description="VPC network for the nodes and firewall rules.")
+    network: str | None = Field(
+        None, description="VPC network for the nodes and firewall rules (default: a network of "
+                          "the cluster's own, created with it and deleted at teardown). A named "
+                          "network is refused when a firewall rule on it admits more than "
+                          "cloudtrain's rules would (the 'default' network's default-allow-ssh "
+                          "and default-allow-internal do).")
     subnetwork: str | None = Field(
         None, description="Subnetwork (name in the node's region, or a path); needed for "
                           "custom-mode networks.")
@@ -51,6 +56,11 @@ class GCPOptions(BaseModel):
     service_account: str | None = Field(
         None, description="Service account email for the nodes (default: none, so the nodes "
                           "hold no Google credentials).")
+    host_key_wait: float = Field(
+        120.0, ge=0, le=900,
+        description="Seconds to wait for each new node's SSH host keys in its guest attributes "
+                    "(published by the guest agent), to pin them before the first connection "
+                    "(0: learn the key on first contact instead).")
     install_nvidia_driver: bool = Field(
         True, description="Ask Deep Learning VM images to install the NVIDIA driver on first "
                           "boot where the image does not carry it.")

@@ -257,6 +257,11 @@ class GCPProvider:
         if region and opts.zones and not any(z.startswith(region + "-") for z in opts.zones):
             raise UserError(f"resources.gcp.zones lists no zone of region {region}.",
                             f"List zones of {region}, or drop resources.gcp.zones.")
+        if opts.subnetwork and not opts.network:
+            raise UserError("resources.gcp.subnetwork is given without resources.gcp.network.",
+                            "Name the network the subnetwork belongs to in "
+                            "resources.gcp.network, or drop the subnetwork (cloudtrain then "
+                            "creates a network of the cluster's own).")
         if opts.credentials_file and not Path(opts.credentials_file).expanduser().is_file():
             raise UserError(f"resources.gcp.credentials_file {opts.credentials_file} does not "
                             "exist.", "Give the path of a service-account key file (JSON).")
@@ -271,8 +276,11 @@ class GCPProvider:
         base = L.base_name(request.name, self._owner(request.name))
         cidr = res.ssh_cidr or self.cidr.cached() or "your public IP/32 (looked up when up runs)"
         project = opts.project or "the default project (GOOGLE_CLOUD_PROJECT or the credentials')"
-        creates = [f"firewall rule {r.name(base)} on network {opts.network}: {r.text(base)}"
-                   for r in NET.desired_rules(base, cidr, list(res.ports))]
+        net = opts.network or NET.dedicated_name(base)
+        creates = ([] if opts.network else
+                   [f"VPC network {net} (auto-mode, the cluster's own; deleted at teardown)"])
+        creates += [f"firewall rule {r.name(base)} on network {net}: {r.text(base)}"
+                    for r in NET.desired_rules(base, cidr, list(res.ports))]
         market = ("spot (provisioningModel SPOT, termination action DELETE)" if res.use_spot
                   else "on-demand")
         gpus = (f" + {first.count} x {IMG.accelerator_type(first.accelerator)} attached"
@@ -313,17 +321,31 @@ class GCPProvider:
     def ensure_network(self, request: ClusterRequest) -> NetworkRef:
         res, opts = request.resources, self._opts(request)
         api, project = self._request_api(request)
-        # Written before anything is created: teardown looks in this project.
-        self._save(request.name, project=project, network=opts.network,
-                   credentials_file=opts.credentials_file)
-        NET.check_network(api, project, opts.network)
-        cidr = self.cidr.get(res.ssh_cidr)
         base = L.base_name(request.name, self._owner(request.name))
+        network = opts.network or NET.dedicated_name(base)
+        before = (self._record(request.name) or {}).get("network")
+        if not opts.network and before and not str(before).startswith("ct-"):
+            # made by an earlier cloudtrain on a shared network: its nodes are not on ours
+            raise UserError(f"GCP cluster '{request.name}' was created on network '{before}'; "
+                            "cloudtrain now gives each cluster a network of its own.",
+                            f"Take it down ('cloudtrain down {request.name}') and bring it up "
+                            "again, or keep it where it is with resources.gcp.network: "
+                            f"{before} (checked for rules wider than cloudtrain's).")
+        # Written before anything is created: teardown looks in this project.
+        self._save(request.name, project=project, network=network,
+                   credentials_file=opts.credentials_file)
+        cidr = self.cidr.get(res.ssh_cidr)
+        if opts.network:
+            NET.check_network(api, project, opts.network)
+            NET.audit_network(api, project, opts.network, base, cidr, list(res.ports),
+                              opts.service_account)
+        else:
+            NET.ensure_dedicated_network(api, project, base, request.name, self._owner(request.name))
         rules = NET.desired_rules(base, cidr, list(res.ports))
-        NET.ensure_firewalls(api, project, opts.network, base, request.name, self._owner(request.name), rules)
+        NET.ensure_firewalls(api, project, network, base, request.name, self._owner(request.name), rules)
         self._save(request.name, ssh_cidr=cidr)
-        return NetworkRef(f"{project}/{opts.network}",
-                          f"firewall rules on network {opts.network} ({project}): "
+        return NetworkRef(f"{project}/{network}",
+                          f"firewall rules on network {network} ({project}): "
                           + "; ".join(f"{r.name(base)}: {r.text(base)}" for r in rules))
 
     # --- contract: nodes -----------------------------------------------------------------
@@ -480,7 +502,8 @@ class GCPProvider:
                 accelerator_count=target.count, image=image, disk_gb=res.disk_size_gb,
                 disk_type=opts.disk_type or IMG.default_disk_type(target.machine_type),
                 cluster=request.name, owner=self._owner(request.name), spot=res.use_spot,
-                network=opts.network, subnetwork=opts.subnetwork, public_ip=opts.public_ip,
+                network=opts.network or NET.dedicated_name(L.base_name(request.name, self._owner(request.name))),
+                subnetwork=opts.subnetwork, public_ip=opts.public_ip,
                 ssh_user=opts.ssh_user, public_key=request.public_key,
                 service_account=opts.service_account, install_driver=opts.install_nvidia_driver)
             new, errors = I.launch(api, spec, missing)
@@ -500,7 +523,13 @@ class GCPProvider:
                        public_ip=opts.public_ip)
             if self.amap is not None:
                 self.amap.wait_for([a for i in running for a in (i.nat_ip, i.internal_ip) if a])
-            return [self._node(i, opts.ssh_user, opts.public_ip) for i in running]
+            keys = self._host_keys(api, project, zone, [i.name for i in running],
+                                   opts.host_key_wait)
+            self._save(request.name, host_keys={**((self._record(request.name) or {})
+                                                   .get("host_keys") or {}),
+                                                **{k: list(v) for k, v in keys.items()}})
+            return [self._node(i, opts.ssh_user, opts.public_ip, keys.get(i.name, ()))
+                    for i in running]
         except BaseException:
             self._rollback(api, project, zone, list(new.values()))
             raise
@@ -512,7 +541,40 @@ class GCPProvider:
                          + ", ".join(names))
             I.delete(api, project, {zone: names})
 
-    def _node(self, i: I.Inst, user: str, public: bool) -> Node:
+    def _host_keys(self, api: Api, project: str, zone: str, names: list[str],
+                   wait: float) -> dict[str, tuple[str, ...]]:
+        """Each node's host keys from its guest attributes, waiting up to ``wait`` seconds
+        (of polling) for the guest agent to publish them. A node still without keys then is
+        learned on first contact, and said so."""
+        found: dict[str, tuple[str, ...]] = {}
+        if wait <= 0 or not names:
+            return found
+        waited, step = 0.0, 2.0
+        while True:
+            try:
+                for n in names:
+                    if n not in found:
+                        keys = I.host_keys(api, project, zone, n)
+                        if keys:
+                            found[n] = keys
+            except ProviderError as exc:
+                # e.g. no compute.instances.getGuestAttributes permission: not fatal, the
+                # keys are then learned on first contact (and status says so)
+                self.ui.warn(f"gcp: cannot read the nodes' host keys from their guest "
+                             f"attributes ({exc.message}).")
+                break
+            if len(found) == len(names) or waited >= wait:
+                break
+            self.sleep(step)
+            waited += step
+        missing = [n for n in names if n not in found]
+        if missing:
+            self.ui.warn(f"gcp: {', '.join(missing)} published no SSH host key in its guest "
+                         f"attributes within {wait:.0f} s; its key is learned on first contact.")
+        return found
+
+    def _node(self, i: I.Inst, user: str, public: bool,
+              host_keys: tuple[str, ...] = ()) -> Node:
         addr = i.nat_ip if public else i.internal_ip
         status = I.STATUS.get(i.status, "unknown")
         iid = f"{i.name}/{i.id}" if i.id else i.name
@@ -520,7 +582,7 @@ class GCPProvider:
         if self.amap is None:
             return Node(rank=rank, instance_id=iid, host=addr, port=22, user=user,
                         internal_ip=i.internal_ip, status=status,  # type: ignore[arg-type]
-                        root_dir="cloudtrain", spot=i.spot)
+                        root_dir="cloudtrain", spot=i.spot, host_keys=host_keys)
         # Test mode: only addresses the map gives are ever used.
         if not addr:
             return Node(rank=rank, instance_id=iid, host="", user=user,
@@ -531,7 +593,7 @@ class GCPProvider:
         return Node(rank=rank, instance_id=iid, host=t.host, port=t.port,
                     user=str(self.amap.setting("user") or user), internal_ip=inner,
                     status=status, root_dir=t.root_dir or "cloudtrain",  # type: ignore[arg-type]
-                    spot=i.spot)
+                    spot=i.spot, host_keys=host_keys)
 
     def list_nodes(self, cluster: str) -> list[Node]:
         rec = self._record(cluster)

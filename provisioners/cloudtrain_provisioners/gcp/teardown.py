@@ -3,7 +3,8 @@ rollback) or every cluster's that no live cluster owns (``gc``).
 
 Order: delete the instances and wait until each delete operation is DONE and the instance
 list no longer shows them (their auto-delete boot disks go with them), then delete any disk
-left over with our labels, then the firewall rules, then check that nothing marked is left.
+left over with our labels, then the firewall rules, then the cluster's own VPC network
+(when cloudtrain created one), then check that nothing marked is left.
 Each step is safe when there is nothing to do, so a half-built cluster, a second ``down``
 and a ``down`` with no local state all work: everything is found by label (instances,
 disks) or by the marks in the description (firewall rules), in every zone at once through
@@ -27,8 +28,8 @@ from .api import Api, NotFound
 
 @dataclass
 class Resource:
-    region: str        # the zone (instances, disks) or "global" (firewall rules)
-    kind: str          # instance | disk | firewall
+    region: str        # the zone (instances, disks) or "global" (firewall rules, networks)
+    kind: str          # instance | disk | firewall | network
     id: str
     cluster: str
     owner: str
@@ -71,6 +72,11 @@ def find(api: Api, project: str, cluster: str | None, owner: str | None) -> Foun
         out.resources.append(Resource("global", "firewall", str(fw["name"]),
                                       m.get(L.CLUSTER, ""), m.get(L.OWNER, ""),
                                       m.get("created-at", str(fw.get("creationTimestamp", "")))))
+    for net in NET.find_networks(api, project, cluster, owner):
+        m = L.marks(net.get("description"))
+        out.resources.append(Resource("global", "network", str(net["name"]),
+                                      m.get(L.CLUSTER, ""), m.get(L.OWNER, ""),
+                                      m.get("created-at", str(net.get("creationTimestamp", "")))))
     return out
 
 
@@ -103,6 +109,8 @@ def teardown(api: Api, project: str, cluster: str, owner: str | None, *,
         except NotFound:
             continue
     NET.delete_rules(api, project, [r.id for r in found.of("firewall")])
+    # the cluster's own network last: GCE refuses to delete one that rules or instances use
+    NET.delete_networks(api, project, [r.id for r in found.of("network")])
     left = find(api, project, cluster, owner).resources
     if left:
         raise ProviderError(

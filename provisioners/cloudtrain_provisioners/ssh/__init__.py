@@ -2,6 +2,10 @@
 
 ``up`` reaches them and bootstraps; ``down`` stops the processes cloudtrain started there and
 forgets the hosts. It never powers anything off and never deletes the user's files.
+
+Host keys: a host the user's own ``~/.ssh/known_hosts`` knows (hashed entries included) is
+pinned with the keys listed there, so a host presenting another key is refused exactly as
+``ssh`` would refuse it; a host it does not know is learned on first contact.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import ClassVar
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from cloudtrain.errors import UserError
+from cloudtrain.keys import USER_KNOWN_HOSTS, host_entry_name
 from cloudtrain.provider import ClusterRequest, NetworkRef, Node, Plan, ProviderContext
 
 DEFAULT_KEYS = ("id_ed25519", "id_ecdsa", "id_rsa")
@@ -60,8 +65,32 @@ class SSHOptions(BaseModel):
         return v
 
 
+def user_known_host_keys(host: str, port: int,
+                         files: tuple[Path, ...] | None = None) -> tuple[str, ...]:
+    """The keys ("type base64") the user's known_hosts files list for host:port."""
+    import paramiko
+
+    found: list[str] = []
+    for f in files if files is not None else (Path.home() / ".ssh" / "known_hosts",):
+        if not f.is_file():
+            continue
+        try:
+            hk = paramiko.HostKeys(str(f))
+        except (OSError, paramiko.SSHException, ValueError) as exc:
+            raise UserError(f"cannot read your known_hosts file {f} ({exc}).",
+                            "Fix or remove the broken line (ssh-keygen -R <host> removes a "
+                            "host's entries).") from None
+        entry = hk.lookup(host_entry_name(host, port))
+        for typ, key in (entry or {}).items():
+            line = f"{typ} {key.get_base64()}"
+            if line not in found:
+                found.append(line)
+    return tuple(found)
+
+
 class SSHProvider:
     name: ClassVar[str] = "ssh"
+    host_key_source: ClassVar[str] = USER_KNOWN_HOSTS
     options_model: ClassVar[type[BaseModel] | None] = SSHOptions
     allows_absolute_mounts: ClassVar[bool] = True
     powers_off: ClassVar[bool] = False
@@ -139,7 +168,8 @@ class SSHProvider:
         return [Node(rank=r["rank"], instance_id=f"{r['user']}@{r['address']}:{r['port']}",
                      host=r["address"], port=r["port"], user=r["user"],
                      internal_ip=r["internal_ip"], status="running",
-                     root_dir=f"cloudtrain/{cluster}", identity_file=r["identity_file"])
+                     root_dir=f"cloudtrain/{cluster}", identity_file=r["identity_file"],
+                     host_keys=user_known_host_keys(r["address"], r["port"]))
                 for r in records]
 
     def terminate(self, cluster: str) -> None:
