@@ -230,8 +230,19 @@ class State:
     def _connect(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
         db.row_factory = sqlite3.Row
-        db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA busy_timeout=30000")
+        # Switching a new database to WAL can answer "locked" at once, without waiting on the
+        # busy timeout, while other processes open it too: try again for a while.
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                db.execute("PRAGMA journal_mode=WAL")
+                break
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    db.close()
+                    raise
+                time.sleep(0.02)
         db.execute("PRAGMA foreign_keys=ON")
         return db
 

@@ -75,18 +75,34 @@ def _kill(pids: list[int]) -> None:
             pass
 
 
-def _wait_for_line(proc: subprocess.Popen[str], needle: str, timeout: float) -> list[str]:
+class _Lines(list[str]):
+    """The CLI's stdout lines read so far; ``complete()`` waits until the pipe's end (after
+    the CLI exited, its last lines may still be on their way to the reader thread)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.eof = threading.Event()
+
+    def complete(self, timeout: float = 30) -> _Lines:
+        assert self.eof.wait(timeout), "the CLI's stdout did not reach its end"
+        return self
+
+
+def _wait_for_line(proc: subprocess.Popen[str], needle: str, timeout: float) -> _Lines:
     """Read the CLI's stdout until a line holds ``needle``; the rest is drained in the
     background (kept in the returned list) so the CLI never blocks on a full pipe."""
-    seen: list[str] = []
+    seen = _Lines()
     found = threading.Event()
 
     def pump() -> None:
         assert proc.stdout is not None
-        for line in proc.stdout:
-            seen.append(line)
-            if needle in line:
-                found.set()
+        try:
+            for line in proc.stdout:
+                seen.append(line)
+                if needle in line:
+                    found.set()
+        finally:
+            seen.eof.set()
 
     threading.Thread(target=pump, daemon=True).start()
     assert found.wait(timeout), f"no line with {needle!r} in {timeout} s: {seen[-5:]}"
@@ -117,7 +133,7 @@ def test_dropped_session_reconnects_and_the_log_is_complete(cli: CLI, tmp_path: 
     err = proc.stderr.read() if proc.stderr else ""
     assert "reconnected" in err, err
     assert "Traceback" not in err
-    time.sleep(0.2)
+    out.complete()
     assert any("done on 1" in ln for ln in out)
     # Every line exactly once, in order, on the terminal and in the local log file.
     (job,) = (cli.home / "logs" / "ticks").iterdir()
@@ -140,7 +156,7 @@ def test_logs_follow_reconnects_and_misses_nothing(cli: CLI, tmp_path: Path) -> 
     err = proc.stderr.read() if proc.stderr else ""
     assert rc == 0, err
     assert "reconnected" in err and "Traceback" not in err
-    time.sleep(0.2)
+    out.complete()
     want = [f"tick {i} of 1" for i in range(1, TICKS + 1)] + ["done on 1"]
     assert [ln.split(") ", 1)[1].rstrip("\n") for ln in out if "(node-1) " in ln] == want
 
@@ -163,7 +179,7 @@ def test_dropped_session_ddp_job_survives(cli: CLI, demo_dir: Path) -> None:
     assert "reconnected" in err
     res = json.loads((demo_dir / "cloudtrain-outputs" / "outputs" / "result.json").read_text())
     assert res["world_size"] == 4 and res["replicas_in_sync"] is True
-    assert sum("all-reduce ok" in ln for ln in out) == 4   # no line lost or repeated
+    assert sum("all-reduce ok" in ln for ln in out.complete()) == 4   # none lost or repeated
     assert_nothing_left(cli.home)
 
 
