@@ -447,13 +447,8 @@ def down(env: Env, name: str, provider_name: str | None = None, *,
                 if n:
                     env.ui.warn(f"node {rank}: {n} process(es) of the cluster survived SIGKILL")
         env.ui.step(f"Tearing down '{name}' on {pname}")
-        provider.terminate(name)
-        remaining = [n for n in provider.list_nodes(name) if n.status != "terminated"]
-        if remaining:
-            raise ProviderError(
-                f"after teardown, {pname} still lists {len(remaining)} node(s) of '{name}': "
-                + ", ".join(n.instance_id for n in remaining) + ".",
-                f"Run 'cloudtrain down {name}' again; nothing was forgotten locally.")
+        _terminate_verified(provider, pname, name,
+                            f"Run 'cloudtrain down {name}' again; nothing was forgotten locally.")
         env.state.close_usage(name)
         for launch in env.state.launches(name):
             if launch.status == "RUNNING":
@@ -461,6 +456,17 @@ def down(env: Env, name: str, provider_name: str | None = None, *,
         env.state.delete_cluster(name)
         shutil.rmtree(env.pctx.cluster_dir(name), ignore_errors=True)
     env.ui.ok(f"'{name}' is down; {pname} lists none of its nodes")
+
+
+def _terminate_verified(provider: Provider, pname: str, name: str, hint: str) -> None:
+    """Terminate, then list the provider again: the cluster is down only when it lists none
+    of its nodes."""
+    provider.terminate(name)
+    remaining = [n for n in provider.list_nodes(name) if n.status != "terminated"]
+    if remaining:
+        raise ProviderError(
+            f"after teardown, {pname} still lists {len(remaining)} node(s) of '{name}': "
+            + ", ".join(n.instance_id for n in remaining) + ".", hint)
 
 
 def _down_by_tag(env: Env, provider: Provider, pname: str, name: str,
@@ -471,13 +477,9 @@ def _down_by_tag(env: Env, provider: Provider, pname: str, name: str,
     had_files = cdir.exists()
     found = [n for n in provider.list_nodes(name) if n.status != "terminated"]
     env.ui.step(f"Tearing down '{name}' on {pname} (no local record: found by tag)")
-    provider.terminate(name)   # also what a half-built cluster left (groups, keys, files)
-    remaining = [n for n in provider.list_nodes(name) if n.status != "terminated"]
-    if remaining:
-        raise ProviderError(
-            f"after teardown, {pname} still lists {len(remaining)} node(s) of '{name}': "
-            + ", ".join(n.instance_id for n in remaining) + ".",
-            f"Run 'cloudtrain down {name} --provider {pname}' again.")
+    # also what a half-built cluster left (groups, keys, files)
+    _terminate_verified(provider, pname, name,
+                        f"Run 'cloudtrain down {name} --provider {pname}' again.")
     env.state.close_usage(name)
     shutil.rmtree(cdir, ignore_errors=True)
     if found:

@@ -456,11 +456,21 @@ class Group:
                                timeout=timeout, stop=self.stop)
             except BaseException as exc:  # noqa: BLE001 - every node's outcome is kept
                 res = Result(node.rank, None, error=exc)
+            return res
+
+        return self._fan_out(one, wanted, on_done)
+
+    def _fan_out(self, one: Callable[[NodeRow], Result], wanted: set[int],
+                 on_done: Callable[[Result], None] | None) -> GroupResult:
+        """``one`` on every node of ``wanted`` at once; ``on_done`` sees each result as it
+        comes; the results are returned in rank order."""
+        def each(node: NodeRow) -> Result:
+            res = one(node)
             if on_done is not None:
                 on_done(res)
             return res
 
-        futures = {n.rank: self._pool.submit(one, n) for n in self.nodes if n.rank in wanted}
+        futures = {n.rank: self._pool.submit(each, n) for n in self.nodes if n.rank in wanted}
         out = GroupResult()
         for rank, fut in futures.items():
             out[rank] = fut.result()
@@ -547,18 +557,11 @@ class Group:
 
         def one(node: NodeRow) -> Result:
             try:
-                res = self.follow(node, lambda off: command(node, off), on_line, on_note)
+                return self.follow(node, lambda off: command(node, off), on_line, on_note)
             except BaseException as exc:  # noqa: BLE001 - every node's outcome is kept
-                res = Result(node.rank, None, error=exc)
-            if on_done is not None:
-                on_done(res)
-            return res
+                return Result(node.rank, None, error=exc)
 
-        futures = {n.rank: self._pool.submit(one, n) for n in self.nodes if n.rank in wanted}
-        out = GroupResult()
-        for rank, fut in futures.items():
-            out[rank] = fut.result()
-        return out
+        return self._fan_out(one, wanted, on_done)
 
     def close(self) -> None:
         self.stop.set()
