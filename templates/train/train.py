@@ -1138,7 +1138,25 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if rt.distributed and dist.is_initialized():
             dist.destroy_process_group()
+            global _PROCESS_GROUP_DESTROYED
+            _PROCESS_GROUP_DESTROYED = True
+
+
+_PROCESS_GROUP_DESTROYED = False
+
+
+def _exit(code: int) -> None:
+    """Leave without the interpreter's finalization once the process group is gone: Gloo's
+    worker threads can still hold objects whose release during finalization aborts a worker
+    that finished cleanly ('terminate called without an active exception', SIGABRT), which
+    turns a successful run into a failed one. Everything is closed and flushed by now."""
+    if not _PROCESS_GROUP_DESTROYED:
+        sys.exit(code)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    _exit(main())
