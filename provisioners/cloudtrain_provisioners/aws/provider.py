@@ -268,11 +268,12 @@ class AWSProvider:
         vpc = NET.find_vpc(self.api, region, opts.vpc_id)
         subnets = NET.subnets_by_zone(self.api, region, vpc, list(opts.subnet_ids))
         self._remember_region(request.name, region)
-        base = T.base_name(request.name, self._owner(request.name))
-        gid = NET.ensure_security_group(self.api, region, vpc, base, request.name, self._owner(request.name),
+        owner = self._owner(request.name)
+        base = T.base_name(request.name, owner)
+        gid = NET.ensure_security_group(self.api, region, vpc, base, request.name, owner,
                                         NET.desired_rules(cidr, list(request.resources.ports)))
         key_name = NET.ensure_key_pair(self.api, region, base, request.public_key, request.name,
-                                       self._owner(request.name))
+                                       owner)
         net = NET.RegionNet(region, vpc, gid, key_name, subnets)
         self._nets[key] = net
         self._save(request.name, ssh_cidr=cidr)

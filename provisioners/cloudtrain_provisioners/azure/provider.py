@@ -276,11 +276,12 @@ class AzureProvider:
             return self._nets[key]
         opts, name = self._opts(request), request.name
         cidr = self.cidr.get(request.resources.ssh_cidr)
-        group = self.group(name)
+        owner = self._owner(name)
+        group = T.group_name(name, owner)
         self._save(name, subscription_id=api.subscription_id, resource_group=group,
-                   region=region, owner=self._owner(name), user=opts.ssh_user,
+                   region=region, owner=owner, user=opts.ssh_user,
                    public_ip=opts.public_ip)
-        shared = T.tags(name, self._owner(name), T.SHARED_RANK)
+        shared = T.tags(name, owner, T.SHARED_RANK)
         try:
             NET.ensure_group(api, group, region, shared)
         except NET.GroupElsewhere as exc:
@@ -293,7 +294,7 @@ class AzureProvider:
                                     "another name.") from None
             self.ui.warn(f"azure: removing {group} from {exc.location} (a former attempt) to "
                          f"start again in {region}")
-            TD.teardown(api, name, self._owner(name), expected=group, sleep=self.sleep, poll=self.poll)
+            TD.teardown(api, name, owner, expected=group, sleep=self.sleep, poll=self.poll)
             self._nets = {k: v for k, v in self._nets.items() if k[0] != name}
             NET.ensure_group(api, group, region, shared)
         net = NET.ensure_network(api, group, region, NET.desired_rules(

@@ -321,7 +321,8 @@ class GCPProvider:
     def ensure_network(self, request: ClusterRequest) -> NetworkRef:
         res, opts = request.resources, self._opts(request)
         api, project = self._request_api(request)
-        base = L.base_name(request.name, self._owner(request.name))
+        owner = self._owner(request.name)
+        base = L.base_name(request.name, owner)
         network = opts.network or NET.dedicated_name(base)
         before = (self._record(request.name) or {}).get("network")
         if not opts.network and before and not str(before).startswith("ct-"):
@@ -340,9 +341,9 @@ class GCPProvider:
             NET.audit_network(api, project, opts.network, base, cidr, list(res.ports),
                               opts.service_account)
         else:
-            NET.ensure_dedicated_network(api, project, base, request.name, self._owner(request.name))
+            NET.ensure_dedicated_network(api, project, base, request.name, owner)
         rules = NET.desired_rules(base, cidr, list(res.ports))
-        NET.ensure_firewalls(api, project, network, base, request.name, self._owner(request.name), rules)
+        NET.ensure_firewalls(api, project, network, base, request.name, owner, rules)
         self._save(request.name, ssh_cidr=cidr)
         return NetworkRef(f"{project}/{network}",
                           f"firewall rules on network {network} ({project}): "
@@ -496,13 +497,15 @@ class GCPProvider:
         new: dict[int, str] = {}
         if missing:
             assert image is not None
+            owner = self._owner(request.name)
+            base = L.base_name(request.name, owner)
             spec = I.LaunchSpec(
-                project=project, zone=zone, base=L.base_name(request.name, self._owner(request.name)),
+                project=project, zone=zone, base=base,
                 machine_type=target.machine_type, accelerator=target.accelerator,
                 accelerator_count=target.count, image=image, disk_gb=res.disk_size_gb,
                 disk_type=opts.disk_type or IMG.default_disk_type(target.machine_type),
-                cluster=request.name, owner=self._owner(request.name), spot=res.use_spot,
-                network=opts.network or NET.dedicated_name(L.base_name(request.name, self._owner(request.name))),
+                cluster=request.name, owner=owner, spot=res.use_spot,
+                network=opts.network or NET.dedicated_name(base),
                 subnetwork=opts.subnetwork, public_ip=opts.public_ip,
                 ssh_user=opts.ssh_user, public_key=request.public_key,
                 service_account=opts.service_account, install_driver=opts.install_nvidia_driver)
