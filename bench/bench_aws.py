@@ -44,6 +44,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+FAKES = Path(__file__).resolve().parent.parent / "tests" / "fakes"
+sys.path.insert(0, str(FAKES))
 from _common import fmt, iter_csv_ints, machine_line, median, sigterm_as_interrupt, table, verdict
 
 REGION = "us-east-1"
@@ -62,7 +64,8 @@ def start_moto(root: Path, latency: float) -> tuple[subprocess.Popen[bytes], str
     env.pop("MOTO_AMIS_PATH", None)
     log = open(root / "moto.log", "wb")
     proc = subprocess.Popen(
-        [sys.executable, "-c", "from cloudtrain_provisioners.aws.testing import serve_moto; "
+        [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(FAKES)!r}); "
+                               "from aws_moto import serve_moto; "
                                f"serve_moto('127.0.0.1', {port}, {latency!r})"],
         stdout=log, stderr=subprocess.STDOUT, env=env)
     deadline = time.monotonic() + 60
@@ -162,7 +165,7 @@ def main() -> int:
     home = root / "home"
     print("# AWS provider against a moto server on loopback: provision + teardown")
     print(f"# machine: {machine_line()}")
-    from cloudtrain_provisioners.aws.testing import hermetic_env
+    from aws_moto import hermetic_env
 
     hermetic_env()
     print(f"# a moto server on 127.0.0.1 per row; instance type {INSTANCE_TYPE}, "

@@ -6,9 +6,9 @@
 2. a first ``cloudtrain launch`` provisions a local cluster of N node(s) and syncs everything
    (its own "Synced in X s" line is reported as the full sync);
 3. then, calling the library directly (what ``launch`` calls):
-       plan  = cloudtrain.launch.sync_plan(cloudtrain.spec.load_task(task_file))
+       plan  = cloudtrain.pipeline.run.sync_plan(cloudtrain.spec.load_task(task_file))
        handle = cloudtrain.cluster.get_handle(open_env(UI(quiet=True)), name)
-       cloudtrain.sync.push_all(plan, handle.nodes, handle.keys)
+       cloudtrain.pipeline.sync.push_all(plan, handle.nodes, handle.keys)
    * one-file sync: touch/modify one small .py file, time push_all; ``--repeats`` times;
    * no-change sync: push_all with nothing changed (rsync still walks both sides);
    * plan.fingerprint(): the local walk launch uses to skip rsync altogether;
@@ -83,8 +83,9 @@ def launch(task: Path, home: Path) -> tuple[int, float, float | None, str]:
 
 
 def bench_nodes(root: Path, home: Path, wd: Path, nodes: int, repeats: int) -> dict[str, object]:
-    from cloudtrain import cluster, sync
-    from cloudtrain.launch import sync_plan
+    from cloudtrain import cluster
+    from cloudtrain.pipeline import sync
+    from cloudtrain.pipeline.run import sync_plan
     from cloudtrain.spec import load_task
     from cloudtrain.ui import UI
 
@@ -167,7 +168,7 @@ def bench_fingerprint(root: Path, files: int, repeats: int) -> list[float]:
     """``--fingerprint-tree N``: no cluster, just SyncPlan.fingerprint() over a source tree of
     N small files in nested packages, plus an ignored build/ folder (2,000 files, ``/build`` in
     .gitignore) that rsync, and so the fingerprint, skips."""
-    from cloudtrain.sync import SyncPlan
+    from cloudtrain.pipeline.sync import SyncPlan
 
     wd = root / "tree"
     t = time.monotonic()

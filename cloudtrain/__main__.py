@@ -1,3 +1,3 @@
-from .cli import main
+from cloudtrain.commands.main import main
 
 main()

@@ -25,9 +25,9 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from .errors import CloudtrainError, UserError
-from .state import State
-from .ui import UI
+from cloudtrain.errors import CloudtrainError, UserError
+from cloudtrain.state import State
+from cloudtrain.ui import UI
 
 EXIT_CODE = 3
 """``launch`` exits with this when the budget was reached (job stopped, cluster torn down)."""
@@ -174,7 +174,7 @@ class Watch:
 
     def check(self) -> None:
         """Poll once: recompute the accrued cost; warn at 80 %; stop the job at 100 %."""
-        from .ledger import cluster_spend
+        from cloudtrain.ledger import cluster_spend
 
         spent = cluster_spend(self.state, self.cluster, now=self.clock())
         if spent is None:

@@ -13,17 +13,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from . import bootstrap as bootstrap_mod
-from . import registry
-from .catalog.model import Offer
-from .errors import CapacityError, ClusterNotFound, ProviderError, QuotaError, UserError
-from .keys import (FIRST_CONTACT, PINNED_AT_CREATION, ClusterKeys, ensure_keys, is_pinned,
+from cloudtrain.pipeline import bootstrap as bootstrap_mod
+from cloudtrain.provider import registry
+from cloudtrain.catalog.model import Offer
+from cloudtrain.errors import CapacityError, ClusterNotFound, ProviderError, QuotaError, UserError
+from cloudtrain.keys import (FIRST_CONTACT, PINNED_AT_CREATION, ClusterKeys, ensure_keys, is_pinned,
                    pin_host_keys, record_pinning)
-from .provider import ClusterRequest, Node, Plan, Provider, ProviderContext
-from .remote import Group
-from .spec import BootstrapSpec, Task, provider_options
-from .state import ClusterRow, NodeRow, State, open_state
-from .ui import UI
+from cloudtrain.provider.contract import ClusterRequest, Node, Plan, Provider, ProviderContext
+from cloudtrain.remote import Group
+from cloudtrain.spec import BootstrapSpec, Task, provider_options
+from cloudtrain.state import ClusterRow, NodeRow, State, open_state
+from cloudtrain.ui import UI
 
 SSH_TIMEOUT = float(os.environ.get("CLOUDTRAIN_SSH_TIMEOUT", "300"))
 
@@ -39,13 +39,13 @@ class Env:
         return ProviderContext(self.home)
 
     def logs_dir(self, cluster: str) -> Path:
-        from .names import check, inside
+        from cloudtrain.names import check, inside
 
         return inside(self.home / "logs", check(cluster))
 
 
 def open_env(ui: UI) -> Env:
-    from .paths import home
+    from cloudtrain.paths import home
 
     h = home()
     return Env(h, open_state(h), ui)
@@ -78,7 +78,7 @@ def cluster_uid(env: Env, name: str) -> str:
 
 
 def resolve_name(task: Task, override: str | None, task_path: str | None) -> str:
-    from .names import check
+    from cloudtrain.names import check
 
     name = override or task.name
     if not name and task_path:
@@ -91,7 +91,7 @@ def resolve_name(task: Task, override: str | None, task_path: str | None) -> str
 
 @contextmanager
 def cluster_lock(env: Env, name: str) -> Iterator[None]:
-    from .names import check, inside
+    from cloudtrain.names import check, inside
 
     d = env.home / "locks"
     d.mkdir(parents=True, exist_ok=True)
@@ -120,7 +120,7 @@ def plan(env: Env, task: Task, name: str, *, offers: list[Offer] | None = None) 
     """What ``up`` would do. Creates nothing, anywhere. A task with GPUs (or an instance type)
     that names no provider, or a cloud but no region, gets the planner's cheapest feasible
     offer (from ``offers``, or the catalog when None)."""
-    from . import planner
+    from cloudtrain import planner
 
     existing = env.state.get_cluster(name)
     picked = None
@@ -166,7 +166,7 @@ def provision(env: Env, task: Task, name: str, *, keep_on_failure: bool = False,
     whether this call created the cluster (so a failure afterwards can roll it back).
     ``planned``: the result of :func:`plan` for this task, when the caller has it already
     (the provider's check and plan are then not asked again)."""
-    from . import planner
+    from cloudtrain import planner
 
     if planner.needs_pick(task):  # the planner picks, and fails over down its ranked list
         return _provision_picked(env, task, name, keep_on_failure=keep_on_failure,
@@ -250,7 +250,7 @@ def _provision_picked(env: Env, task: Task, name: str, *, keep_on_failure: bool,
                       planned: Plan | None) -> tuple[Handle, bool]:
     """Provision on the planner's pick; when that offer has no capacity or quota, roll back
     and take the next one of the same ranked list."""
-    from . import planner
+    from cloudtrain import planner
 
     planned = planned or plan(env, task, name)
     choices = [planned, *planned.alternatives]
@@ -426,7 +426,7 @@ def down(env: Env, name: str, provider_name: str | None = None, *,
     """Tear ``name`` down and verify with the provider. Without a local record,
     ``provider_name`` finds it by tag; ``require_found`` (the ``down`` command) makes finding
     nothing at all an error instead of a note (the launch --down path stays quiet)."""
-    from .names import check
+    from cloudtrain.names import check
 
     check(name)
     row = env.state.get_cluster(name)

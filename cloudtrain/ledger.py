@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta, timezone
 from typing import Iterable
 
-from .state import State, UsageRow
+from cloudtrain.state import State, UsageRow
 
 DAY = 86400.0
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .errors import UserError
+from cloudtrain.errors import UserError
 
 GIB = float(2 ** 30)
 ACTIVATION_FRACTION = 0.20

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from .errors import UserError
+from cloudtrain.errors import UserError
 
 RULE = "1-40 lowercase letters, digits and '-', starting with a letter and not ending with '-'"
 # \A ... \Z: '$' would also match before a trailing newline ("job\n").

@@ -13,15 +13,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
-from .catalog.gpus import canonical_gpu, suggest_gpu
-from .catalog.model import Offer
-from .errors import UserError
-from .memfit import USABLE_FRACTION, Breakdown, MemoryEstimate
+from cloudtrain.catalog.gpus import canonical_gpu, suggest_gpu
+from cloudtrain.catalog.model import Offer
+from cloudtrain.errors import UserError
+from cloudtrain.memfit import USABLE_FRACTION, Breakdown, MemoryEstimate
 
 if TYPE_CHECKING:
-    from .provider import Plan
-    from .spec import Resources, Task
-    from .state import ClusterRow
+    from cloudtrain.provider.contract import Plan
+    from cloudtrain.spec import Resources, Task
+    from cloudtrain.state import ClusterRow
 
 CLOUDS = ("aws", "gcp", "azure")
 """Providers the catalog prices; the planner picks among them when a task names none."""
@@ -97,7 +97,7 @@ def priced_json(o: Offer, num_nodes: int, spot: bool, hours: float) -> dict[str,
     ``market``, ``node_hourly_usd`` (the price per node in that market), the spot cluster
     price and the spot saving. Also for offers that are not feasible (their price, where
     the market has one)."""
-    from .catalog.model import offer_json
+    from cloudtrain.catalog.model import offer_json
 
     per = o.hourly(spot)
     cluster = None if per is None else per * num_nodes
@@ -453,7 +453,8 @@ def needs_pick(task: Task) -> bool:
 def availability(candidates: Iterable[str] = CLOUDS) -> dict[str, str | None]:
     """For each cloud: None when ``up`` can use it (installed and credentials present), else
     why not. Reads the registry and credential files; imports no SDK."""
-    from . import credentials, registry
+    from cloudtrain import credentials
+    from cloudtrain.provider import registry
 
     installed = set(registry.names())
     out: dict[str, str | None] = {}
@@ -468,7 +469,7 @@ def availability(candidates: Iterable[str] = CLOUDS) -> dict[str, str | None]:
 
 
 def _no_provider_error(resources: Resources, avail: Mapping[str, str | None]) -> UserError:
-    from . import credentials
+    from cloudtrain import credentials
 
     what = (f"resources.accelerators {resources.accelerators}" if resources.accelerators
             else f"resources.instance_type {resources.instance_type}")
@@ -511,7 +512,7 @@ def choose(task: Task, offers: Iterable[Offer], *, fit: MemoryEstimate | None = 
 def resolved(task: Task, choice: Plan) -> Task:
     """The task with the planner's choice written in (provider, region, instance type, and
     the GPU model for ``any:N``): what ``provision`` asks the provider for."""
-    from .spec import Accelerators
+    from cloudtrain.spec import Accelerators
 
     res = task.resources
     update: dict[str, Any] = {"provider": choice.provider, "region": choice.region,
@@ -526,7 +527,7 @@ def resolved(task: Task, choice: Plan) -> Task:
 
 
 def _choice(r: RankedOffer, task: Task) -> Plan:
-    from .provider import Plan
+    from cloudtrain.provider.contract import Plan
 
     o = r.offer
     zone = task.resources.zone
@@ -543,7 +544,7 @@ def pick_for_up(task: Task, offers: Iterable[Offer] | None, existing: ClusterRow
     order after it, notes). Without a provider the choice is among the clouds installed with
     credentials; a named cloud is taken as is (its own check speaks for its credentials). A
     cluster that exists already keeps its provider, region and instance type."""
-    from .provider import Plan
+    from cloudtrain.provider.contract import Plan
 
     if existing is not None:
         acc = str(task.resources.accelerators) if task.resources.accelerators else None
@@ -595,6 +596,6 @@ def fill(p: Plan, choice: Plan, alternatives: list[Plan], notes: list[str]) -> P
 
 def catalog_offers(home: Path | None) -> list[Offer]:
     """The offers of the catalog in use (the user's refreshed one, else the snapshot)."""
-    from .catalog.load import load_catalog
+    from cloudtrain.catalog.load import load_catalog
 
     return list(load_catalog(home).offers)

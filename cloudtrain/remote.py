@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable
 
-from .errors import HostKeyMismatch, RemoteError, SSHTimeout, UserError
-from .keys import ClusterKeys, host_entry_name, pin_host_keys
+from cloudtrain.errors import HostKeyMismatch, RemoteError, SSHTimeout, UserError
+from cloudtrain.keys import ClusterKeys, host_entry_name, pin_host_keys
 
 if TYPE_CHECKING:
     import paramiko
 
-    from .state import NodeRow
+    from cloudtrain.state import NodeRow
 
 LineSink = Callable[[int, str], None]
 CommandFor = Callable[["NodeRow"], str]

@@ -6,8 +6,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from .errors import UserError
-from .paths import templates_dir
+from cloudtrain.errors import UserError
+from cloudtrain.paths import templates_dir
 
 TEMPLATE = "train"
 # What runs leave behind in a checkout of the template: never scaffolded.

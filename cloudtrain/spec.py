@@ -12,10 +12,10 @@ from typing import Any, Literal
 from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
                       field_validator, model_validator)
 
-from .errors import SpecError
-from .yamlsrc import MAX_BYTES, LocatedYaml, load_located
+from cloudtrain.errors import SpecError
+from cloudtrain.yamlsrc import MAX_BYTES, LocatedYaml, load_located
 
-from .names import NAME_RE  # noqa: E402,F401 - the one cluster-name rule (\A...\Z)
+from cloudtrain.names import NAME_RE  # noqa: E402,F401 - the one cluster-name rule (\A...\Z)
 
 # Upper bounds for the task's money and time fields: a number past these is a typo (or .inf),
 # and would turn estimates and budget checks into nonsense.
@@ -421,7 +421,7 @@ def _refuse_non_finite(located: LocatedYaml, source: str) -> None:
 
 def _check_provider_options(task: Task, located: LocatedYaml, source: str,
                             known_providers: tuple[str, ...] = ()) -> None:
-    from . import registry
+    from cloudtrain.provider import registry
 
     extras = task.resources.provider_options_raw()
     known = registry.names()
@@ -453,7 +453,7 @@ def _check_provider_options(task: Task, located: LocatedYaml, source: str,
 
 def provider_options(task: Task) -> BaseModel | None:
     """Validate ``resources.<provider>`` with the provider's own options model."""
-    from . import registry
+    from cloudtrain.provider import registry
 
     name = task.resources.provider
     if name is None:  # not resolved yet (the planner picks it): nothing to validate against

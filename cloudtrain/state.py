@@ -270,7 +270,7 @@ class State:
     # --- clusters --------------------------------------------------------------------------
 
     def upsert_cluster(self, row: ClusterRow) -> None:
-        from .names import check
+        from cloudtrain.names import check
 
         check(row.name)  # defense in depth: no record under a name the CLI would refuse
         now = time.time()
@@ -325,7 +325,7 @@ class State:
             return rows
 
     def delete_cluster(self, name: str) -> None:
-        from .names import check
+        from cloudtrain.names import check
 
         check(name)
         with self._write() as db:

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from .errors import SpecError
+from cloudtrain.errors import SpecError
 
 Path_ = tuple[object, ...]
 

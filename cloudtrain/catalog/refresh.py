@@ -284,7 +284,7 @@ def _guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
     """cli._guard, imported when the command runs (cli imports this module)."""
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from ..cli import _guard
+        from cloudtrain.commands.main import _guard
 
         return _guard(fn)(*args, **kwargs)
 

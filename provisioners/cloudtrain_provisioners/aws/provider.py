@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 from pydantic import BaseModel
 
-from cloudtrain import failover
-from cloudtrain.addrmap import AddressMap
-from cloudtrain.caller import CallerCidr, lookup_public_ip
-from cloudtrain.cluster_record import ClusterRecord
+from cloudtrain.provider import failover
+from cloudtrain.provider.addrmap import AddressMap
+from cloudtrain.provider.caller import CallerCidr, lookup_public_ip
+from cloudtrain.provider.record import ClusterRecord
 from cloudtrain.errors import AuthError, CapacityError, ProviderError, QuotaError, UserError
 from cloudtrain.ownership import owner_of_cluster
 from cloudtrain.keys import generate_host_key, host_key_cloud_config

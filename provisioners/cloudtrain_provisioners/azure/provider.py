@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 from pydantic import BaseModel
 
-from cloudtrain import failover
-from cloudtrain.caller import CallerCidr, lookup_public_ip
-from cloudtrain.cluster_record import ClusterRecord
+from cloudtrain.provider import failover
+from cloudtrain.provider.caller import CallerCidr, lookup_public_ip
+from cloudtrain.provider.record import ClusterRecord
 from cloudtrain.errors import AuthError, CapacityError, ProviderError, QuotaError, UserError
 from cloudtrain.ownership import owner_of_cluster
 from cloudtrain.provider import ClusterRequest, NetworkRef, Node, Plan, ProviderContext
@@ -44,7 +44,7 @@ from .api import Api, AzureClients, code_of
 from .options import ZONES, AzureOptions
 
 if TYPE_CHECKING:
-    from cloudtrain.addrmap import AddressMap
+    from cloudtrain.provider.addrmap import AddressMap
     from cloudtrain.catalog.model import Offer
     from cloudtrain.ui import UI
 
@@ -90,7 +90,7 @@ class AzureProvider:
         self._offers_fn = offers
         self._ui = ui
         if address_map is _FROM_ENV:
-            from cloudtrain import addrmap
+            from cloudtrain.provider import addrmap
 
             address_map = addrmap.AddressMap.from_env("azure")
         self.amap: AddressMap | None = address_map

@@ -1,0 +1,556 @@
+"""Run a task on a cluster: sync, setup (once per content hash), run on every node at once,
+stream logs, stop every node when one fails or on Ctrl-C, pull outputs back."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import shlex
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Callable, TextIO
+
+from cloudtrain.pipeline import bootstrap as bootstrap_mod
+from cloudtrain import paths
+from cloudtrain.pipeline import sync, torchrun
+from cloudtrain.cluster import Env, Handle, bootstrap_env, cluster_uid, run_bootstrap, stop_processes
+from cloudtrain.errors import Interrupted, JobFailed, RemoteError, UserError
+from cloudtrain.remote import Group, NodeLost, Result, bash
+from cloudtrain.spec import Task
+from cloudtrain.state import NodeRow
+
+if TYPE_CHECKING:
+    from cloudtrain.budget import Watch
+
+# Seconds from SIGTERM to SIGKILL when a job is stopped, unless the task sets stop_grace.
+STOP_GRACE: float = 60
+
+
+def new_job_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
+
+
+def job_dir(node: NodeRow, job_id: str) -> str:
+    return str(PurePosixPath(node.root_dir) / "jobs" / job_id)
+
+
+@dataclass
+class Outcome:
+    job_id: str
+    exit_code: int
+    failed_node: int | None = None
+    failed_rank: int | None = None
+    node_codes: dict[int, int | None] = field(default_factory=dict)
+    outputs: list[Path] = field(default_factory=list)
+    detached: bool = False
+
+
+# --- environment and scripts -----------------------------------------------------------------
+
+def job_env(env: Env, handle: Handle, node: NodeRow, envs: dict[str, str], job_id: str,
+            overrides: dict[str, str]) -> dict[str, str]:
+    nodes = handle.nodes
+    gpus = min((n.gpus or 0) for n in nodes) if nodes else 0
+    head = nodes[0]
+    out = {
+        "CLOUDTRAIN_CLUSTER": handle.name,
+        "CLOUDTRAIN_NODE_RANK": str(node.rank),
+        "CLOUDTRAIN_NUM_NODES": str(len(nodes)),
+        "CLOUDTRAIN_NODE_IPS": "\n".join(n.internal_ip for n in nodes),
+        "CLOUDTRAIN_HEAD_IP": head.internal_ip,
+        "CLOUDTRAIN_GPUS_PER_NODE": str(gpus),
+        "CLOUDTRAIN_WORKDIR": sync.workdir_on(node),
+        "MASTER_ADDR": head.internal_ip,
+        "MASTER_PORT": str(handle.row.master_port),
+        "PYTHONUNBUFFERED": "1",
+    }
+    if node.iface:
+        out["GLOO_SOCKET_IFNAME"] = node.iface
+        out["NCCL_SOCKET_IFNAME"] = node.iface
+    out.update(envs)
+    out.update(overrides)
+    # The markers every process of the job inherits; never overridable (stopping relies on them).
+    out["CLOUDTRAIN_JOB_ID"] = job_id
+    out["CLOUDTRAIN_JOB_DIR"] = job_dir(node, job_id)
+    out["CLOUDTRAIN_CLUSTER_ID"] = cluster_uid(env, handle.name)
+    return out
+
+
+def script(node: NodeRow, env_vars: dict[str, str], body: str) -> str:
+    lines = ["#!/usr/bin/env bash", "# written by cloudtrain"]
+    for k, v in env_vars.items():
+        lines.append(f"export {k}={shlex.quote(v)}")
+    if node.python_bin:
+        lines.append(f"export PATH={shlex.quote(node.python_bin)}:\"$PATH\"")
+    wd = shlex.quote(sync.workdir_on(node))
+    lines.append(f"mkdir -p {wd} && cd {wd} || exit 1")
+    lines.append(body)
+    return "\n".join(lines) + "\n"
+
+
+def train_body(handle: Handle, node: NodeRow, task: Task, job_id: str) -> str:
+    assert task.train is not None
+    head = handle.nodes[0]
+    gpus = min((n.gpus or 0) for n in handle.nodes)
+    info = torchrun.NodeInfo(rank=node.rank, num_nodes=len(handle.nodes), node_ip=node.internal_ip,
+                             head_ip=head.internal_ip, master_port=handle.row.master_port, gpus=gpus)
+    wrapper = str(PurePosixPath(bootstrap_mod.script_dir(node)) / "ctworker.sh")
+    return "exec " + torchrun.shell(torchrun.command(task.train, info, job_id, wrapper))
+
+
+# --- the log sink ----------------------------------------------------------------------------
+
+class LogSink:
+    """Writes each node's lines to its local log file and to the terminal."""
+
+    def __init__(self, env: Env, folder: Path, suffix: str, echo: bool, raw: bool = False) -> None:
+        self.env = env
+        self.raw = raw
+        self.folder = folder
+        paths.private_dir(folder)
+        self.suffix = suffix
+        self.echo = echo
+        self.files: dict[int, TextIO] = {}
+        self.lock = threading.Lock()
+
+    def __call__(self, rank: int, line: str) -> None:
+        with self.lock:
+            f = self.files.get(rank)
+            if f is None:
+                f = self.files[rank] = open(self.folder / f"node-{rank}{self.suffix}.log", "a",
+                                                 opener=paths.private_opener)
+            f.write(line + "\n")
+            f.flush()
+        if self.echo:
+            if self.raw:
+                self.env.ui.raw_line(line)
+            else:
+                self.env.ui.node_line(rank, line)
+
+    def close(self) -> None:
+        for f in self.files.values():
+            f.close()
+
+
+# --- the run ---------------------------------------------------------------------------------
+
+def start_command(jdir: str, detach: bool) -> str:
+    """ctjob.sh travels inline, so a job (or exec) needs nothing uploaded beforehand."""
+    return bootstrap_mod.inline("ctjob.sh", jdir, *(["--detach"] if detach else []))
+
+
+def follow_command(jdir: str, offset: int) -> str:
+    """Stream a started job's node.log from byte ``offset``; exits with the job's exit code."""
+    return bootstrap_mod.inline("ctjob.sh", jdir, "--follow", str(offset))
+
+
+class _Job:
+    """One script on every node at once, stopped everywhere when one node fails."""
+
+    def __init__(self, env: Env, handle: Handle, group: Group, job_id: str,
+                 scripts: dict[int, str], sink: Callable[[int, str], None],
+                 ranks: list[int], stop_on_failure: bool = True,
+                 grace: float = STOP_GRACE) -> None:
+        self.env, self.handle, self.group = env, handle, group
+        self.grace = grace
+        self.stop_on_failure = stop_on_failure
+        self.job_id = job_id
+        self.scripts = scripts
+        self.sink = sink
+        self.ranks = ranks
+        self.order: list[tuple[int, int | None, float]] = []
+        self.errors: dict[int, BaseException] = {}
+        self.stopping = threading.Event()
+        self._stopper: threading.Thread | None = None
+        self.lock = threading.Lock()
+        self._last_stop = 0.0
+
+    def _jdirs(self) -> dict[int, str]:
+        return {n.rank: job_dir(n, self.job_id) for n in self.handle.nodes}
+
+    def _stop(self) -> None:
+        # Each node's processes by that node's job directory (CLOUDTRAIN_JOB_DIR): nodes that
+        # share a machine (local ones) must not signal each other's job, or a node's job could
+        # lose its child before it gets SIGTERM itself and never run its checkpoint trap.
+        jdirs = self._jdirs()
+        stop_processes(self.env, self.handle, f"CLOUDTRAIN_JOB_ID={self.job_id}", jdirs,
+                       grace=self.grace, group=self.group,
+                       node_markers={r: f"CLOUDTRAIN_JOB_DIR={d}" for r, d in jdirs.items()})
+
+    def stop_everywhere(self, reason: str) -> None:
+        if self.stopping.is_set():
+            return
+        self.stopping.set()
+        self.env.ui.warn(f"{reason} (SIGTERM, then SIGKILL after {self.grace:g} s: stop_grace)")
+        self._last_stop = time.monotonic()
+        self._stop()
+
+    def stop_for_budget(self, reason: str) -> None:
+        """Called by the budget watch at 100 %, and again on its later polls while this job
+        still runs: a node whose job started just after the first stop is stopped too."""
+        if not self.stopping.is_set():
+            self.stop_everywhere(f"{reason}: stopping job {self.job_id} on every node")
+        elif time.monotonic() - self._last_stop >= 1.0:
+            self._last_stop = time.monotonic()
+            self._stop()
+
+    def _on_done(self, r: Result) -> None:
+        code = r.exit_code if r.error is None else None
+        with self.lock:
+            self.order.append((r.rank, code, time.time()))
+            if r.error is not None:
+                self.errors[r.rank] = r.error
+        if code != 0 and self.stop_on_failure and not self.stopping.is_set():
+            what = f"exit code {code}" if code is not None else f"lost: {getattr(r.error, 'message', r.error)}"
+            t = threading.Thread(target=self.stop_everywhere, daemon=True,
+                                 args=(f"node {r.rank} failed ({what}): stopping the job on every node",))
+            self._stopper = t
+            t.start()
+
+    def run(self, detach: bool = False) -> dict[int, Result]:
+        """Start the job detached on every node, then (unless ``detach``) follow each node's
+        log until the job ends there: a dropped connection is resumed, not an exit."""
+        jdirs = self._jdirs()
+        try:
+            res = self.group.run(lambda n: start_command(jdirs[n.rank], True),
+                                 stdin=lambda n: self.scripts[n.rank].encode(),
+                                 combine=True, ranks=self.ranks)
+            if not detach:
+                started = [r for r in self.ranks if res[r].ok]
+                for r in self.ranks:
+                    if not res[r].ok:
+                        self._on_done(res[r])
+                res.update(self.group.follow_all(lambda n, off: follow_command(jdirs[n.rank], off),
+                                                 self.sink, started, on_done=self._on_done,
+                                                 on_note=self.env.ui.warn))
+        except KeyboardInterrupt:
+            self.env.ui.warn("Interrupted: stopping the job on every node...")
+            try:
+                self.stop_everywhere("Interrupted")
+            except KeyboardInterrupt:
+                self.stop_everywhere("Interrupted")
+            raise Interrupted("Interrupted; the job was stopped on every node.") from None
+        if self._stopper is not None:
+            self._stopper.join()
+        return res
+
+    def lost(self) -> NodeLost | None:
+        """The lost-node error of the node that failed first, when it was lost (not exited)."""
+        first = self.first_failure()
+        if first is None or first[1] is not None:
+            return None
+        err = self.errors.get(first[0])
+        return err if isinstance(err, NodeLost) else None
+
+    def first_failure(self) -> tuple[int, int | None] | None:
+        for rank, code, _ in sorted(self.order, key=lambda x: x[2]):
+            if code != 0:
+                return rank, code
+        return None
+
+
+def _read_worker_failures(group: Group, handle: Handle, job_id: str) -> tuple[int, int, int] | None:
+    """The worker that failed first, across nodes: (node, global rank, exit code)."""
+    res = group.run(lambda n: bash(f"cat {shlex.quote(job_dir(n, job_id))}/worker-failures 2>/dev/null; true"))
+    best: tuple[float, int, int, int] | None = None
+    for rank, r in res.items():
+        for line in r.stdout.splitlines():
+            parts = line.split()
+            if len(parts) != 3:
+                continue
+            try:
+                grank, code, ts = int(parts[0]), int(parts[1]), float(parts[2])
+            except ValueError:
+                continue
+            if best is None or ts < best[0]:
+                best = (ts, rank, grank, code)
+    return None if best is None else (best[1], best[2], best[3])
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    bootstrapped: bool
+    sync_fp: str
+    setup_hash: str
+
+
+def _prep(group: Group, plan_mounts: list[str],
+          boot_env: Callable[[NodeRow], dict[str, str]]) -> dict[int, NodeFacts]:
+    """One round trip per node: is it bootstrapped with these scripts, and what was last
+    synced and set up there."""
+    def cmd(n: NodeRow) -> str:
+        root = shlex.quote(n.root_dir)
+        stamp = shlex.quote(bootstrap_mod.stamp_path(n, boot_env(n)))
+        mk = " ".join(shlex.quote(str(PurePosixPath(sync.mount_target(n, m)).parent)) for m in plan_mounts)
+        return bash(f"mkdir -p {root}/workdir {root}/jobs {mk}; "
+                    f"if [ -f {stamp} ]; then echo boot=yes; fi; "
+                    f"echo \"sync=$(cat {root}/.sync-fp 2>/dev/null)\"; "
+                    f"echo \"setup=$(cat {root}/.setup-hash 2>/dev/null)\"")
+    res = group.run(cmd).raise_on_failure("Preparing the nodes")
+    out = {}
+    for rank, r in res.items():
+        kv = dict(line.split("=", 1) for line in r.stdout.splitlines() if "=" in line)
+        out[rank] = NodeFacts(kv.get("boot") == "yes", kv.get("sync", ""), kv.get("setup", ""))
+    return out
+
+
+def _mark(group: Group, ranks: list[int], filename: str, value: str) -> None:
+    if ranks:
+        group.run(lambda n: bash(f"echo {shlex.quote(value)} > {shlex.quote(n.root_dir)}/{filename}"),
+                  ranks=ranks).raise_on_failure(f"Recording {filename}")
+
+
+def sync_plan(task: Task) -> sync.SyncPlan:
+    wd = task.workdir_path()
+    exclude: list[str] = []
+    if wd is not None:
+        # Never sent: the outputs folder, and cloudtrain's own home (its state, logs and the
+        # local nodes' roots) when it lies inside the workdir.
+        for inner in (task.outputs_path(), paths.home().resolve()):
+            try:
+                exclude.append(inner.relative_to(wd).as_posix())
+            except ValueError:
+                pass
+    mounts = tuple(sync.Mount((task.base_dir / local).resolve(), remote)
+                   for remote, local in task.file_mounts.items())
+    # Outputs and mount targets inside the workdir survive the workdir sync's --delete.
+    inside = tuple(m.remote for m in mounts if not m.remote.startswith(("/", "~")))
+    return sync.SyncPlan(workdir=wd, mounts=mounts, protect=tuple(task.outputs) + inside,
+                         exclude=tuple(exclude))
+
+
+def run_task(env: Env, handle: Handle, group: Group, task: Task, *, detach: bool = False,
+             overrides: dict[str, str] | None = None, job_id: str | None = None,
+             guard: Watch | None = None) -> Outcome:
+    """``guard``: a budget watch that runs from here until the job ends (foreground only). When
+    it reaches the budget, the job is stopped on every node, outputs are pulled back, the
+    launch is recorded as BUDGET and :class:`~cloudtrain.budget.BudgetExceeded` is raised (the
+    caller tears the cluster down)."""
+    if guard is None:
+        return _run_task(env, handle, group, task, detach=detach, overrides=overrides,
+                         job_id=job_id, guard=None)
+    if detach:
+        raise UserError("A budget cannot be watched on a detached launch.",
+                        "Run it in the foreground, or launch with --no-budget.")
+    guard.start()
+    try:
+        return _run_task(env, handle, group, task, detach=False, overrides=overrides,
+                         job_id=job_id, guard=guard)
+    finally:
+        guard.stop()
+
+
+def _run_guarded(job: _Job, guard: Watch | None, detach: bool = False) -> dict[int, Result]:
+    if guard is None:
+        return job.run(detach=detach)
+    guard.attach(job.stop_for_budget)
+    try:
+        return job.run(detach=detach)
+    finally:
+        guard.detach()
+
+
+def _budget_spent(env: Env, guard: Watch | None, job_id: str | None) -> None:
+    """Between steps: raise once the watch has found the budget spent."""
+    if guard is None or not guard.exceeded.is_set():
+        return
+    err = guard.error()
+    if job_id is not None:
+        env.state.finish_launch(job_id, "BUDGET", err.exit_code, None, err.reason)
+    raise err
+
+
+def _run_task(env: Env, handle: Handle, group: Group, task: Task, *, detach: bool,
+              overrides: dict[str, str] | None, job_id: str | None,
+              guard: Watch | None) -> Outcome:
+    overrides = overrides or {}
+    job_id = job_id or new_job_id()
+    # The fingerprint (a local rsync listing, ~50 ms even for a small tree) is taken while the
+    # nodes answer the prep round trip; again after a bootstrap (edits made during it count).
+    plan = sync_plan(task)
+    fp_pool = ThreadPoolExecutor(max_workers=1)
+    fp_future: Future[str] | None = fp_pool.submit(plan.fingerprint)
+    fp_pool.shutdown(wait=False)
+    prep = _prep(group, list(task.file_mounts), bootstrap_env(handle, task.bootstrap))
+    if not all(f.bootstrapped and n.python_bin for n, f in zip(handle.nodes, prep.values())):
+        env.ui.step("Bootstrapping")
+        run_bootstrap(env, handle, group, task.bootstrap)
+        fp_future = None
+    _budget_spent(env, guard, None)
+    nodes = handle.nodes
+    ranks = [n.rank for n in nodes]
+    if task.train is not None:
+        missing = [n.rank for n in nodes if (n.python_bin is None)]
+        no_torch = [n.rank for n in nodes
+                    if n.python_bin is not None and n.bootstrap.get("torch", "missing") == "missing"]
+        if missing or no_torch:
+            raise UserError(
+                f"'train:' needs PyTorch on every node; node(s) {missing + no_torch} have none.",
+                "Let bootstrap install it (cloudtrain up), or name a Python environment that has "
+                "it (resources.local.python on the local provider).")
+
+    # 1. sync, skipped where the node already has this exact content
+    t0 = time.monotonic()
+    fp = fp_future.result() if fp_future is not None else plan.fingerprint()
+    setup_hash = hashlib.sha256(f"{task.setup or ''}\0{fp}\0{sorted(task.envs.items())}".encode()
+                                ).hexdigest()[:32]
+    stale = [n for n in nodes if prep[n.rank].sync_fp != fp]
+    if stale and (plan.workdir is not None or plan.mounts):
+        env.ui.step(f"Syncing {plan.workdir or 'file mounts'} to {len(stale)} node(s)")
+        errors = sync.push_all(plan, stale, handle.keys)
+        bad = {r: e for r, e in errors.items() if e is not None}
+        if bad:
+            raise RemoteError("Sync failed: " + "; ".join(f"node {r}: {e}" for r, e in bad.items()),
+                              "Check the nodes with 'cloudtrain status' and run launch again.")
+        env.ui.ok(f"Synced in {time.monotonic() - t0:.2f}s")
+    _mark(group, [n.rank for n in stale], ".sync-fp", fp)
+    _budget_spent(env, guard, None)
+
+    logs = env.logs_dir(handle.name) / job_id
+    env.state.add_launch(handle.name, job_id, task.name, detach)
+    env.state.set_job_envs(handle.name, {**task.envs, **overrides})   # for exec
+
+    # 2. setup, once per (setup, workdir content) per node
+    if task.setup:
+        todo = [n.rank for n in nodes if prep[n.rank].setup_hash != setup_hash]
+        if todo:
+            env.ui.step(f"Running setup on {len(todo)} node(s)")
+            sink = LogSink(env, logs, ".setup", echo=True)
+            scripts = {n.rank: script(n, job_env(env, handle, n, task.envs, job_id + "-setup", overrides),
+                                      task.setup) for n in nodes}
+            job = _Job(env, handle, group, job_id + "-setup", scripts, sink, todo,
+                       grace=task.stop_grace)
+            try:
+                res = _run_guarded(job, guard)
+            except Interrupted:
+                env.state.finish_launch(job_id, "INTERRUPTED", 130, None)
+                raise
+            finally:
+                sink.close()
+            _budget_spent(env, guard, job_id)
+            _raise_if_lost(env, job, job_id)
+            first = job.first_failure()
+            if first is not None:
+                rank, code = first
+                env.state.finish_launch(job_id, "FAILED", code or 1, rank)
+                raise JobFailed(code or 1, rank, f"setup failed on node {rank} (exit code {code}).",
+                                f"See the output above, or 'cloudtrain logs {handle.name} --node {rank}'.")
+            _mark(group, [r for r in todo if res[r].ok], ".setup-hash", setup_hash)
+        else:
+            env.ui.info("Setup unchanged since the last run on every node: skipped")
+
+    # 3. run on every node at once
+    if task.train is not None:
+        bodies = {n.rank: train_body(handle, n, task, job_id) for n in nodes}
+    else:
+        bodies = {n.rank: str(task.run) for n in nodes}
+    scripts = {n.rank: script(n, job_env(env, handle, n, task.envs, job_id, overrides), bodies[n.rank])
+               for n in nodes}
+    sink = LogSink(env, logs, "", echo=True)
+    with open(logs / "job.txt", "w", opener=paths.private_opener) as f:
+        f.write(f"job_id={job_id}\ncluster={handle.name}\nnodes={len(nodes)}\n")
+    env.ui.step(f"Running job {job_id} on {len(nodes)} node(s)")
+    job = _Job(env, handle, group, job_id, scripts, sink, ranks, grace=task.stop_grace)
+    try:
+        res = _run_guarded(job, guard, detach=detach)
+    except Interrupted:
+        env.state.finish_launch(job_id, "INTERRUPTED", 130, None)
+        # What the job wrote when it was stopped (a checkpoint on SIGTERM) comes back first;
+        # a second signal gives up on it.
+        if task.outputs:
+            try:
+                pull_outputs(env, handle, task)
+            except KeyboardInterrupt:
+                env.ui.warn("Interrupted again: outputs not pulled back.")
+        raise
+    finally:
+        sink.close()
+    if guard is not None and guard.exceeded.is_set():
+        # Stopped for the budget: what the job wrote (a checkpoint on SIGTERM) comes back
+        # before the caller tears the cluster down.
+        if task.outputs:
+            pull_outputs(env, handle, task)
+        _budget_spent(env, guard, job_id)
+    if detach:
+        not_started = [r for r in res.values() if not r.ok]
+        if not_started:
+            job.stop_everywhere("The job did not start on every node: stopping it")
+            env.state.finish_launch(job_id, "FAILED", 1, not_started[0].rank)
+            raise RemoteError(f"the job did not start on node {not_started[0].rank}: "
+                              f"{not_started[0].error or not_started[0].stdout.strip()}",
+                              "Check the node with 'cloudtrain status'.")
+        return Outcome(job_id, 0, detached=True)
+
+    _raise_if_lost(env, job, job_id)
+    outcome = Outcome(job_id, 0, node_codes={r: res[r].exit_code for r in ranks})
+    first = job.first_failure()
+    if first is not None:
+        rank, code = first
+        outcome.exit_code, outcome.failed_node = (code if code else 1), rank
+        if task.train is not None:
+            worker = _read_worker_failures(group, handle, job_id)
+            if worker is not None:
+                outcome.failed_node, outcome.failed_rank, outcome.exit_code = worker
+    # 4. outputs
+    if task.outputs:
+        outcome.outputs = pull_outputs(env, handle, task)
+    status = "SUCCEEDED" if outcome.exit_code == 0 else "FAILED"
+    env.state.finish_launch(job_id, status, outcome.exit_code, outcome.failed_node)
+    return outcome
+
+
+def _raise_if_lost(env: Env, job: _Job, job_id: str) -> None:
+    """A node lost mid-run is reported as a lost connection to it (the job was already
+    stopped on the other nodes), not as an exit code it never had."""
+    lost = job.lost()
+    if lost is not None:
+        env.state.finish_launch(job_id, "FAILED", 1, lost.rank, lost.message)
+        raise lost
+
+
+def pull_outputs(env: Env, handle: Handle, task: Task) -> list[Path]:
+    dest_root = task.outputs_path()
+    got: list[Path] = []
+    nodes = handle.nodes if task.outputs_from == "all" else handle.nodes[:1]
+    for n in nodes:
+        dest = dest_root / f"node-{n.rank}" if task.outputs_from == "all" else dest_root
+        for rel in task.outputs:
+            try:
+                pulled = sync.pull(n, handle.keys, rel, dest)
+                for what in pulled.skipped:
+                    env.ui.warn(f"output '{rel}' on node {n.rank}: not copied: {what}")
+                if pulled.found:
+                    got.append(dest / rel.rstrip("/"))
+                elif not pulled.skipped:
+                    env.ui.warn(f"output '{rel}' does not exist on node {n.rank}")
+            except RemoteError as exc:
+                env.ui.warn(str(exc))
+    if got:
+        env.ui.ok("Outputs: " + ", ".join(str(p) for p in got))
+    return got
+
+
+def run_command(env: Env, handle: Handle, group: Group, command: str,
+                ranks: list[int]) -> tuple[int, int | None]:
+    """``cloudtrain exec``: a command on some nodes with the job environment, stopped on every
+    node by Ctrl-C. Returns (exit code, first failing node)."""
+    job_id = "exec-" + new_job_id()
+    envs = env.state.job_envs(handle.name)   # the last launch's task envs and --env
+    scripts = {n.rank: script(n, job_env(env, handle, n, envs, job_id, {}), command)
+               for n in handle.nodes}
+    sink = LogSink(env, env.logs_dir(handle.name) / job_id, "", echo=True, raw=len(ranks) == 1)
+    job = _Job(env, handle, group, job_id, scripts, sink, ranks, stop_on_failure=False)
+    try:
+        res = job.run()
+    finally:
+        sink.close()
+    first = job.first_failure()
+    if first is None:
+        return 0, None
+    rank, code = first
+    if code is None:
+        raise RemoteError(f"node {rank}: {res[rank].error}", "Check it with 'cloudtrain status'.")
+    return code, rank

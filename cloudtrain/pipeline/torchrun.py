@@ -1,0 +1,62 @@
+"""Build the torchrun command for ``train:`` — the only launcher we use; we never write our
+own rendezvous or collectives.
+
+Works across machines with separate network stacks: static rendezvous gets the node's rank
+and the head's address; c10d gets the rendezvous endpoint, ``--local-addr`` (the node's own
+cluster address, so workers do not advertise an unreachable hostname) and ``is_host`` (so
+exactly the head hosts the store, even when every node resolves to the same machine). The
+socket-interface variables are set in the job's environment by the launcher.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+from cloudtrain.spec import Train
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    rank: int
+    num_nodes: int
+    node_ip: str
+    head_ip: str
+    master_port: int
+    gpus: int
+
+
+def nproc(train: Train, gpus: int) -> int:
+    if train.nproc_per_node == "auto":
+        return max(1, gpus)
+    return int(train.nproc_per_node)
+
+
+def command(train: Train, node: NodeInfo, job_id: str, worker_wrapper: str | None = None,
+            nproc_per_node: int | None = None) -> list[str]:
+    n = nproc_per_node if nproc_per_node is not None else nproc(train, node.gpus)
+    port = train.master_port or node.master_port
+    argv = ["python", "-m", "torch.distributed.run",
+            f"--nnodes={node.num_nodes}", f"--nproc-per-node={n}",
+            f"--max-restarts={train.max_restarts}", "--monitor-interval=0.5",
+            f"--local-addr={node.node_ip}"]
+    if train.rendezvous == "static":
+        argv += [f"--node-rank={node.rank}", f"--master-addr={node.head_ip}",
+                 f"--master-port={port}"]
+    else:
+        argv += ["--rdzv-backend=c10d", f"--rdzv-endpoint={node.head_ip}:{port}",
+                 f"--rdzv-id={job_id}", f"--rdzv-conf=is_host={1 if node.rank == 0 else 0}"]
+    # The worker's own command line goes to torchrun as ONE string for 'bash -c', never as
+    # separate arguments: torchrun's parser (argparse, with allow_abbrev) reads every argument,
+    # also those after the script, and fails on an abbreviation of its own options
+    # ('--n', '--max': "ambiguous option"), so the script's arguments must not reach it.
+    worker = ["python", "-u", train.script] if train.script else \
+        ["python", "-u", "-m", str(train.module)]
+    if worker_wrapper:
+        worker = ["bash", worker_wrapper, *worker]
+    argv += ["--no-python", "bash", "-c", "exec " + shell(worker + list(train.args))]
+    return argv
+
+
+def shell(argv: list[str]) -> str:
+    return " ".join(shlex.quote(a) for a in argv)

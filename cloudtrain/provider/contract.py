@@ -1,0 +1,147 @@
+"""The provider contract: the one small typed door every provider comes through.
+
+A provider is a class registered in the entry-point group ``cloudtrain.providers``. The
+built-in ones (``local``, ``ssh``, and the clouds) are registered exactly like a third-party
+plugin would be, in ``pyproject.toml``. cloudtrain constructs it as ``cls(ctx)``; cloud
+providers take their SDK clients as further keyword arguments (defaulting to a factory), so
+tests pass fakes in without patching module globals.
+
+Promises each method makes:
+
+``check(request)``
+    Returns fast, creates nothing. Raises :class:`~cloudtrain.errors.UserError` when the
+    request cannot be satisfied by this provider (impossible shape, missing file, ...).
+``plan(request)``
+    Returns fast, creates nothing: what ``up`` would create, and what it would cost.
+``ensure_network(request)``
+    Idempotent. Creates (or adopts) the cluster's network boundary: SSH only from the
+    caller's range, all traffic between the cluster's own nodes, declared ports only.
+``create_nodes(request, network)``
+    Idempotent. Reconciles by the cluster's tag: creates what is missing, adopts what exists,
+    never double-creates. Returns when every node is running (SSH may still be starting).
+    Raises CapacityError / QuotaError / AuthError / TransientError so a caller can fail over.
+``list_nodes(cluster)``
+    The truth, from the provider (the cloud's API, or the local daemons), in rank order.
+``terminate(cluster)``
+    Removes every resource carrying the cluster's tag and returns only when the provider
+    confirms they are gone. Safe to call twice, with no local state, on a half-built cluster.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar, Literal, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+    from cloudtrain.spec import Resources
+
+NodeStatus = Literal["pending", "running", "stopped", "terminated", "unknown"]
+
+
+@dataclass(frozen=True)
+class Node:
+    """One machine of a cluster, as the provider sees it."""
+
+    rank: int
+    instance_id: str
+    host: str
+    """The address cloudtrain's SSH connects to."""
+    port: int = 22
+    user: str = "root"
+    internal_ip: str = ""
+    """The address the other nodes reach this one at (MASTER_ADDR for the head)."""
+    status: NodeStatus = "running"
+    host_keys: tuple[str, ...] = ()
+    """Host public keys known without contacting the node ("ssh-ed25519 AAAA..."). When
+    given, they are pinned as-is; when empty, the key is learned on first contact."""
+    root_dir: str = "cloudtrain"
+    """Where cloudtrain keeps its files on the node; a relative path is under the login's $HOME."""
+    identity_file: str | None = None
+    """A private key of the user's (ssh provider); None: the cluster's own key."""
+    spot: bool = False
+
+    @property
+    def cluster_ip(self) -> str:
+        return self.internal_ip or self.host
+
+
+@dataclass(frozen=True)
+class ClusterRequest:
+    """What ``up`` asks a provider for."""
+
+    name: str
+    num_nodes: int
+    resources: Resources
+    options: BaseModel | None
+    public_key: str
+    """The cluster's SSH public key (OpenSSH format), to be authorised on every node."""
+
+
+@dataclass(frozen=True)
+class NetworkRef:
+    provider_id: str = ""
+    description: str = ""
+
+
+@dataclass
+class Plan:
+    """What ``up`` would do; printed by ``--dry-run``."""
+
+    provider: str
+    num_nodes: int
+    region: str | None = None
+    zone: str | None = None
+    instance_type: str | None = None
+    accelerators: str | None = None
+    use_spot: bool = False
+    hourly_price_per_node: float | None = None
+    creates: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    alternatives: list[Plan] = field(default_factory=list)
+    """When the planner chose the offer (no provider in the task): the next offers in rank
+    order, which ``up`` fails over to when this one has no capacity or quota."""
+
+
+@dataclass(frozen=True)
+class ProviderContext:
+    home: Path
+
+    def cluster_dir(self, cluster: str) -> Path:
+        """``home/clusters/<cluster>``: the name is checked, and the path must resolve inside
+        ``home/clusters`` (nothing derived from a name can reach outside it)."""
+        from cloudtrain.names import check, inside
+
+        return inside(self.home / "clusters", check(cluster))
+
+
+@runtime_checkable
+class Provider(Protocol):
+    name: ClassVar[str]
+    options_model: ClassVar[type[BaseModel] | None]
+    allows_absolute_mounts: ClassVar[bool]
+    """Whether file_mounts may target absolute paths on the node (False where nodes share
+    this machine's file system)."""
+    powers_off: ClassVar[bool]
+    """Whether ``terminate`` destroys machines (clouds) or only forgets them (ssh)."""
+    list_is_cheap: ClassVar[bool]
+    """Whether ``list_nodes`` is cheap enough for every ``status`` (no cloud API call)."""
+
+    def check(self, request: ClusterRequest) -> None: ...
+
+    def plan(self, request: ClusterRequest) -> Plan: ...
+
+    def ensure_network(self, request: ClusterRequest) -> NetworkRef: ...
+
+    def create_nodes(self, request: ClusterRequest, network: NetworkRef) -> list[Node]: ...
+
+    def list_nodes(self, cluster: str) -> list[Node]: ...
+
+    def terminate(self, cluster: str) -> None: ...
+
+
+# Optional methods a provider may add (looked up with getattr, documented here):
+#   master_port(cluster) -> int        the port torch rendezvous uses on the head (29500)
+#   node_env(cluster) -> dict[str,str] variables handed to bootstrap (e.g. CLOUDTRAIN_PYTHON)
