@@ -21,7 +21,8 @@ from cloudtrain.keys import (FIRST_CONTACT, PINNED_AT_CREATION, ClusterKeys, ens
                    pin_host_keys, record_pinning)
 from cloudtrain.provider.contract import ClusterRequest, Node, Plan, Provider, ProviderContext
 from cloudtrain.remote import Group
-from cloudtrain.spec import BootstrapSpec, Task, provider_options
+from cloudtrain.provider.options import provider_options
+from cloudtrain.spec import BootstrapSpec, Task
 from cloudtrain.state import ClusterRow, NodeRow, State, open_state
 from cloudtrain.ui import UI
 

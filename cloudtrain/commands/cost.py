@@ -84,17 +84,17 @@ def register(cli: click.Group) -> None:
 
 def _load(task_file: str, accelerators: str | None) -> Task:
     from cloudtrain.planner import CLOUDS
-    from cloudtrain.spec import load_task
+    from cloudtrain.provider.options import load_checked
 
-    task = load_task(task_file, known_providers=CLOUDS)
+    task = load_checked(task_file, known_providers=CLOUDS)
     if accelerators is not None:
         from pydantic import ValidationError
 
         from cloudtrain.errors import UserError
-        from cloudtrain.spec import Accelerators, _parse_accelerators
+        from cloudtrain.spec import Accelerators, parse_accelerators
 
         try:
-            acc = Accelerators.model_validate(_parse_accelerators(accelerators))
+            acc = Accelerators.model_validate(parse_accelerators(accelerators))
         except (ValueError, ValidationError) as exc:
             msg = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
             raise UserError(f"--accelerators '{accelerators}': {msg.removeprefix('Value error, ')}.",
@@ -319,7 +319,7 @@ def _print(doc: dict[str, Any], result: PlanResult, hours: float, top: int | Non
 
 def _no_catalog(task: Task, hours: float, fit: MemoryEstimate | None, as_json: bool) -> None:
     """local / ssh (and providers the catalog has no prices for)."""
-    from cloudtrain.spec import provider_options
+    from cloudtrain.provider.options import provider_options
 
     name = str(task.resources.provider)
     price: float | None = None

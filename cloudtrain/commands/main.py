@@ -60,9 +60,9 @@ def _env(quiet: bool = False) -> Env:
 
 
 def _load(task_file: str):  # type: ignore[no-untyped-def]
-    from cloudtrain.spec import load_task
+    from cloudtrain.provider.options import load_checked
 
-    return load_task(task_file)
+    return load_checked(task_file)
 
 
 # The signals that stop a command the way Ctrl-C does (exit 130, after the same cleanup:

@@ -77,13 +77,13 @@ def test_the_valid_bases_the_defects_start_from_are_accepted(tmp_path: Path) -> 
     """So a refusal below is the defect's doing: the same pool of fields, without a defect,
     loads cleanly (every file, in this process) and `cost` accepts a sample through the CLI."""
     from cloudtrain.commands.main import cli
-    from cloudtrain.spec import load_task
+    from cloudtrain.provider.options import load_checked
 
     proj = gen.make_project(tmp_path / "proj", tmp_path / "outside")
     for i, text in enumerate(gen.bases(200)):
         f = proj / f"base-{i}.yaml"
         f.write_text(text, encoding="utf-8")
-        load_task(f)
+        load_checked(f)
     runner = CliRunner()
     home = tmp_path / "home"
     for i in range(0, 200, 20):

@@ -1,4 +1,5 @@
-"""Fast unit tests of the task-file model: cloudtrain.spec.parse_task and provider_options."""
+"""Fast unit tests of the task-file model: cloudtrain.spec.parse_task, with the provider checks
+of cloudtrain.provider.options (parse_checked, provider_options)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from cloudtrain.errors import SpecError, UserError
-from cloudtrain.spec import parse_task, provider_options
+from cloudtrain.provider.options import parse_checked, provider_options
 
 
 def parse(text: str, **kw):  # type: ignore[no-untyped-def]
-    return parse_task(text, source="task.yaml", **kw)
+    return parse_checked(text, source="task.yaml", **kw)
 
 
 def refused(text: str) -> SpecError:

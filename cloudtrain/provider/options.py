@@ -1,0 +1,107 @@
+"""A task's provider, checked against the installed providers: the name in
+``resources.provider`` and the options under ``resources.<provider>``.
+
+``spec`` parses a task without looking providers up; this module adds what needs the
+registry, with the same kind of errors (a :class:`SpecError` naming the field and the line):
+
+- ``check_task(task)``: right after parsing, before anything is created: options written
+  for another provider, and a provider name that is not installed;
+- ``provider_options(task)``: the provider's own options model, validated;
+- ``load_checked(path)`` / ``parse_checked(text)``: ``spec``'s loading plus ``check_task``,
+  in the order a user sees the errors (the file, its fields, its provider, its local paths).
+
+This module imports ``spec``; ``spec`` never imports it.
+"""
+
+from __future__ import annotations
+
+from difflib import get_close_matches
+from pathlib import Path
+
+from pydantic import BaseModel, ValidationError
+
+from cloudtrain.errors import SpecError
+from cloudtrain.provider import registry
+from cloudtrain.spec import Resources, Task, check_paths, clean_loc, parse_task, read_task_file
+
+
+def check_task(task: Task, known_providers: tuple[str, ...] = ()) -> Task:
+    """Refuse options under ``resources.<name>`` for a provider the task does not use, and a
+    provider name that is not installed (``known_providers``: names accepted even when not
+    installed, e.g. ``cost`` prices clouds whose provider is not installed yet). Returns the
+    task, so a caller can write ``check_task(parse_task(...))``."""
+    extras = task.resources.provider_options_raw()
+    known = registry.names()
+    for key in extras:
+        if key != task.resources.provider:
+            fields = list(Resources.model_fields)
+            close = get_close_matches(key, fields + known, n=1, cutoff=0.6)
+            if key in known:
+                uses = f"'{task.resources.provider}'" if task.resources.provider else "none"
+                hint = f"Options for '{key}' apply only with 'provider: {key}'; this task names {uses}."
+            else:
+                hint = f"Did you mean '{close[0]}'?" if close else \
+                    f"Known fields here: {', '.join(fields)}."
+            raise SpecError("unknown field", hint=hint, field=f"resources.{key}",
+                            line=task.line_of("resources", key), source=task.source)
+    # Unknown provider names are reported now, before anything is created.
+    if task.resources.provider is None or task.resources.provider in known_providers:
+        return task
+    try:
+        registry.provider_class(task.resources.provider)
+    except SpecError:
+        raise
+    except Exception as exc:  # UserError from the registry (unknown, or not loadable)
+        raise SpecError(getattr(exc, "message", str(exc)), hint=getattr(exc, "hint", ""),
+                        field="resources.provider",
+                        line=task.line_of("resources", "provider"), source=task.source) from None
+    return task
+
+
+def parse_checked(text: str, source: str = "task.yaml", base_dir: Path | None = None, *,
+                  known_providers: tuple[str, ...] = ()) -> Task:
+    """:func:`cloudtrain.spec.parse_task`, then :func:`check_task`."""
+    return check_task(parse_task(text, source=source, base_dir=base_dir), known_providers)
+
+
+def load_checked(path: str | Path, *, known_providers: tuple[str, ...] = ()) -> Task:
+    """The task file at ``path``: read, parsed, its provider checked, then its local paths
+    (:func:`cloudtrain.spec.load_task` with :func:`check_task` in between)."""
+    p = Path(path)
+    task = parse_checked(read_task_file(p), source=str(p), base_dir=p.parent,
+                         known_providers=known_providers)
+    check_paths(task, source=str(p))
+    return task
+
+
+def provider_options(task: Task) -> BaseModel | None:
+    """Validate ``resources.<provider>`` with the provider's own options model."""
+    name = task.resources.provider
+    if name is None:  # not resolved yet (the planner picks it): nothing to validate against
+        return None
+    cls = registry.provider_class(name)
+    model = getattr(cls, "options_model", None)
+    raw = task.resources.provider_options_raw().get(name, {})
+    where = {"source": task.source, "line": task.line_of("resources", name)}
+    if model is None:
+        if raw:
+            raise SpecError(f"provider '{name}' takes no options",
+                            field=f"resources.{name}", hint="Remove the section.", **where)
+        return None
+    if raw is None:
+        raw = {}
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        e = exc.errors()[0]
+        clean = clean_loc(tuple(e["loc"]))
+        loc = ".".join(str(p) for p in clean)
+        field = f"resources.{name}" + (f".{loc}" if loc else "")
+        where["line"] = task.line_of("resources", name, *clean)
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            known = list(model.model_fields)
+            close = get_close_matches(str(e["loc"][-1]), known, n=1)
+            hint = f"Did you mean '{close[0]}'?" if close else f"Known fields: {', '.join(known)}."
+            raise SpecError("unknown field", field=field, hint=hint, **where) from None
+        raise SpecError(msg, field=field, hint="Fix it and run again.", **where) from None

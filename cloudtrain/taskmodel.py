@@ -1,0 +1,338 @@
+"""The task's typed model: the fields of task.yaml, their defaults and their own rules.
+
+Pure data and field-level validation (pydantic). Reading the file, naming the line of an
+error and checking local paths is ``spec``'s work; checking provider names and options is
+``provider.options``'s.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+
+from cloudtrain.names import NAME_RE
+from cloudtrain.yamlsrc import LocatedYaml
+
+# Upper bounds for the task's money and time fields: a number past these is a typo (or .inf),
+# and would turn estimates and budget checks into nonsense.
+MAX_HOURS = 24 * 366            # max_hours: a year
+MAX_USD = 10_000_000            # max_cost_usd
+MAX_USD_PER_HOUR = 100_000      # resources.max_hourly_cost
+MAX_PATH = 4096                 # a path in the task (bytes, as Linux's PATH_MAX)
+MAX_PATH_PART = 255             # one component of it (NAME_MAX)
+
+
+def check_path_text(p: str) -> None:
+    """Length rules every path in a task follows (NUL is refused by the reader)."""
+    size = len(p.encode("utf-8", "surrogatepass"))
+    if size > MAX_PATH:
+        raise ValueError(f"the path is {size} bytes long; paths are at most {MAX_PATH}")
+    long_part = next((part for part in p.split("/")
+                      if len(part.encode("utf-8", "surrogatepass")) > MAX_PATH_PART), None)
+    if long_part is not None:
+        raise ValueError(f"the path has a name longer than {MAX_PATH_PART} bytes "
+                         f"('{long_part[:20]}...')")
+    if not p.strip():
+        raise ValueError("the path is empty")
+
+
+def _check_mount_target(target: str) -> None:
+    """A file_mounts target (the path on the node): relative ones are under the node's
+    workdir, absolute ones are paths on the node's own disk (refused where nodes share this
+    machine, see check_mounts). Neither may climb with '..' or start with '~'."""
+    check_path_text(target)
+    parts = target.split("/")
+    if ".." in parts:
+        raise ValueError(f"the node path '{target}' climbs out with '..'; write it relative to "
+                         "the workdir without '..' (e.g. 'data') or as an absolute path")
+    if target.startswith("~"):
+        raise ValueError(f"the node path '{target}' starts with '~'; write it relative to the "
+                         "workdir (e.g. 'data') or as an absolute path")
+    if not target.startswith("/") and all(part in ("", ".") for part in parts):
+        raise ValueError(f"the node path '{target}' is the workdir itself; name a file or "
+                         "directory under it (e.g. 'data')")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Accelerators(_Strict):
+    name: str
+    count: int = Field(ge=1, le=64)
+
+    def __str__(self) -> str:
+        return f"{self.name}:{self.count}"
+
+
+def parse_accelerators(value: Any) -> Any:
+    """``A100:8``, ``A100`` (one), ``{A100: 8}`` or ``{name: A100, count: 8}`` as the mapping
+    :class:`Accelerators` takes; None for none. ValueError names what is wrong."""
+    if value is None or value == "none" or value == "":
+        return None
+    if isinstance(value, str):
+        name, _, count = value.partition(":")
+        name = name.strip()
+        if not name:
+            raise ValueError("expected NAME[:COUNT], e.g. A100:8")
+        if count == "":
+            return {"name": name, "count": 1}
+        try:
+            n = int(count)
+        except ValueError:
+            raise ValueError(f"the count '{count}' is not a whole number; write e.g. {name}:8") from None
+        return {"name": name, "count": n}
+    if isinstance(value, dict):
+        if set(value) <= {"name", "count"} and "name" in value:
+            return value
+        if len(value) != 1:
+            raise ValueError("give one GPU model, e.g. {A100: 8} or A100:8")
+        (name, count), = value.items()
+        if isinstance(count, bool) or not isinstance(count, int):
+            raise ValueError(f"the count '{count}' is not a whole number; write e.g. {{{name}: 8}}")
+        return {"name": str(name), "count": count}
+    raise ValueError("expected NAME[:COUNT] (e.g. A100:8) or {NAME: COUNT}")
+
+
+class Resources(BaseModel):
+    """Where and on what the nodes run. Provider-specific options sit under a key named
+    after the provider (``local:``, ``ssh:``, ...), validated by that provider's model."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    # None: the planner picks the cheapest cloud with credentials (only when accelerators or
+    # instance_type are given; without them the default stays "local", see _default_provider).
+    provider: str | None = None
+    region: str | None = None
+    zone: str | None = None
+    accelerators: Accelerators | None = None
+    instance_type: str | None = None
+    use_spot: bool = False
+    disk_size_gb: int = Field(200, ge=8, le=65536)
+    image: str | None = None
+    ports: list[int] = Field(default_factory=list)
+    ssh_cidr: str | None = None
+    max_hourly_cost: float | None = Field(None, gt=0, le=MAX_USD_PER_HOUR,   # whole cluster
+                                          allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_provider(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("provider") is None:
+            if data.get("accelerators") in (None, "", "none") and not data.get("instance_type"):
+                return {**data, "provider": "local"}
+        return data
+
+    @field_validator("accelerators", mode="before")
+    @classmethod
+    def _acc(cls, v: Any) -> Any:
+        return parse_accelerators(v)
+
+    @field_validator("ports")
+    @classmethod
+    def _ports(cls, v: list[int]) -> list[int]:
+        for p in v:
+            if not 1 <= p <= 65535:
+                raise ValueError(f"port {p} is outside 1-65535")
+            if p == 22:
+                raise ValueError("port 22 is always open to ssh_cidr; list only extra ports")
+        return v
+
+    @field_validator("ssh_cidr")
+    @classmethod
+    def _cidr(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        try:
+            return str(ipaddress.ip_network(v, strict=False))
+        except ValueError:
+            raise ValueError(f"'{v}' is not an address range; write e.g. 203.0.113.7/32") from None
+
+    def provider_options_raw(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class Train(_Strict):
+    script: str | None = None
+    module: str | None = None
+    args: list[str] = Field(default_factory=list)
+    nproc_per_node: int | Literal["auto"] = "auto"
+    rendezvous: Literal["static", "c10d"] = "static"
+    max_restarts: int = Field(0, ge=0, le=100)
+    master_port: int | None = Field(None, ge=1024, le=65535)
+
+    @field_validator("args", mode="before")
+    @classmethod
+    def _args(cls, v: Any) -> Any:
+        if isinstance(v, list):
+            return [str(a) if isinstance(a, (int, float)) and not isinstance(a, bool) else a for a in v]
+        return v
+
+    @field_validator("script")
+    @classmethod
+    def _script(cls, v: str | None) -> str | None:
+        if v is not None:
+            check_path_text(v)
+        return v
+
+    @field_validator("nproc_per_node")
+    @classmethod
+    def _nproc(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and not 1 <= v <= 64:
+            raise ValueError("must be 'auto' or between 1 and 64")
+        return v
+
+    @model_validator(mode="after")
+    def _one_entry(self) -> Train:
+        if bool(self.script) == bool(self.module):
+            raise ValueError("give exactly one of 'script' (a file in workdir) or 'module' (pkg.mod)")
+        return self
+
+
+_REQ_RE = re.compile(r"^torch(\s*(==|>=|<=|~=|<|>|!=)\s*[0-9][0-9A-Za-z.+*]*)?(\s*,\s*(==|>=|<=|~=|<|>|!=)\s*[0-9][0-9A-Za-z.+*]*)*$")
+
+
+class BootstrapSpec(_Strict):
+    """What bootstrap installs where a node lacks it (nothing is reinstalled where present)."""
+
+    torch: str = "torch"
+    torch_index: str | None = None
+    cuda_toolkit: bool = False
+    python: str | None = None  # a Python on the nodes to use first (e.g. a conda env)
+
+    @field_validator("python")
+    @classmethod
+    def _python(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith("/"):
+            raise ValueError("give the absolute path of a python on the nodes, e.g. /opt/conda/bin/python")
+        return v
+
+    @field_validator("torch")
+    @classmethod
+    def _torch(cls, v: str) -> str:
+        if not _REQ_RE.match(v.strip()):
+            raise ValueError("write a pip requirement for torch, e.g. 'torch' or 'torch==2.13.0'")
+        return v.strip()
+
+    @field_validator("torch_index")
+    @classmethod
+    def _index(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^https?://[^\s'\"]+$", v):
+            raise ValueError("write the wheel index URL, e.g. https://download.pytorch.org/whl/cu126")
+        return v
+
+
+class Task(_Strict):
+    name: str | None = None
+    num_nodes: int = Field(1, ge=1, le=512)
+    resources: Resources = Field(default_factory=Resources)
+    workdir: str | None = None
+    file_mounts: dict[str, str] = Field(default_factory=dict)
+    envs: dict[str, str] = Field(default_factory=dict)
+    setup: str | None = None
+    run: str | None = None
+    train: Train | None = None
+    bootstrap: BootstrapSpec = Field(default_factory=BootstrapSpec)
+    outputs: list[str] = Field(default_factory=list)
+    outputs_from: Literal["head", "all"] = "head"
+    outputs_dir: str = "cloudtrain-outputs"
+    max_cost_usd: float | None = Field(None, gt=0, le=MAX_USD,          # this cluster's budget
+                                       allow_inf_nan=False)
+    max_hours: float | None = Field(None, gt=0, le=MAX_HOURS,           # expected/allowed run
+                                    allow_inf_nan=False)
+    # Seconds from SIGTERM to SIGKILL when a job is stopped (a failure elsewhere, Ctrl-C, the
+    # budget): the time the job has to write its checkpoint.
+    stop_grace: float = Field(60, gt=0, le=3600, allow_inf_nan=False)
+
+    # Set by load_task, not by the user: where relative paths start.
+    base_dir: Path = Field(default=Path("."), exclude=True)
+    # Set by parse_task: the file's name and key lines, so later checks can name the line.
+    _located: LocatedYaml | None = PrivateAttr(default=None)
+    _source: str = PrivateAttr(default="")
+
+    def attach_source(self, located: LocatedYaml, source: str) -> None:
+        """Remember the file the task was read from (its name and the line of each key)."""
+        self._located, self._source = located, source
+
+    @property
+    def source(self) -> str:
+        """The task file's name as errors show it ("" for a task not read from a file)."""
+        return self._source
+
+    def line_of(self, *path: Any) -> int | None:
+        return self._located.line_of(path) if self._located is not None else None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str | None) -> str | None:
+        if v is not None and not NAME_RE.match(v):
+            raise ValueError("use 1-40 lowercase letters, digits and '-', starting with a letter, "
+                             "e.g. my-job")
+        return v
+
+    @field_validator("workdir", "outputs_dir")
+    @classmethod
+    def _paths(cls, v: str | None) -> str | None:
+        if v is not None:
+            check_path_text(v)
+        return v
+
+    @field_validator("file_mounts")
+    @classmethod
+    def _mounts(cls, v: dict[str, str]) -> dict[str, str]:
+        for target, local in v.items():
+            _check_mount_target(target)
+            try:
+                check_path_text(local)
+            except ValueError as exc:
+                raise ValueError(f"the local path for '{target}': {exc}") from None
+        return v
+
+    @field_validator("envs", mode="before")
+    @classmethod
+    def _envs(cls, v: Any) -> Any:
+        if isinstance(v, dict):
+            out = {}
+            for k, val in v.items():
+                if not isinstance(k, str) or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k):
+                    raise ValueError(f"'{k}' is not a valid environment variable name")
+                if isinstance(val, bool):
+                    val = "true" if val else "false"
+                elif isinstance(val, (int, float)):
+                    val = str(val)
+                elif val is None:
+                    val = ""
+                out[k] = val
+            return out
+        return v
+
+    @field_validator("outputs")
+    @classmethod
+    def _outputs(cls, v: list[str]) -> list[str]:
+        for p in v:
+            check_path_text(p)
+            if p.startswith("/") or ".." in Path(p).parts:
+                raise ValueError(f"'{p}': outputs are paths inside workdir, e.g. checkpoints/")
+        return v
+
+    @model_validator(mode="after")
+    def _run_or_train(self) -> Task:
+        if self.run and self.train:
+            raise ValueError("give either 'run' or 'train', not both")
+        if not self.run and not self.train:
+            raise ValueError("give 'run' (a shell script) or 'train' (cloudtrain builds torchrun)")
+        return self
+
+    # --- resolved paths -------------------------------------------------------------------
+
+    def workdir_path(self) -> Path | None:
+        if self.workdir is None:
+            return None
+        return (self.base_dir / self.workdir).resolve()
+
+    def outputs_path(self) -> Path:
+        return (self.base_dir / self.outputs_dir).resolve()
