@@ -1,0 +1,171 @@
+"""The local state's tables: the SQL that creates them, the schema version, the columns added
+since the first release, and the typed rows ``state`` reads from them.
+
+Schema versions (``PRAGMA user_version``): 0/1 the first release; 2 adds ``usage.end_reason``
+(why the interval closed: "terminated", "stopped", "budget: $X of $Y"),
+``usage.cluster_created_at`` (tells a re-created cluster of the same name from the earlier one),
+``usage.max_cost_usd``, ``clusters.max_cost_usd`` (the budget in force) and
+``launches.end_reason``. Older databases are migrated in place when opened (``state``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS clusters (
+    name TEXT PRIMARY KEY,
+    provider TEXT NOT NULL,
+    status TEXT NOT NULL,
+    num_nodes INTEGER NOT NULL,
+    region TEXT, zone TEXT, instance_type TEXT, accelerators TEXT,
+    use_spot INTEGER NOT NULL DEFAULT 0,
+    hourly_price REAL,
+    master_port INTEGER NOT NULL DEFAULT 29500,
+    options_json TEXT NOT NULL DEFAULT '{}',
+    resources_json TEXT NOT NULL DEFAULT '{}',
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    max_cost_usd REAL
+);
+CREATE TABLE IF NOT EXISTS nodes (
+    cluster TEXT NOT NULL,
+    rank INTEGER NOT NULL,
+    instance_id TEXT NOT NULL,
+    host TEXT NOT NULL,
+    port INTEGER NOT NULL,
+    user TEXT NOT NULL,
+    internal_ip TEXT NOT NULL,
+    status TEXT NOT NULL,
+    root_dir TEXT NOT NULL,
+    identity_file TEXT,
+    iface TEXT,
+    python_bin TEXT,
+    gpus INTEGER,
+    bootstrap_version TEXT,
+    bootstrap_json TEXT NOT NULL DEFAULT '{}',
+    PRIMARY KEY (cluster, rank)
+);
+CREATE TABLE IF NOT EXISTS launches (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    cluster TEXT NOT NULL,
+    job_id TEXT NOT NULL UNIQUE,
+    task_name TEXT,
+    status TEXT NOT NULL,
+    detached INTEGER NOT NULL DEFAULT 0,
+    started_at REAL NOT NULL,
+    ended_at REAL,
+    exit_code INTEGER,
+    failed_node INTEGER,
+    end_reason TEXT
+);
+CREATE TABLE IF NOT EXISTS usage (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    cluster TEXT NOT NULL,
+    provider TEXT NOT NULL,
+    region TEXT, zone TEXT, instance_type TEXT, accelerators TEXT,
+    num_nodes INTEGER NOT NULL,
+    use_spot INTEGER NOT NULL DEFAULT 0,
+    hourly_price_per_node REAL,
+    started_at REAL NOT NULL,
+    ended_at REAL,
+    end_reason TEXT,
+    cluster_created_at REAL,
+    max_cost_usd REAL
+);
+CREATE INDEX IF NOT EXISTS usage_cluster ON usage(cluster);
+CREATE INDEX IF NOT EXISTS launches_cluster ON launches(cluster);
+CREATE TABLE IF NOT EXISTS job_envs (
+    cluster TEXT PRIMARY KEY,
+    envs_json TEXT NOT NULL DEFAULT '{}',
+    updated_at REAL NOT NULL
+);
+"""
+
+SCHEMA_VERSION = 2
+
+# Columns added after the first release: (table, column, declaration). A database created
+# before them gets them through ALTER TABLE when it is opened.
+ADDED_COLUMNS = (
+    ("clusters", "max_cost_usd", "REAL"),
+    ("launches", "end_reason", "TEXT"),
+    ("usage", "end_reason", "TEXT"),
+    ("usage", "cluster_created_at", "REAL"),
+    ("usage", "max_cost_usd", "REAL"),
+)
+
+
+@dataclass
+class NodeRow:
+    cluster: str
+    rank: int
+    instance_id: str
+    host: str
+    port: int
+    user: str
+    internal_ip: str
+    status: str
+    root_dir: str
+    identity_file: str | None = None
+    iface: str | None = None
+    python_bin: str | None = None
+    gpus: int | None = None
+    bootstrap_version: str | None = None
+    bootstrap: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class ClusterRow:
+    name: str
+    provider: str
+    status: str
+    num_nodes: int
+    created_at: float
+    updated_at: float
+    region: str | None = None
+    zone: str | None = None
+    instance_type: str | None = None
+    accelerators: str | None = None
+    use_spot: bool = False
+    hourly_price: float | None = None
+    master_port: int = 29500
+    options: dict[str, object] = field(default_factory=dict)
+    resources: dict[str, object] = field(default_factory=dict)
+    nodes: list[NodeRow] = field(default_factory=list)
+    max_cost_usd: float | None = None
+
+
+@dataclass
+class LaunchRow:
+    id: int
+    cluster: str
+    job_id: str
+    task_name: str | None
+    status: str
+    detached: bool
+    started_at: float
+    ended_at: float | None
+    exit_code: int | None
+    failed_node: int | None
+    end_reason: str | None = None
+
+
+@dataclass
+class UsageRow:
+    id: int
+    cluster: str
+    provider: str
+    region: str | None
+    zone: str | None
+    instance_type: str | None
+    accelerators: str | None
+    num_nodes: int
+    use_spot: bool
+    hourly_price_per_node: float | None
+    started_at: float
+    ended_at: float | None
+    end_reason: str | None = None
+    cluster_created_at: float | None = None
+    """The cluster's creation time: intervals of one cluster share it (a stop and start keeps
+    it; a cluster taken down and created again under the same name gets a new one)."""
+    max_cost_usd: float | None = None
