@@ -6,7 +6,7 @@ spells them with '-' (``cloudtrain-cluster`` ...)."""
 
 from __future__ import annotations
 
-import datetime as _dt
+import datetime
 import getpass
 import hashlib
 import os
@@ -100,7 +100,7 @@ def relation(mark: str, owner: str, as_mark: Callable[[str], str] = lambda o: o)
 
 def now() -> str:
     """UTC now, ISO 8601 to the second."""
-    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def owner_hash(cluster: str, owner: str) -> str:

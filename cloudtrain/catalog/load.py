@@ -16,7 +16,7 @@ Results are cached per process (keyed by the home and the user-local files' mtim
 
 from __future__ import annotations
 
-import datetime as _dt
+import datetime
 import math
 import os
 from dataclasses import dataclass, field, replace
@@ -83,12 +83,12 @@ class Catalog:
                                 o.accelerator or "", o.accelerator_count))
         return out
 
-    def age_days(self, now: _dt.datetime | None = None) -> float | None:
+    def age_days(self, now: datetime.datetime | None = None) -> float | None:
         """Days since ``info.as_of`` (never negative), or None if as_of is not a date."""
         when = parse_as_of(self.info.as_of)
         if when is None:
             return None
-        now = now or _dt.datetime.now(_dt.timezone.utc)
+        now = now or datetime.datetime.now(datetime.timezone.utc)
         return max(0.0, (now - when).total_seconds() / 86400.0)
 
     def per_provider(self) -> dict[str, int]:
@@ -104,15 +104,15 @@ class Catalog:
         return sorted({o.region for o in self.offers if provider is None or o.provider == provider})
 
 
-def parse_as_of(text: str) -> _dt.datetime | None:
+def parse_as_of(text: str) -> datetime.datetime | None:
     try:
         if len(text) == 10:
-            d = _dt.date.fromisoformat(text)
-            return _dt.datetime(d.year, d.month, d.day, tzinfo=_dt.timezone.utc)
-        t = _dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+            d = datetime.date.fromisoformat(text)
+            return datetime.datetime(d.year, d.month, d.day, tzinfo=datetime.timezone.utc)
+        t = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
     except (TypeError, ValueError):
         return None
-    return t if t.tzinfo else t.replace(tzinfo=_dt.timezone.utc)
+    return t if t.tzinfo else t.replace(tzinfo=datetime.timezone.utc)
 
 
 # --- loading and caching --------------------------------------------------------------------
