@@ -26,7 +26,7 @@ MAX_PATH = 4096                 # a path in the task (bytes, as Linux's PATH_MAX
 MAX_PATH_PART = 255             # one component of it (NAME_MAX)
 
 
-def check_path_text(p: str) -> None:
+def _check_path_text(p: str) -> None:
     """Length rules every path in a task follows (NUL is refused by the reader)."""
     size = len(p.encode("utf-8", "surrogatepass"))
     if size > MAX_PATH:
@@ -44,7 +44,7 @@ def _check_mount_target(target: str) -> None:
     """A file_mounts target (the path on the node): relative ones are under the node's
     workdir, absolute ones are paths on the node's own disk (refused where nodes share this
     machine, see check_mounts). Neither may climb with '..' or start with '~'."""
-    check_path_text(target)
+    _check_path_text(target)
     parts = target.split("/")
     if ".." in parts:
         raise ValueError(f"the node path '{target}' climbs out with '..'; write it relative to "
@@ -176,7 +176,7 @@ class Train(_Strict):
     @classmethod
     def _script(cls, v: str | None) -> str | None:
         if v is not None:
-            check_path_text(v)
+            _check_path_text(v)
         return v
 
     @field_validator("nproc_per_node")
@@ -278,7 +278,7 @@ class Task(_Strict):
     @classmethod
     def _paths(cls, v: str | None) -> str | None:
         if v is not None:
-            check_path_text(v)
+            _check_path_text(v)
         return v
 
     @field_validator("file_mounts")
@@ -287,7 +287,7 @@ class Task(_Strict):
         for target, local in v.items():
             _check_mount_target(target)
             try:
-                check_path_text(local)
+                _check_path_text(local)
             except ValueError as exc:
                 raise ValueError(f"the local path for '{target}': {exc}") from None
         return v
@@ -314,7 +314,7 @@ class Task(_Strict):
     @classmethod
     def _outputs(cls, v: list[str]) -> list[str]:
         for p in v:
-            check_path_text(p)
+            _check_path_text(p)
             if p.startswith("/") or ".." in Path(p).parts:
                 raise ValueError(f"'{p}': outputs are paths inside workdir, e.g. checkpoints/")
         return v
