@@ -201,12 +201,11 @@ def wait_running(api: Api, region: str, ids: list[str], *, need_public: bool,
         if ended:
             i = ended[0]
             what = f"instance {i.instance_id} (node {i.rank}) in {i.zone} ended while starting: {i.reason or i.state}"
+            code = i.reason or "InstanceEnded"
             if i.reason in CAPACITY_REASONS or i.interrupted:
-                err: ProviderError = CapacityError(what + ".", "Another zone may have capacity.")
-            else:
-                err = ProviderError(what + ".", "See the instance's state reason in the EC2 console.")
-            err.code = i.reason or "InstanceEnded"  # type: ignore[attr-defined]
-            raise err
+                raise CapacityError(what + ".", "Another zone may have capacity.", code=code)
+            raise ProviderError(what + ".", "See the instance's state reason in the EC2 console.",
+                                code=code)
         ready = [i for i in found.values()
                  if i.state == "running" and (i.public_ip or not need_public)]
         if len(ready) == len(ids):

@@ -13,10 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from cloudtrain.errors import ProviderError, UserError
+from cloudtrain.errors import ProviderError, UserError, code_of
 
 from . import tags as T
-from .api import Api, code_of
+from .api import Api
 
 # --- security group rules -----------------------------------------------------------------
 

@@ -16,11 +16,11 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable
 
-from cloudtrain.errors import ProviderError
+from cloudtrain.errors import ProviderError, code_of
 
 from . import instances as I
 from . import tags as T
-from .api import Api, code_of
+from .api import Api
 
 GONE = ("InvalidGroup.NotFound", "InvalidKeyPair.NotFound", "InvalidPlacementGroup.Unknown",
         "InvalidVolume.NotFound", "InvalidNetworkInterfaceID.NotFound")

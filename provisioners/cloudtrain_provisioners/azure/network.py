@@ -15,10 +15,10 @@ import ipaddress
 from dataclasses import dataclass
 from typing import Any
 
-from cloudtrain.errors import ProviderError
+from cloudtrain.errors import ProviderError, code_of
 
 from . import tags as T
-from .api import Api, as_dict, code_of
+from .api import Api, as_dict
 
 PRIORITY_SSH = 100
 PRIORITY_VNET = 110

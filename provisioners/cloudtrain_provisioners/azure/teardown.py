@@ -15,11 +15,11 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from cloudtrain.errors import ProviderError
+from cloudtrain.errors import ProviderError, code_of
 from cloudtrain.names import check
 
 from . import tags as T
-from .api import Api, as_dict, code_of, is_not_found
+from .api import Api, as_dict, is_not_found
 
 KINDS = {
     "microsoft.resources/resourcegroups": "resource-group",

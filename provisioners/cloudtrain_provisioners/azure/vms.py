@@ -10,10 +10,10 @@ import base64
 from dataclasses import dataclass
 from typing import Any
 
-from cloudtrain.errors import ProviderError, UserError
+from cloudtrain.errors import ProviderError, UserError, code_of
 
 from . import tags as T
-from .api import Api, as_dict, code_of
+from .api import Api, as_dict
 
 HPC_IMAGE = {"publisher": "microsoft-dsvm", "offer": "ubuntu-hpc", "sku": "2204",
              "version": "latest"}

@@ -27,7 +27,7 @@ from typing import Any, Callable
 from cloudtrain.errors import CapacityError, ProviderError
 
 from . import labels as L
-from .api import Api, Conflict, NotFound, _tag
+from .api import Api, Conflict, NotFound
 from .images import Image, accelerator_type, builtin_gpus
 
 STATUS = {"PROVISIONING": "pending", "STAGING": "pending", "RUNNING": "running",
@@ -217,10 +217,10 @@ def wait_running(api: Api, project: str, zone: str, names: list[str], *, need_pu
         ended = [n for n, i in found.items()
                  if i is not None and i.status in ("STOPPING", "TERMINATED", "SUSPENDED")]
         if gone or ended:
-            raise _tag(CapacityError(
+            raise CapacityError(
                 f"{', '.join(gone + ended)} in {zone} "
-                f"{'disappeared' if gone else 'stopped'} while starting (GCE took it back)."),
-                "INSTANCE_ENDED_WHILE_STARTING")
+                f"{'disappeared' if gone else 'stopped'} while starting (GCE took it back).",
+                code="INSTANCE_ENDED_WHILE_STARTING")
         ready = [i for i in found.values()
                  if i is not None and i.status == "RUNNING" and (i.nat_ip or not need_public)]
         if len(ready) == len(names):
@@ -228,10 +228,10 @@ def wait_running(api: Api, project: str, zone: str, names: list[str], *, need_pu
         if time.monotonic() > deadline:
             slow = [f"{n} ({i.status if i else '?'})" for n, i in found.items()
                     if i not in ready]
-            raise _tag(ProviderError(f"instances did not reach RUNNING in {timeout:.0f}s: "
-                                     + ", ".join(slow) + ".",
-                                     "Run 'cloudtrain up' again, or 'cloudtrain down' it."),
-                       "timeout")
+            raise ProviderError(f"instances did not reach RUNNING in {timeout:.0f}s: "
+                                + ", ".join(slow) + ".",
+                                "Run 'cloudtrain up' again, or 'cloudtrain down' it.",
+                                code="timeout")
         sleep(poll)
 
 
