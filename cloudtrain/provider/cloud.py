@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable
 
@@ -467,6 +468,33 @@ class CloudProvider:
             raise last
         raise Unavailable(none_left)
 
+    # --- teardown and gc -------------------------------------------------------------------
+
+    def remove_each(self, items: list[Any], remove: Callable[[Any], None], *,
+                    label: Callable[[Any], str], failed: str, hint: str,
+                    workers: int = 1) -> None:
+        """``remove(item)`` for each item (``workers`` at a time): credentials errors stop at
+        once; other provider errors are gathered into one error (``failed``, then each
+        ``label(item)`` and its message) once every item was tried."""
+        def one(item: Any) -> str | None:
+            try:
+                remove(item)
+            except AuthError:
+                raise
+            except ProviderError as exc:
+                return f"{label(item)}{exc.message}"
+            return None
+
+        if not items:
+            return
+        if workers > 1:
+            with ThreadPoolExecutor(max_workers=min(workers, len(items))) as pool:
+                problems = [p for p in pool.map(one, items) if p]
+        else:
+            problems = [p for p in map(one, items) if p]
+        if problems:
+            raise ProviderError(failed + " | ".join(problems), hint)
+
     # --- nodes as cloudtrain sees them -------------------------------------------------------
 
     def node_at(self, *, rank: int, instance_id: str, address: str, private: str, user: str,
@@ -487,6 +515,12 @@ class CloudProvider:
                     user=str(self.amap.setting("user") or user), internal_ip=inner,
                     status=status, host_keys=host_keys,  # type: ignore[arg-type]
                     root_dir=t.root_dir or "cloudtrain", spot=spot)
+
+    def _login(self, cluster: str, default_user: str) -> tuple[str, bool]:
+        """(the nodes' login user, whether they are reached at their public address), as
+        the cluster's record says."""
+        rec = self._record(cluster)
+        return str(rec.get("user") or default_user), bool(rec.get("public_ip", True))
 
     def master_port(self, cluster: str) -> int:
         if self.amap is not None and self.amap.setting("master_port"):

@@ -22,7 +22,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
 
-from cloudtrain.errors import AuthError, CapacityError, ProviderError, QuotaError, UserError
+from cloudtrain.errors import CapacityError, ProviderError, QuotaError, UserError
 from cloudtrain.provider import (ClusterRequest, NetworkRef, Node, Plan, generate_host_key,
                                  host_key_cloud_config)
 from cloudtrain.provider.cloud import CloudProvider, Existing, Pin, Target, Unavailable, worst
@@ -353,9 +353,8 @@ class AWSProvider(CloudProvider):
                             host_keys=host_keys, what=f"node {i.rank} ({i.instance_id})")
 
     def list_nodes(self, cluster: str) -> list[Node]:
-        rec = self._record(cluster)
-        user, public = str(rec.get("user") or "ubuntu"), bool(rec.get("public_ip", True))
-        keys = rec.get("host_keys") or {}
+        user, public = self._login(cluster, "ubuntu")
+        keys = self._record(cluster).get("host_keys") or {}
         return [self._node(i, tuple(keys.get(i.instance_id) or ()), user, public)
                 for i in self._scan(cluster)[0]]
 
@@ -368,23 +367,10 @@ class AWSProvider(CloudProvider):
 
     def _teardown(self, work: list[tuple[str, str, str | None]]) -> None:
         """Tear down (region, cluster, owner) triples in parallel; one error naming all."""
-        def one(item: tuple[str, str, str | None]) -> str | None:
-            region, cluster, owner = item
-            try:
-                teardown.teardown_region(self.api, region, cluster, owner, sleep=self.sleep)
-            except AuthError:
-                raise
-            except ProviderError as exc:
-                return f"{region}: {exc.message}"
-            return None
-
-        if not work:
-            return
-        with ThreadPoolExecutor(max_workers=min(8, len(work))) as pool:
-            problems = [p for p in pool.map(one, work) if p]
-        if problems:
-            raise ProviderError("AWS teardown did not finish: " + " | ".join(problems),
-                                "Run 'cloudtrain down' again; nothing was forgotten locally.")
+        self.remove_each(work, lambda item: teardown.teardown_region(
+            self.api, item[0], item[1], item[2], sleep=self.sleep),
+            label=lambda item: f"{item[0]}: ", failed="AWS teardown did not finish: ",
+            hint="Run 'cloudtrain down' again; nothing was forgotten locally.", workers=8)
 
     def terminate(self, cluster: str) -> None:
         regions = list(self._record(cluster).get("regions") or self.enabled_regions())

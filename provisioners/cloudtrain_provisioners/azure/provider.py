@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, ClassVar
 
-from cloudtrain.errors import AuthError, ProviderError, UserError, code_of
+from cloudtrain.errors import ProviderError, UserError, code_of
 from cloudtrain.provider import (ClusterRequest, NetworkRef, Node, Plan, generate_host_key,
                                  host_key_cloud_config)
 from cloudtrain.provider.cloud import CloudProvider, Existing, Pin, Target, Unavailable, worst
@@ -386,10 +386,8 @@ class AzureProvider(CloudProvider):
     # --- nodes as cloudtrain sees them -----------------------------------------------------------
 
     def _nodes(self, api: Api, cluster: str, group: str, found: list[vms.Vm]) -> list[Node]:
-        rec = self._record(cluster)
-        user = str(rec.get("user") or "azureuser")
-        public = bool(rec.get("public_ip", True))
-        keys = rec.get("host_keys") or {}
+        user, public = self._login(cluster, "azureuser")
+        keys = self._record(cluster).get("host_keys") or {}
         addrs = vms.addresses(api, group) if found else {}
         out = []
         for v in sorted(found, key=lambda v: v.rank if v.rank is not None else 1 << 30):
@@ -464,18 +462,8 @@ class AzureProvider(CloudProvider):
 
     def remove(self, resources: list[teardown.Resource]) -> None:
         """Remove what :meth:`orphans` found: each listed resource group, whole."""
-        problems = []
-        for r in resources:
-            if r.kind != "resource-group":
-                continue
-            api = self._api(r.subscription)
-            try:
-                teardown.teardown(api, r.cluster, r.owner or None, expected=r.name, sleep=self.sleep,
-                            poll=self.poll)
-            except AuthError:
-                raise
-            except ProviderError as exc:
-                problems.append(exc.message)
-        if problems:
-            raise ProviderError("Azure gc did not finish: " + " | ".join(problems),
-                                "Run 'cloudtrain gc' again.")
+        self.remove_each(
+            [r for r in resources if r.kind == "resource-group"],
+            lambda r: teardown.teardown(self._api(r.subscription), r.cluster, r.owner or None,
+                                        expected=r.name, sleep=self.sleep, poll=self.poll),
+            label=lambda r: "", failed="Azure gc did not finish: ", hint="Run 'cloudtrain gc' again.")

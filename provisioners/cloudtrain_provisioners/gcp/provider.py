@@ -443,16 +443,12 @@ class GCPProvider(CloudProvider):
         groups: dict[tuple[str, str | None, str, str], None] = {}
         for r in resources:
             groups[(r.project, r.credentials_file, r.cluster, r.owner)] = None
-        problems = []
-        for project, cred, cluster, owner in groups:
+
+        def remove(group: tuple[str, str | None, str, str]) -> None:
+            project, cred, cluster, owner = group
             api = self._api(cred)
-            try:
-                teardown.teardown(api, project or api.clients.project(None), cluster, owner or None,
-                            sleep=self.sleep, poll=self.poll)
-            except AuthError:
-                raise
-            except ProviderError as exc:
-                problems.append(f"{cluster}: {exc.message}")
-        if problems:
-            raise ProviderError("GCP cleanup did not finish: " + " | ".join(problems),
-                                "Run 'cloudtrain gc' again.")
+            teardown.teardown(api, project or api.clients.project(None), cluster, owner or None,
+                              sleep=self.sleep, poll=self.poll)
+
+        self.remove_each(list(groups), remove, label=lambda group: f"{group[2]}: ",
+                         failed="GCP cleanup did not finish: ", hint="Run 'cloudtrain gc' again.")
