@@ -12,7 +12,7 @@ from typing import Any
 
 from cloudtrain.errors import ProviderError, UserError, code_of
 
-from . import tags as T
+from . import tags
 from .api import Api, as_dict
 
 HPC_IMAGE = {"publisher": "microsoft-dsvm", "offer": "ubuntu-hpc", "sku": "2204",
@@ -182,12 +182,12 @@ def vm_body(spec: VmSpec, rank: int, nic_id: str, zone: str | None,
             created: str | None = None, custom_data: str | None = None) -> dict[str, Any]:
     """The VM's PUT body for one rank. ``custom_data``: cloud-init user data (the node's
     host key, see the provider), passed base64-encoded as ARM wants it."""
-    name = T.vm_name(spec.cluster, rank)
+    name = tags.vm_name(spec.cluster, rank)
     props: dict[str, Any] = {
         "hardwareProfile": {"vmSize": spec.size},
         "storageProfile": {
             "imageReference": dict(spec.image),
-            "osDisk": {"name": T.disk_name(spec.cluster, rank), "createOption": "FromImage",
+            "osDisk": {"name": tags.disk_name(spec.cluster, rank), "createOption": "FromImage",
                        "caching": "ReadWrite", "diskSizeGB": spec.disk_gb,
                        "deleteOption": "Delete",
                        "managedDisk": {"storageAccountType":
@@ -211,7 +211,7 @@ def vm_body(spec: VmSpec, rank: int, nic_id: str, zone: str | None,
         props["evictionPolicy"] = "Delete"
         props["billingProfile"] = {"maxPrice": spec.spot_max_price if spec.spot_max_price else -1}
     body: dict[str, Any] = {"location": spec.region,
-                            "tags": T.tags(spec.cluster, spec.owner, rank, created),
+                            "tags": tags.tags(spec.cluster, spec.owner, rank, created),
                             "properties": props}
     if zone:
         body["zones"] = [zone]
@@ -258,13 +258,13 @@ def parse_vm(d: dict[str, Any]) -> Vm:
             power = code.split("/", 1)[1]
     nics = (p.get("networkProfile") or {}).get("networkInterfaces") or [{}]
     osd = (p.get("storageProfile") or {}).get("osDisk") or {}
-    return Vm(name=str(d.get("name")), id=str(d.get("id")), rank=T.rank_of(tg),
+    return Vm(name=str(d.get("name")), id=str(d.get("id")), rank=tags.rank_of(tg),
               location=str(d.get("location", "")), zone=(d.get("zones") or [None])[0],
               size=str((p.get("hardwareProfile") or {}).get("vmSize", "")),
               state=str(p.get("provisioningState", "")), power=power,
               spot=p.get("priority") == "Spot", nic_id=str(nics[0].get("id", "")),
-              disk_name=str(osd.get("name", "")), cluster=tg.get(T.CLUSTER, ""),
-              owner=tg.get(T.OWNER, ""), created_at=tg.get(T.CREATED, ""))
+              disk_name=str(osd.get("name", "")), cluster=tg.get(tags.CLUSTER, ""),
+              owner=tg.get(tags.OWNER, ""), created_at=tg.get(tags.CREATED, ""))
 
 
 def list_vms(api: Api, group: str) -> list[Vm]:
