@@ -6,6 +6,15 @@ plugin would be, in ``pyproject.toml``. cloudtrain constructs it as ``cls(ctx)``
 providers take their SDK clients as further keyword arguments (defaulting to a factory), so
 tests pass fakes in without patching module globals.
 
+Writing one: import from :mod:`cloudtrain.provider` (this contract, the marks, host keys, the
+catalog, and for a cloud the shared base :class:`cloudtrain.provider.cloud.CloudProvider`,
+which brings targets, the failover loop and attempt records) and :mod:`cloudtrain.errors`
+(raise CapacityError / QuotaError / AuthError / TransientError with ``code=``), nothing
+else of cloudtrain. Implement the class attributes and the six verbs below; add any of the
+optional capabilities at the end of this module (``master_port``, ``node_env``,
+``attempts``, ``orphans``/``remove`` for gc, ...) by simply having the method: cloudtrain
+checks for them with ``isinstance(provider, HasMasterPort)`` and so on.
+
 Promises each method makes:
 
 ``check(request)``
