@@ -31,7 +31,7 @@ from cloudtrain.provider import (ClusterRequest, NetworkRef, Node, Plan, generat
                                  host_key_cloud_config)
 from cloudtrain.provider.cloud import CloudProvider, Existing, Pin, Target, Unavailable, worst
 
-from . import network, tags, teardown, vms
+from . import images, instances, network, tags, teardown
 from .api import Api, AzureClients
 from .options import ZONES, AzureOptions
 
@@ -56,7 +56,7 @@ class AzureProvider(CloudProvider):
         self.clients = clients if clients is not None else AzureClients()
         self._apis: dict[str, Api] = {}
         self._nets: dict[tuple[str, str], network.RegionNet] = {}
-        self._sizes: dict[tuple[str, str, str], vms.SizeInfo | None] = {}
+        self._sizes: dict[tuple[str, str, str], images.SizeInfo | None] = {}
 
     def _subscription(self, cluster: str, request: ClusterRequest | None = None) -> str:
         sub = (self._opts(request).subscription_id if request is not None else None) \
@@ -105,7 +105,7 @@ class AzureProvider(CloudProvider):
             raise UserError("resources.zone is given without resources.region.",
                             "Azure zones are numbered per region: give the region too.")
         if res.image:
-            vms.parse_image(res.image)
+            images.parse_image(res.image)
         if request.num_nodes > 1000:
             raise UserError("The Azure provider creates at most 1000 nodes per cluster.",
                             "Use fewer nodes.")
@@ -118,7 +118,7 @@ class AzureProvider(CloudProvider):
         group = self.group(request.name)
         rules = network.desired_rules(self._cidr_text(request), list(res.ports), opts.vnet_cidr)
         market = "spot (priority Spot, eviction policy Delete)" if res.use_spot else "on-demand"
-        image = res.image or (f"{vms.image_text(vms.HPC_IMAGE)} (Ubuntu 22.04 HPC: NVIDIA "
+        image = res.image or (f"{images.image_text(images.HPC_IMAGE)} (Ubuntu 22.04 HPC: NVIDIA "
                               "driver, CUDA, NCCL; plain Ubuntu 22.04 on sizes without "
                               "generation 2)")
         creates = [
@@ -158,7 +158,7 @@ class AzureProvider(CloudProvider):
         except network.GroupElsewhere as exc:
             # A former attempt's group in another region, without live nodes (they pin the
             # region): remove it, then start again here.
-            if any(v.status not in ("terminated",) for v in vms.list_vms(api, group)):
+            if any(v.status not in ("terminated",) for v in instances.list_vms(api, group)):
                 raise ProviderError(f"Azure cluster '{name}' has nodes in {exc.location}; the "
                                     f"task asks for {region}.",
                                     f"Take it down first ('cloudtrain down {name}') or use "
@@ -178,7 +178,7 @@ class AzureProvider(CloudProvider):
         g = network.get_group(api, self.group(cluster))
         if g is None:
             return None
-        if not any(v.status != "terminated" for v in vms.list_vms(api, self.group(cluster))):
+        if not any(v.status != "terminated" for v in instances.list_vms(api, self.group(cluster))):
             return None
         return str(g.get("location"))
 
@@ -195,17 +195,17 @@ class AzureProvider(CloudProvider):
 
     # --- contract: nodes -----------------------------------------------------------------------
 
-    def _size(self, api: Api, region: str, size: str) -> vms.SizeInfo | None:
+    def _size(self, api: Api, region: str, size: str) -> images.SizeInfo | None:
         key = (api.subscription_id, region, size.lower())
         if key not in self._sizes:
-            self._sizes[key] = vms.size_info(api, region, size)
+            self._sizes[key] = images.size_info(api, region, size)
         return self._sizes[key]
 
     def _existing(self, request: ClusterRequest) -> Existing:
         name = request.name
         api = self._api(self._subscription(name, request))
         group = self.group(name)
-        found = vms.list_vms(api, group)
+        found = instances.list_vms(api, group)
         broken = [v for v in found if v.state == "Failed"]
         if broken:
             self.ui.warn(f"azure: deleting {len(broken)} VM(s) of '{name}' that failed to "
@@ -247,12 +247,12 @@ class AzureProvider(CloudProvider):
         else:
             zones = list(info.zones) or [None]
         missing = [r for r in range(request.num_nodes) if r not in have]
-        image = vms.choose_image(res.image, info.generations)
-        if missing and not vms.image_available(api, region, image):
-            raise Unavailable(f"image {vms.image_text(image)} is not offered in {region}")
+        image = images.choose_image(res.image, info.generations)
+        if missing and not images.image_available(api, region, image):
+            raise Unavailable(f"image {images.image_text(image)} is not offered in {region}")
         net = self._region_net(request, api, region)
         nics = self._node_nics(request, api, net, info, missing)
-        spec = vms.VmSpec(region=region, group=net.group, size=size, image=image,
+        spec = instances.VmSpec(region=region, group=net.group, size=size, image=image,
                         disk_gb=res.disk_size_gb, premium_disk=info.premium_io,
                         user=opts.ssh_user, public_key=request.public_key, cluster=name,
                         owner=self._owner(name), spot=res.use_spot, spot_max_price=opts.spot_max_price)
@@ -266,7 +266,7 @@ class AzureProvider(CloudProvider):
         return self.each_zone(request, target, zones, launch)
 
     def _node_nics(self, request: ClusterRequest, api: Api, net: network.RegionNet,
-                   info: vms.SizeInfo, ranks: list[int]) -> dict[int, str]:
+                   info: images.SizeInfo, ranks: list[int]) -> dict[int, str]:
         """A public IP (when asked for) and a NIC for each rank in ``ranks``: NIC id by rank."""
         opts, name = self._opts(request), request.name
         accel = opts.accelerated_networking and info.accelerated_networking
@@ -274,9 +274,9 @@ class AzureProvider(CloudProvider):
 
         def one(rank: int) -> tuple[int, str]:
             tg = tags.tags(name, self._owner(name), rank, created)
-            pip = vms.ensure_public_ip(api, net.group, net.region, tags.ip_name(name, rank), tg) \
+            pip = instances.ensure_public_ip(api, net.group, net.region, tags.ip_name(name, rank), tg) \
                 if opts.public_ip else None
-            return rank, vms.ensure_nic(api, net.group, net.region, tags.nic_name(name, rank),
+            return rank, instances.ensure_nic(api, net.group, net.region, tags.nic_name(name, rank),
                                       net.subnet_id, pip, accel, tg)
 
         if not ranks:
@@ -284,8 +284,8 @@ class AzureProvider(CloudProvider):
         with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(ranks))) as pool:
             return dict(pool.map(one, ranks))
 
-    def _launch_zone(self, request: ClusterRequest, api: Api, spec: vms.VmSpec, zone: str | None,
-                     nics: dict[int, str], have: dict[int, vms.Vm]) -> list[Node]:
+    def _launch_zone(self, request: ClusterRequest, api: Api, spec: instances.VmSpec, zone: str | None,
+                     nics: dict[int, str], have: dict[int, instances.Vm]) -> list[Node]:
         name, group = request.name, spec.group
         where = f"{spec.region} zone {zone}" if zone else spec.region
         tried: list[str] = []
@@ -299,7 +299,7 @@ class AzureProvider(CloudProvider):
             vm = tags.vm_name(name, rank)
             api.lro(f"create VM {vm} ({spec.size}) in {where}",
                     api.c.compute.virtual_machines.begin_create_or_update, group, vm,
-                    vms.vm_body(spec, rank, nics[rank], zone, created,
+                    instances.vm_body(spec, rank, nics[rank], zone, created,
                               custom_data=host_key_cloud_config(*host[rank])))
 
         try:
@@ -320,8 +320,8 @@ class AzureProvider(CloudProvider):
                 if v.name in tried and v.disk_name:
                     self._tag_disk(api, group, v)
             if self.amap is not None:
-                addrs = vms.addresses(api, group)
-                found = [addrs.get(v.nic_id.lower()) or vms.Addresses("", "") for v in running]
+                addrs = instances.addresses(api, group)
+                found = [addrs.get(v.nic_id.lower()) or instances.Addresses("", "") for v in running]
                 self.amap.wait_for([x for a in found for x in (a.public, a.private) if x])
             # the public halves, by VM id, so every later listing reports the same keys
             made = {v.id.lower(): host[v.rank][1] for v in running if v.rank in host}
@@ -333,15 +333,15 @@ class AzureProvider(CloudProvider):
             self._rollback(api, group, tried)
             raise
 
-    def _tag_disk(self, api: Api, group: str, vm: vms.Vm) -> None:
+    def _tag_disk(self, api: Api, group: str, vm: instances.Vm) -> None:
         tg = tags.tags(vm.cluster, vm.owner, vm.rank if vm.rank is not None else "", vm.created_at)
         api.lro(f"tag OS disk {vm.disk_name}", api.c.compute.disks.begin_update, group,
                 vm.disk_name, {"tags": tg})
 
-    def _wait_running(self, api: Api, group: str, n: int) -> list[vms.Vm]:
+    def _wait_running(self, api: Api, group: str, n: int) -> list[instances.Vm]:
         deadline = time.monotonic() + self.running_timeout
         while True:
-            found = [v for v in vms.list_vms(api, group) if v.rank is not None and v.rank < n]
+            found = [v for v in instances.list_vms(api, group) if v.rank is not None and v.rank < n]
             failed = [v for v in found if v.state == "Failed" or v.status == "terminated"]
             if failed:
                 raise ProviderError(f"VM {failed[0].name} is {failed[0].state or failed[0].power} "
@@ -376,7 +376,7 @@ class AzureProvider(CloudProvider):
         what was adopted is left alone)."""
         if not names:
             return
-        exist = {v.name for v in vms.list_vms(api, group)}
+        exist = {v.name for v in instances.list_vms(api, group)}
         gone = [n for n in names if n in exist]
         if gone:
             self.ui.warn(f"azure: deleting the {len(gone)} VM(s) this attempt got in {group}: "
@@ -385,19 +385,19 @@ class AzureProvider(CloudProvider):
 
     # --- nodes as cloudtrain sees them -----------------------------------------------------------
 
-    def _nodes(self, api: Api, cluster: str, group: str, found: list[vms.Vm]) -> list[Node]:
+    def _nodes(self, api: Api, cluster: str, group: str, found: list[instances.Vm]) -> list[Node]:
         user, public = self._login(cluster, "azureuser")
         keys = self._record(cluster).get("host_keys") or {}
-        addrs = vms.addresses(api, group) if found else {}
+        addrs = instances.addresses(api, group) if found else {}
         out = []
         for v in sorted(found, key=lambda v: v.rank if v.rank is not None else 1 << 30):
-            a = addrs.get(v.nic_id.lower(), vms.Addresses("", ""))
+            a = addrs.get(v.nic_id.lower(), instances.Addresses("", ""))
             n = self._node(v, a, user, public)
             key = keys.get(v.id.lower())
             out.append(replace(n, host_keys=(str(key),)) if key else n)
         return out
 
-    def _node(self, v: vms.Vm, a: vms.Addresses, user: str, public: bool) -> Node:
+    def _node(self, v: instances.Vm, a: instances.Addresses, user: str, public: bool) -> Node:
         rank = v.rank if v.rank is not None else 0
         return self.node_at(rank=rank, instance_id=v.id, address=a.public if public else a.private,
                             private=a.private, user=user, status=v.status, spot=v.spot,
@@ -410,7 +410,7 @@ class AzureProvider(CloudProvider):
         api = self._api(str(sub))
         group = self.group(cluster)
         owner = self._owner(cluster)
-        found = [v for v in vms.list_vms(api, group) if v.rank is not None and v.owner == owner]
+        found = [v for v in instances.list_vms(api, group) if v.rank is not None and v.owner == owner]
         return self._nodes(api, cluster, group, found)
 
     # --- contract: terminate ---------------------------------------------------------------------
@@ -453,7 +453,7 @@ class AzureProvider(CloudProvider):
                 found = teardown.as_resources(g, teardown.inventory(api, str(g["name"])))
                 if any(r.kind == "virtual-machine" for r in found):
                     # each VM's power state: gc terminates a running one only with --force
-                    power = {v.name: v.status for v in vms.list_vms(api, str(g["name"]))}
+                    power = {v.name: v.status for v in instances.list_vms(api, str(g["name"]))}
                     for r in found:
                         if r.kind == "virtual-machine" and r.name in power:
                             r.detail = f" [{power[r.name]}]"

@@ -26,7 +26,7 @@ from cloudtrain.errors import AuthError, ProviderError, UserError, code_of
 from cloudtrain.provider import ClusterRequest, NetworkRef, Node, Plan
 from cloudtrain.provider.cloud import CloudProvider, Existing, Pin, Target, Unavailable, worst
 
-from . import images, instances, labels, network, teardown
+from . import images, instances, network, tags, teardown
 from .api import Api, GoogleClients
 from .options import REGION_RE, ZONE_RE, GCPOptions
 
@@ -80,7 +80,7 @@ class GCPProvider(CloudProvider):
     @staticmethod
     def owner_mark(owner: str) -> str:
         """``owner`` as GCE stores it (a label value): what gc compares marks with."""
-        return labels.owner_value(owner)
+        return tags.owner_value(owner)
 
     def _request_api(self, request: ClusterRequest) -> tuple[Api, str]:
         opts = self._opts(request)
@@ -160,7 +160,7 @@ class GCPProvider(CloudProvider):
         targets = self.targets(request)
         first = targets[0]
         owner = self._owner(request.name)
-        base = labels.base_name(request.name, owner)
+        base = tags.base_name(request.name, owner)
         project = opts.project or "the default project (GOOGLE_CLOUD_PROJECT or the credentials')"
         net = opts.network or network.dedicated_name(base)
         creates = ([] if opts.network else
@@ -183,8 +183,8 @@ class GCPProvider(CloudProvider):
             f"network tag {base}; the cluster's SSH key in instance metadata (user "
             f"{opts.ssh_user})" + ("; no external IP" if not opts.public_ip else ""))
         notes = [f"project: {project}",
-                 f"every instance and boot disk is labelled {labels.CLUSTER}={request.name}, "
-                 f"{labels.OWNER}={labels.owner_value(owner)}, {labels.RANK}; the firewall "
+                 f"every instance and boot disk is labelled {tags.CLUSTER}={request.name}, "
+                 f"{tags.OWNER}={tags.owner_value(owner)}, {tags.RANK}; the firewall "
                  "rules carry the same marks in their description"]
         return self.plan_of(request, targets, creates, notes)
 
@@ -195,7 +195,7 @@ class GCPProvider(CloudProvider):
         self.begin_attempts(request.name)
         api, project = self._request_api(request)
         owner = self._owner(request.name)
-        base = labels.base_name(request.name, owner)
+        base = tags.base_name(request.name, owner)
         net_name = opts.network or network.dedicated_name(base)
         before = self._record(request.name).get("network")
         if not opts.network and before and not str(before).startswith("ct-"):
@@ -296,7 +296,7 @@ class GCPProvider(CloudProvider):
         if missing:
             assert image is not None
             owner = self._owner(request.name)
-            base = labels.base_name(request.name, owner)
+            base = tags.base_name(request.name, owner)
             spec = instances.LaunchSpec(
                 project=project, zone=zone, base=base,
                 machine_type=target.instance_type, accelerator=target.accelerator,
@@ -432,7 +432,7 @@ class GCPProvider(CloudProvider):
         out: list[teardown.Resource] = []
         for project, cred in self._gc_projects():
             for r in teardown.find(self._api(cred), project, None, owner).resources:
-                if r.cluster in live and r.owner == labels.owner_value(self._owner(r.cluster)):
+                if r.cluster in live and r.owner == tags.owner_value(self._owner(r.cluster)):
                     continue
                 r.project, r.credentials_file = project, cred
                 out.append(r)

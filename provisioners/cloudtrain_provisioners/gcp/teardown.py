@@ -21,7 +21,7 @@ from typing import Callable
 from cloudtrain.errors import ProviderError
 
 from . import instances
-from . import labels
+from . import tags
 from . import network
 from .api import Api, NotFound
 
@@ -59,23 +59,23 @@ def find(api: Api, project: str, cluster: str | None, owner: str | None) -> Foun
     for i in instances.describe(api, project, cluster, owner):
         out.resources.append(Resource(i.zone, "instance", i.name, i.cluster, i.owner,
                                       i.created_at, detail=f" [{i.status}]"))
-    for d in api.aggregated("disks", project, "disks", labels.instance_filter(cluster, owner)):
+    for d in api.aggregated("disks", project, "disks", tags.instance_filter(cluster, owner)):
         if d.get("users"):
             continue   # attached: goes with its instance
         lab = d.get("labels") or {}
         out.resources.append(Resource(str(d.get("zone", "")).rsplit("/", 1)[-1], "disk",
-                                      str(d.get("name", "")), lab.get(labels.CLUSTER, ""),
-                                      lab.get(labels.OWNER, ""),
+                                      str(d.get("name", "")), lab.get(tags.CLUSTER, ""),
+                                      lab.get(tags.OWNER, ""),
                                       str(d.get("creationTimestamp", ""))))
     for fw in network.find_rules(api, project, cluster, owner):
-        m = labels.marks(fw.get("description"))
+        m = tags.marks(fw.get("description"))
         out.resources.append(Resource("global", "firewall", str(fw["name"]),
-                                      m.get(labels.CLUSTER, ""), m.get(labels.OWNER, ""),
+                                      m.get(tags.CLUSTER, ""), m.get(tags.OWNER, ""),
                                       m.get("created-at", str(fw.get("creationTimestamp", "")))))
     for net in network.find_networks(api, project, cluster, owner):
-        m = labels.marks(net.get("description"))
+        m = tags.marks(net.get("description"))
         out.resources.append(Resource("global", "network", str(net["name"]),
-                                      m.get(labels.CLUSTER, ""), m.get(labels.OWNER, ""),
+                                      m.get(tags.CLUSTER, ""), m.get(tags.OWNER, ""),
                                       m.get("created-at", str(net.get("creationTimestamp", "")))))
     return out
 
