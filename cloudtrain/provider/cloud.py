@@ -39,15 +39,16 @@ from __future__ import annotations
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable
 
 from cloudtrain.errors import (AuthError, CapacityError, CloudtrainError, ProviderError,
-                               QuotaError, TransientError, UserError, code_of)
+                               QuotaError, UserError, code_of)
 from cloudtrain.ownership import default_owner, now, owner_of_cluster
 from cloudtrain.provider.addrmap import AddressMap
 from cloudtrain.provider.caller import CallerCidr, lookup_public_ip
 from cloudtrain.provider.contract import ClusterRequest, NetworkRef, Node, Plan, ProviderContext
+from cloudtrain.provider.failover import Attempt, Pin, Unavailable, outcome_of, worst
 from cloudtrain.provider.record import ClusterRecord
 
 if TYPE_CHECKING:
@@ -77,32 +78,6 @@ class Target:
     accelerator_count: int = 0
 
 
-@dataclass(frozen=True)
-class Attempt:
-    """One placement attempt, the same fields on every cloud. ``outcome``: ok, capacity
-    (next zone), quota or unavailable (next region), auth, throttled or error (stop).
-    ``code``: the cloud's error code (or the reason in words); ``at``: UTC, ISO 8601."""
-
-    region: str
-    zone: str | None
-    instance_type: str
-    outcome: str
-    code: str
-    message: str
-    at: str
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class Pin:
-    """Launch only in ``zone``: the task's, or the one the cluster's nodes are in (None: a
-    cluster placed without a zone, as Azure places in regions without zones)."""
-
-    zone: str | None
-
-
 @dataclass
 class Existing:
     """What of a cluster exists: the cloud's record of each live node by rank, and where
@@ -111,35 +86,6 @@ class Existing:
     nodes: dict[int, Any] = field(default_factory=dict)
     where: Target | None = None
     zone: str | None = None
-
-
-class Unavailable(Exception):
-    """This region cannot run the request at all (type not sold, no image, no zone): the
-    failover loop records it and tries the next region."""
-
-
-def outcome_of(exc: BaseException) -> str:
-    """The attempt log's word for an error that is neither capacity nor quota."""
-    if isinstance(exc, AuthError):
-        return "auth"
-    if isinstance(exc, TransientError):
-        return "throttled"
-    return "error"
-
-
-def worst(errors: list[ProviderError]) -> ProviderError:
-    """The error a partial launch reports: credentials first (stop), then anything unexpected
-    (stop), then quota (next region), then capacity (next zone)."""
-    for e in errors:
-        if isinstance(e, AuthError):
-            return e
-    for e in errors:
-        if not isinstance(e, (QuotaError, CapacityError)):
-            return e
-    for e in errors:
-        if isinstance(e, QuotaError):
-            return e
-    return errors[0]
 
 
 class CloudProvider:
@@ -531,3 +477,7 @@ class CloudProvider:
         if self.amap is not None and self.amap.setting("python"):
             return {"CLOUDTRAIN_PYTHON": str(self.amap.setting("python"))}
         return {}
+
+
+__all__ = ["FROM_ENV", "Attempt", "CloudProvider", "Existing", "Pin", "Target", "Unavailable",
+           "outcome_of", "worst"]
