@@ -19,7 +19,8 @@ from cloudtrain.catalog.model import Offer
 from cloudtrain.errors import CapacityError, ClusterNotFound, ProviderError, QuotaError, UserError
 from cloudtrain.keys import (FIRST_CONTACT, PINNED_AT_CREATION, ClusterKeys, ensure_keys, is_pinned,
                    pin_host_keys, record_pinning)
-from cloudtrain.provider.contract import ClusterRequest, Node, Plan, Provider, ProviderContext
+from cloudtrain.provider.contract import (ClusterRequest, CollectsOrphans, HasHostKeySource, HasMasterPort,
+                                          HasNodeEnv, Node, Plan, Provider, ProviderContext)
 from cloudtrain.remote import Group
 from cloudtrain.provider.options import provider_options
 from cloudtrain.spec import BootstrapSpec, Task
@@ -230,8 +231,7 @@ def _provision(env: Env, task: Task, name: str, *, keep_on_failure: bool,
                 pin_host_keys(keys.known_hosts, n.host, n.port, n.host_keys)
         row.nodes = _node_rows(name, nodes)
         env.state.replace_nodes(name, row.nodes)
-        master_port = getattr(provider, "master_port", None)
-        row.master_port = int(master_port(name)) if callable(master_port) else 29500
+        row.master_port = int(provider.master_port(name)) if isinstance(provider, HasMasterPort) else 29500
         row.status = "UP"
         env.state.upsert_cluster(row)
         env.state.open_usage(row)
@@ -241,7 +241,7 @@ def _provision(env: Env, task: Task, name: str, *, keep_on_failure: bool,
         learn = frozenset(n.rank for n in nodes
                           if not n.host_keys and old_ids.get(n.rank) != n.instance_id
                           and not is_pinned(keys.known_hosts, n.host, n.port))
-        source = str(getattr(provider, "host_key_source", PINNED_AT_CREATION))
+        source = provider.host_key_source if isinstance(provider, HasHostKeySource) else PINNED_AT_CREATION
         record_pinning(keys, {n.rank: source for n in nodes if n.host_keys}
                        | {r: FIRST_CONTACT for r in learn})
         return Handle(stored, provider, keys, learn), fresh
@@ -292,8 +292,7 @@ def connect(env: Env, handle: Handle, timeout: float = SSH_TIMEOUT) -> Group:
 
 
 def node_env(handle: Handle) -> dict[str, str]:
-    fn = getattr(handle.provider, "node_env", None)
-    return dict(fn(handle.name)) if callable(fn) else {}
+    return dict(handle.provider.node_env(handle.name)) if isinstance(handle.provider, HasNodeEnv) else {}
 
 
 def bootstrap_env(handle: Handle, cfg: BootstrapSpec) -> Callable[[NodeRow], dict[str, str]]:
@@ -495,7 +494,7 @@ def _down_by_tag(env: Env, provider: Provider, pname: str, name: str,
         env.ui.info(f"Found nothing of '{name}' on {pname}; nothing to tear down.")
     else:
         listing = (f", or list everything cloudtrain tagged with 'cloudtrain gc --provider "
-                   f"{pname} --any-owner'" if hasattr(provider, "orphans") else "")
+                   f"{pname} --any-owner'" if isinstance(provider, CollectsOrphans) else "")
         raise UserError(
             f"Found no node of cluster '{name}' on {pname}, and this CLOUDTRAIN_HOME has no "
             "record of it: nothing was torn down.",

@@ -74,7 +74,16 @@ class ClusterNotFound(UserError):
 
 
 class ProviderError(CloudtrainError):
-    pass
+    """The provider could not do what was asked. ``code`` is the provider's own word for
+    the failure (an AWS/ARM error code, a GCE operation error, ...), ``zone`` where it
+    happened when it was one zone; both None when unknown. Providers pass them as keyword
+    arguments: ``CapacityError(text, hint, code="InsufficientInstanceCapacity")``."""
+
+    def __init__(self, message: str, hint: str = "", *, code: str | None = None,
+                 zone: str | None = None) -> None:
+        super().__init__(message, hint)
+        self.code: str | None = code
+        self.zone: str | None = zone
 
 
 class CapacityError(ProviderError):
@@ -91,6 +100,14 @@ class AuthError(ProviderError):
 
 class TransientError(ProviderError):
     """Throttling or a passing fault: retry with backoff."""
+
+
+def code_of(exc: BaseException) -> str:
+    """The code of a provider error (``ProviderError.code``), else the exception's class
+    name: what attempt records and messages call a failure."""
+    if isinstance(exc, ProviderError) and exc.code:
+        return exc.code
+    return type(exc).__name__
 
 
 class RemoteError(CloudtrainError):

@@ -71,7 +71,7 @@ def _command(provider: str, all_regions: bool, any_owner: bool) -> str:
 def _run(provider_name: str | None, all_regions: bool, any_owner: bool, yes: bool,
          as_json: bool, force: bool = False) -> None:
     from cloudtrain import credentials
-    from cloudtrain.provider import registry
+    from cloudtrain.provider import CollectsOrphans, MarksOwner, registry
     from cloudtrain.commands.main import _env
     from cloudtrain.errors import AuthError, CloudtrainError, ProviderError, UserError
     from cloudtrain.ownership import relation
@@ -82,7 +82,7 @@ def _run(provider_name: str | None, all_regions: bool, any_owner: bool, yes: boo
     failed: list[CloudtrainError] = []
     for name in names:
         cls = registry.provider_class(name)
-        if not hasattr(cls, "orphans"):
+        if not issubclass(cls, CollectsOrphans):
             if provider_name:
                 raise UserError(f"Provider '{name}' cannot list what it created.",
                                 "gc works with cloud providers (e.g. --provider aws).")
@@ -108,7 +108,7 @@ def _run(provider_name: str | None, all_regions: bool, any_owner: bool, yes: boo
             env.ui.error(f"{name}: could not list what cloudtrain tagged: {exc}")
             failed.append(exc)
             continue
-        as_mark = getattr(provider, "owner_mark", lambda o: o)
+        as_mark = provider.owner_mark if isinstance(provider, MarksOwner) else (lambda o: o)
         kinds = {id(r): relation(r.owner, provider.owner, as_mark) for r in every}
         found = [r for r in every if any_owner or kinds[id(r)] == "mine"]
         others = [r for r in every if r not in found and kinds[id(r)] in ("other-home", "legacy")]

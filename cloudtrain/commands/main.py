@@ -248,14 +248,14 @@ def up(task_file: str, cluster_name: str | None, yes: bool, dry_run: bool, no_bo
 def _attempts(env: Env, name: str, plan: Any) -> list[dict[str, Any]]:
     """Every placement attempt the providers involved remember for ``name``, in order, each
     with its provider (providers without ``attempts`` contribute nothing)."""
-    from cloudtrain.provider import registry
+    from cloudtrain.provider import ReportsAttempts, registry
 
     names = [plan.provider] + [a.provider for a in getattr(plan, "alternatives", [])]
     out: list[dict[str, Any]] = []
     for p in dict.fromkeys(n for n in names if n):
-        fn = getattr(registry.get(p, env.pctx), "attempts", None)
-        if callable(fn):
-            out += [{"provider": p, **a} for a in fn(name)]
+        provider = registry.get(p, env.pctx)
+        if isinstance(provider, ReportsAttempts):
+            out += [{"provider": p, **a} for a in provider.attempts(name)]
     return out
 
 
@@ -401,12 +401,12 @@ def _interruptions(handle: Any, name: str) -> list[str]:
     """What the provider says it took back (spot interruptions), in words; [] when it cannot
     tell."""
     from cloudtrain.errors import CloudtrainError
+    from cloudtrain.provider import ReportsInterruptions
 
-    fn = getattr(handle.provider, "interruptions", None)
-    if not callable(fn):
+    if not isinstance(handle.provider, ReportsInterruptions):
         return []
     try:
-        return [str(x) for x in fn(name)]
+        return [str(x) for x in handle.provider.interruptions(name)]
     except CloudtrainError:
         return []
 

@@ -6,6 +6,15 @@ plugin would be, in ``pyproject.toml``. cloudtrain constructs it as ``cls(ctx)``
 providers take their SDK clients as further keyword arguments (defaulting to a factory), so
 tests pass fakes in without patching module globals.
 
+Writing one: import from :mod:`cloudtrain.provider` (this contract, the marks, host keys, the
+catalog, and for a cloud the shared base :class:`cloudtrain.provider.cloud.CloudProvider`,
+which brings targets, the failover loop and attempt records) and :mod:`cloudtrain.errors`
+(raise CapacityError / QuotaError / AuthError / TransientError with ``code=``), nothing
+else of cloudtrain. Implement the class attributes and the six verbs below; add any of the
+optional capabilities at the end of this module (``master_port``, ``node_env``,
+``attempts``, ``orphans``/``remove`` for gc, ...) by simply having the method: cloudtrain
+checks for them with ``isinstance(provider, HasMasterPort)`` and so on.
+
 Promises each method makes:
 
 ``check(request)``
@@ -31,7 +40,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -142,6 +151,69 @@ class Provider(Protocol):
     def terminate(self, cluster: str) -> None: ...
 
 
-# Optional methods a provider may add (looked up with getattr, documented here):
-#   master_port(cluster) -> int        the port torch rendezvous uses on the head (29500)
-#   node_env(cluster) -> dict[str,str] variables handed to bootstrap (e.g. CLOUDTRAIN_PYTHON)
+# --- optional capabilities ---------------------------------------------------------------
+# A provider declares one by having its method (or attribute); core code asks with
+# ``isinstance(provider, HasMasterPort)``, never by probing with getattr. The cloud base
+# (:class:`cloudtrain.provider.cloud.CloudProvider`) has all of them but ``MarksOwner`` and
+# ``ReportsInterruptions``.
+
+
+@runtime_checkable
+class HasMasterPort(Protocol):
+    """The port torch's rendezvous uses on the head node (without it: 29500)."""
+
+    def master_port(self, cluster: str) -> int: ...
+
+
+@runtime_checkable
+class HasNodeEnv(Protocol):
+    """Variables handed to bootstrap on every node (e.g. ``CLOUDTRAIN_PYTHON``)."""
+
+    def node_env(self, cluster: str) -> dict[str, str]: ...
+
+
+@runtime_checkable
+class HasHostKeySource(Protocol):
+    """Where the host keys a provider gives in ``Node.host_keys`` come from, in words shown
+    by ``status`` (without it: :data:`cloudtrain.keys.PINNED_AT_CREATION`)."""
+
+    host_key_source: str
+
+
+@runtime_checkable
+class ReportsAttempts(Protocol):
+    """Every placement attempt of the cluster's last ``up`` and its outcome, in order, as
+    JSON objects with the same keys on every provider: region, zone, instance_type,
+    outcome (ok, capacity, quota, unavailable, auth, throttled, error), code, message, at
+    (see :class:`cloudtrain.provider.cloud.Attempt`). ``up --json`` prints them."""
+
+    def attempts(self, cluster: str) -> list[dict[str, Any]]: ...
+
+
+@runtime_checkable
+class ReportsInterruptions(Protocol):
+    """Nodes the provider took back (spot interruptions) without a replacement yet, in
+    words: what to tell the user instead of calling it a crash."""
+
+    def interruptions(self, cluster: str) -> list[str]: ...
+
+
+@runtime_checkable
+class CollectsOrphans(Protocol):
+    """``cloudtrain gc``: list what carries cloudtrain's marks and no live cluster owns, and
+    remove it. The provider also has ``owner`` (this home's owner mark, a str); each
+    resource has ``cluster``, ``owner``, ``kind``, ``name`` (see the clouds' teardown
+    modules)."""
+
+    def orphans(self, live: set[str], *, all_regions: bool = False,
+                any_owner: bool = False) -> list[Any]: ...
+
+    def remove(self, resources: list[Any]) -> None: ...
+
+
+@runtime_checkable
+class MarksOwner(Protocol):
+    """The owner mark as the cloud stores it (e.g. a GCE label value), when it differs from
+    the owner string: what gc compares resources' marks with."""
+
+    def owner_mark(self, owner: str) -> str: ...

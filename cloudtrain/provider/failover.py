@@ -1,9 +1,44 @@
-"""Words and choices every cloud provider's failover shares: what an attempt's outcome is
-called in the attempt log, and which of several per-node errors a partial launch reports."""
+"""The words of the failover loop (:mod:`cloudtrain.provider.cloud`): what one attempt is
+recorded as, where a launch is pinned, what ends a region, and which error a partial launch
+reports. Imported by the cloud base, which hands them on to the providers."""
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
+from typing import Any
+
 from cloudtrain.errors import AuthError, CapacityError, ProviderError, QuotaError, TransientError
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One placement attempt, the same fields on every cloud. ``outcome``: ok, capacity
+    (next zone), quota or unavailable (next region), auth, throttled or error (stop).
+    ``code``: the cloud's error code (or the reason in words); ``at``: UTC, ISO 8601."""
+
+    region: str
+    zone: str | None
+    instance_type: str
+    outcome: str
+    code: str
+    message: str
+    at: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Pin:
+    """Launch only in ``zone``: the task's, or the one the cluster's nodes are in (None: a
+    cluster placed without a zone, as Azure places in regions without zones)."""
+
+    zone: str | None
+
+
+class Unavailable(Exception):
+    """This region cannot run the request at all (type not sold, no image, no zone): the
+    failover loop records it and tries the next region."""
 
 
 def outcome_of(exc: BaseException) -> str:

@@ -41,3 +41,17 @@ class ClusterRecord:
         tmp = f.with_suffix(".tmp")
         tmp.write_text(json.dumps(rec, indent=1))
         tmp.replace(f)
+
+    def every(self) -> list[dict[str, Any]]:
+        """The notes of every cluster of this home (those that can be read), by name: where
+        gc looks beyond the defaults (regions, projects, subscriptions)."""
+        folder = self.ctx.home / "clusters"
+        out = []
+        for f in sorted(folder.glob(f"*/{self.provider}.json")) if folder.is_dir() else []:
+            try:
+                data = json.loads(f.read_text())
+            except (OSError, ValueError):
+                continue
+            if isinstance(data, dict):
+                out.append(data)
+        return out

@@ -77,7 +77,7 @@ def test_gcp_gc_in_one_home_leaves_another_homes_running_cluster_alone(
 
 
 def test_gcp_owner_label_keeps_the_home_id() -> None:
-    from cloudtrain_provisioners.gcp import labels as L
+    from cloudtrain_provisioners.gcp import tags as L
 
     long = "x" * 80 + "@host/home-0123456789ab"
     v = L.owner_value(long)

@@ -122,7 +122,7 @@ def test_name_rule_and_paths_inside_their_parent(tmp_path: Path) -> None:
 def test_filter_values_are_escaped() -> None:
     from cloudtrain.errors import UserError
     from cloudtrain_provisioners.aws import tags as T
-    from cloudtrain_provisioners.gcp import labels as L
+    from cloudtrain_provisioners.gcp import tags as L
 
     assert T.escape("a*b?c\\") == "a\\*b\\?c\\\\"
     flt = T.filters("train", "me@host*")

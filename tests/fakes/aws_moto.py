@@ -495,18 +495,27 @@ def host_key_console(keys: list[str]) -> str:
 
 # --- a moto server with placement groups, for end-to-end tests and the benchmark ----------------
 
+FAIL_RUN_ENV = "CT_MOTO_FAIL_RUN_ZONES"
+
+
 def patch_moto_server(run_latency: float = 0.0) -> PlacementGroups:
     """Teach moto's EC2 responses the three placement-group actions (backed by
     :class:`PlacementGroups`), and serialise RunInstances (moto's subnet address allocation
     is not thread-safe; the server answers requests in parallel threads). ``run_latency``:
     seconds each RunInstances takes before moto handles it (EC2 takes about 0.5-2 s; moto
-    milliseconds), for benchmarks of the provider's fan-out."""
+    milliseconds), for benchmarks of the provider's fan-out. ``$CT_MOTO_FAIL_RUN_ZONES``
+    (``us-east-1a=InsufficientInstanceCapacity,...``): RunInstances into those zones fails
+    with that error code, as EC2 answers when a zone has no capacity."""
+    import os
     from moto.core.responses import ActionResult
     from moto.ec2.exceptions import EC2ClientError
     from moto.ec2.responses import EC2Response
     from moto.ec2.responses.instances import InstanceResponse
 
     store = PlacementGroups()
+    # RunInstances into these zones fails with the given code: "zone=Code,zone=Code"
+    failing = dict(item.split("=", 1) for item in os.environ.get(FAIL_RUN_ENV, "").split(",")
+                   if "=" in item)
 
     def create(self: Any) -> Any:
         name = self._get_param("GroupName")
@@ -545,6 +554,10 @@ def patch_moto_server(run_latency: float = 0.0) -> PlacementGroups:
     def run_instances(self: Any) -> Any:
         if run_latency > 0:
             time.sleep(run_latency)
+        zone = self._get_param("Placement.AvailabilityZone") or ""
+        if zone in failing:   # capacity (or any error) injected for a zone
+            raise EC2ClientError(failing[zone], f"We currently do not have sufficient capacity "
+                                                f"in the Availability Zone you requested ({zone}).")
         with store.launch_lock:
             return original(self)
 

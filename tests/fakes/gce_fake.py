@@ -523,10 +523,12 @@ class GCEFake:
             return {"code": f["code"], "message": msg}
         return None
 
-    def _ip_pair(self) -> tuple[str, str]:
+    def _ip_pair(self, pooled: bool = True) -> tuple[str, str]:
+        """The next addresses: from the given lists while they last (``pooled``: an insert
+        that is to fail takes none of them), then made up."""
         n = next(self._ip)
-        internal = self._internal.pop(0) if self._internal else f"10.128.{n // 250}.{n % 250 + 2}"
-        nat = self._nat.pop(0) if self._nat else f"34.{120 + n // 62500 % 10}.{n // 250 % 250}.{n % 250 + 2}"
+        internal = self._internal.pop(0) if self._internal and pooled else f"10.128.{n // 250}.{n % 250 + 2}"
+        nat = self._nat.pop(0) if self._nat and pooled else f"34.{120 + n // 62500 % 10}.{n // 250 % 250}.{n % 250 + 2}"
         return internal, nat
 
     # --- instances -------------------------------------------------------------------------
@@ -614,7 +616,8 @@ class GCEFake:
         keys = [i.get("key") for i in (b.get("metadata") or {}).get("items", [])]
         if len(keys) != len(set(keys)):
             raise ApiError(400, "invalid", "Duplicate metadata keys.")
-        internal, nat = self._ip_pair()
+        fault = self._op_fault("insert", zone, b)
+        internal, nat = self._ip_pair(pooled=fault is None)
         for i, nic in enumerate(nics):
             nic["name"] = f"nic{i}"
             nic["networkIP"] = internal
@@ -636,7 +639,6 @@ class GCEFake:
             "sizeGb": str(size), "zone": inst["zone"], "status": "READY", "selfLink": disk_link,
             "sourceImage": img["selfLink"], "labels": dict(init.get("labels") or {}),
             "users": [link], "creationTimestamp": inst["creationTimestamp"]}
-        fault = self._op_fault("insert", zone, b)
         take_back = fault is None and self._take(zone)
 
         def effect() -> dict[str, Any] | None:

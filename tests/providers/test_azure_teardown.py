@@ -179,16 +179,16 @@ def test_a_failure_at_any_step_of_up_leaves_nothing(az: Harness, method: str, ki
 
 def test_interrupted_up_is_rolled_back(az: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
     """Ctrl-C while the second node is being created."""
-    from cloudtrain_provisioners.azure import vms
+    from cloudtrain_provisioners.azure import instances
 
-    real = vms.vm_body
+    real = instances.vm_body
 
     def interrupt(spec, rank, *a, **kw):  # type: ignore[no-untyped-def]
         if rank == 1:
             raise KeyboardInterrupt
         return real(spec, rank, *a, **kw)
 
-    monkeypatch.setattr(vms, "vm_body", interrupt)
+    monkeypatch.setattr(instances, "vm_body", interrupt)
     env = open_env(UI(quiet=True))
     with pytest.raises(KeyboardInterrupt):
         provision(env, _task(), "demo")

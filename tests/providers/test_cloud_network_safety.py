@@ -19,7 +19,7 @@ from conftest import CLI, processes_with
 
 pytest.importorskip("google.cloud.compute_v1")
 
-from cloudtrain_provisioners.gcp import labels as L  # noqa: E402
+from cloudtrain_provisioners.gcp import tags as L  # noqa: E402
 from cloudtrain_provisioners.gcp import network as NET  # noqa: E402
 from gce_fake import TEST_CALLER_IP, GCEFake  # noqa: E402
 from test_gcp_e2e import _entry_point_shim  # noqa: E402

@@ -17,7 +17,7 @@ from cloudtrain.cluster import open_env, provision  # noqa: E402
 from cloudtrain.errors import AuthError, CapacityError, QuotaError, TransientError  # noqa: E402
 from cloudtrain.spec import parse_task  # noqa: E402
 from cloudtrain.ui import UI  # noqa: E402
-from cloudtrain_provisioners.gcp import labels as L  # noqa: E402
+from cloudtrain_provisioners.gcp import tags as L  # noqa: E402
 from gce_fake import GCEFake, Harness, hermetic_env, fake_offers  # noqa: E402
 
 EXHAUSTED = "ZONE_RESOURCE_POOL_EXHAUSTED"

@@ -14,7 +14,7 @@ pytest.importorskip("google.cloud.compute_v1")
 from click.testing import CliRunner  # noqa: E402
 
 from cloudtrain.provider import registry  # noqa: E402
-from cloudtrain_provisioners.gcp import labels as L  # noqa: E402
+from cloudtrain_provisioners.gcp import tags as L  # noqa: E402
 from gce_fake import TEST_CALLER_IP, GCEFake, Harness, fake_offers, hermetic_env  # noqa: E402
 
 

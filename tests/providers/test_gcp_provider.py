@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("google.cloud.compute_v1")
 
 from cloudtrain.errors import AuthError, UserError  # noqa: E402
-from cloudtrain_provisioners.gcp import labels as L  # noqa: E402
+from cloudtrain_provisioners.gcp import tags as L  # noqa: E402
 from gce_fake import (DLVM_FAMILIES, DLVM_PROJECT, TEST_CALLER_IP, GCEFake, Harness,  # noqa: E402
                       hermetic_env)
 

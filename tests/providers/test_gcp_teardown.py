@@ -20,7 +20,7 @@ from cloudtrain.errors import (AuthError, CapacityError, CloudtrainError, Provid
                                QuotaError, UserError)
 from cloudtrain.spec import parse_task  # noqa: E402
 from cloudtrain.ui import UI  # noqa: E402
-from cloudtrain_provisioners.gcp import labels as L  # noqa: E402
+from cloudtrain_provisioners.gcp import tags as L  # noqa: E402
 from gce_fake import DLVM_FAMILIES, DLVM_PROJECT, GCEFake, Harness, hermetic_env  # noqa: E402
 
 TASK = ("name: demo\nnum_nodes: 2\nrun: echo hi\nresources:\n  provider: gcp\n"

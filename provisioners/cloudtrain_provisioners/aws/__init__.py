@@ -7,8 +7,9 @@ and never leave this machine. boto3 is imported only when the provider first cal
 Modules: ``provider`` (the contract, placement and failover), ``api`` (client factory,
 error classification, retries), ``network`` (security group, key pair, placement group),
 ``images`` (instance type facts, Deep Learning AMI lookup), ``instances`` (launch, wait,
-host keys), ``teardown`` (removal by tag, gc),
-``testing`` (test doubles: what moto lacks, fault injection). See docs/aws.md.
+host keys), ``teardown`` (removal by tag, gc), ``tags`` (the marks), ``options``
+(``resources.aws``). The test doubles (what moto lacks, fault injection) are in the tests:
+tests/fakes/aws_moto.py. See docs/aws.md.
 """
 
 from __future__ import annotations

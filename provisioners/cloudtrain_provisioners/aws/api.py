@@ -71,7 +71,7 @@ def _message(exc: BaseException) -> str:
 
 def classify(exc: BaseException, what: str) -> ProviderError:
     """The typed error for a botocore exception raised by ``what`` (e.g. "RunInstances in
-    us-east-1a"). The AWS error code is kept in ``.code``."""
+    us-east-1a"). The AWS error code is its ``code``."""
     from botocore.exceptions import (ClientError, ConnectionClosedError, ConnectTimeoutError,
                                      CredentialRetrievalError, EndpointConnectionError,
                                      NoCredentialsError, NoRegionError, PartialCredentialsError,
@@ -79,47 +79,37 @@ def classify(exc: BaseException, what: str) -> ProviderError:
 
     code = error_code(exc)
     msg = _message(exc)
-    err: ProviderError
+    cls: type[ProviderError] = ProviderError
     if isinstance(exc, ClientError):
-        text = f"{what}: {code}: {msg}"
+        text, hint = f"{what}: {code}: {msg}", ""
         if code in CAPACITY_CODES:
-            err = CapacityError(text, "Another zone or region may have capacity.")
+            cls, hint = CapacityError, "Another zone or region may have capacity."
         elif code in QUOTA_CODES:
-            err = QuotaError(text, "Another region may have room, or ask AWS for a higher "
-                                   "quota (Service Quotas console, 'EC2 Running On-Demand/Spot "
-                                   "... instances' vCPU limits).")
+            cls, hint = QuotaError, ("Another region may have room, or ask AWS for a higher "
+                                     "quota (Service Quotas console, 'EC2 Running On-Demand/Spot "
+                                     "... instances' vCPU limits).")
         elif code in AUTH_CODES:
-            err = AuthError(text, AUTH_HINT)
+            cls, hint = AuthError, AUTH_HINT
         elif code in TRANSIENT_CODES:
-            err = TransientError(text, "AWS is throttling or had a passing fault; run it again "
-                                       "in a minute.")
-        else:
-            err = ProviderError(text, "")
-    elif isinstance(exc, (NoCredentialsError, PartialCredentialsError, ProfileNotFound,
-                          CredentialRetrievalError)) or type(exc).__name__ in (
+            cls, hint = TransientError, ("AWS is throttling or had a passing fault; run it "
+                                         "again in a minute.")
+        return cls(text, hint, code=code)
+    code = type(exc).__name__
+    if isinstance(exc, (NoCredentialsError, PartialCredentialsError, ProfileNotFound,
+                        CredentialRetrievalError)) or code in (
             "SSOTokenLoadError", "UnauthorizedSSOTokenError", "TokenRetrievalError"):
-        code = type(exc).__name__
-        err = AuthError(f"{what}: no usable AWS credentials ({exc}).",
-                        "Run 'aws configure' (or 'aws sso login'), or set AWS_PROFILE or "
-                        "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY.")
-    elif isinstance(exc, NoRegionError):
-        code = "NoRegionError"
-        err = ProviderError(f"{what}: no AWS region is configured.",
-                            "Set resources.region in the task, or AWS_DEFAULT_REGION.")
-    elif isinstance(exc, (EndpointConnectionError, ConnectTimeoutError, ReadTimeoutError,
-                          ConnectionClosedError)):
-        code = type(exc).__name__
-        err = TransientError(f"{what}: could not reach AWS ({exc}).",
-                             "Check the network connection and run it again.")
-    else:
-        code = type(exc).__name__
-        err = ProviderError(f"{what}: {exc}", "")
-    err.code = code  # type: ignore[attr-defined]
-    return err
-
-
-def code_of(err: BaseException) -> str:
-    return str(getattr(err, "code", "") or type(err).__name__)
+        return AuthError(f"{what}: no usable AWS credentials ({exc}).",
+                         "Run 'aws configure' (or 'aws sso login'), or set AWS_PROFILE or "
+                         "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY.", code=code)
+    if isinstance(exc, NoRegionError):
+        return ProviderError(f"{what}: no AWS region is configured.",
+                             "Set resources.region in the task, or AWS_DEFAULT_REGION.",
+                             code=code)
+    if isinstance(exc, (EndpointConnectionError, ConnectTimeoutError, ReadTimeoutError,
+                        ConnectionClosedError)):
+        return TransientError(f"{what}: could not reach AWS ({exc}).",
+                              "Check the network connection and run it again.", code=code)
+    return ProviderError(f"{what}: {exc}", "", code=code)
 
 
 # --- clients ------------------------------------------------------------------------------

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cloudtrain.errors import ProviderError, UserError
+from cloudtrain.errors import ProviderError, UserError, code_of
 
-from .api import Api, code_of
+from .api import Api
 
 DLAMI_OWNERS = ["amazon"]
 DLAMI_NAMES: dict[str, tuple[str, ...]] = {

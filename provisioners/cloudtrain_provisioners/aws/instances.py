@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from cloudtrain.errors import CapacityError, ProviderError
 
-from . import tags as T
+from . import tags
 from .api import Api
 from .images import Image
 
@@ -56,9 +56,9 @@ class Inst:
 
 
 def parse(d: dict[str, Any], region: str) -> Inst:
-    tags = T.as_dict(d.get("Tags"))
+    marks = tags.as_dict(d.get("Tags"))
     try:
-        rank: int | None = int(tags.get(T.RANK, ""))
+        rank: int | None = int(marks.get(tags.RANK, ""))
     except ValueError:
         rank = None
     return Inst(
@@ -69,13 +69,13 @@ def parse(d: dict[str, Any], region: str) -> Inst:
         spot=d.get("InstanceLifecycle") == "spot",
         reason=(d.get("StateReason") or {}).get("Code", ""),
         instance_type=d.get("InstanceType", ""), key_name=d.get("KeyName") or "",
-        cluster=tags.get(T.CLUSTER, ""), owner=tags.get(T.OWNER, ""),
-        created_at=tags.get(T.CREATED, ""))
+        cluster=marks.get(tags.CLUSTER, ""), owner=marks.get(tags.OWNER, ""),
+        created_at=marks.get(tags.CREATED, ""))
 
 
 def describe(api: Api, region: str, cluster: str | None, owner: str | None,
              states: list[str] | None = None) -> list[Inst]:
-    flt = T.filters(cluster, owner)
+    flt = tags.filters(cluster, owner)
     flt.append({"Name": "instance-state-name", "Values": states or LIVE_STATES})
     return [parse(i, region) for r in api.pages(region, "describe_instances", "Reservations",
                                                 Filters=flt)
@@ -147,7 +147,7 @@ def run_params(spec: LaunchSpec, rank: int, created: str | None = None) -> dict[
         "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled",
                             "HttpPutResponseHopLimit": 1},
         "InstanceInitiatedShutdownBehavior": "terminate",
-        "TagSpecifications": T.spec(kinds, T.tag_list(spec.cluster, spec.owner, rank, created)),
+        "TagSpecifications": tags.spec(kinds, tags.tag_list(spec.cluster, spec.owner, rank, created)),
         "ClientToken": f"ct-{spec.nonce}-{rank}",
     }
     if spec.spot:
@@ -167,7 +167,7 @@ def launch(api: Api, spec: LaunchSpec, ranks: list[int]
            ) -> tuple[dict[int, str], dict[int, ProviderError]]:
     """Launch one instance per rank, in parallel. Returns (instance id by rank, error by
     rank): the caller decides what a partial launch means (it rolls it back)."""
-    created = T.now()
+    created = tags.now()
 
     def one(rank: int) -> str:
         resp = api.call(spec.region, "run_instances", where=spec.zone,
@@ -201,12 +201,11 @@ def wait_running(api: Api, region: str, ids: list[str], *, need_public: bool,
         if ended:
             i = ended[0]
             what = f"instance {i.instance_id} (node {i.rank}) in {i.zone} ended while starting: {i.reason or i.state}"
+            code = i.reason or "InstanceEnded"
             if i.reason in CAPACITY_REASONS or i.interrupted:
-                err: ProviderError = CapacityError(what + ".", "Another zone may have capacity.")
-            else:
-                err = ProviderError(what + ".", "See the instance's state reason in the EC2 console.")
-            err.code = i.reason or "InstanceEnded"  # type: ignore[attr-defined]
-            raise err
+                raise CapacityError(what + ".", "Another zone may have capacity.", code=code)
+            raise ProviderError(what + ".", "See the instance's state reason in the EC2 console.",
+                                code=code)
         ready = [i for i in found.values()
                  if i.state == "running" and (i.public_ip or not need_public)]
         if len(ready) == len(ids):

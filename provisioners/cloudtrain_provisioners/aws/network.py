@@ -13,10 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from cloudtrain.errors import ProviderError, UserError
+from cloudtrain.errors import ProviderError, UserError, code_of
 
-from . import tags as T
-from .api import Api, code_of
+from . import tags
+from .api import Api
 
 # --- security group rules -----------------------------------------------------------------
 
@@ -137,7 +137,7 @@ def subnets_by_zone(api: Api, region: str, vpc_id: str, subnet_ids: list[str]) -
 
 def ensure_security_group(api: Api, region: str, vpc_id: str, name: str, cluster: str,
                           owner: str, rules: list[Rule]) -> str:
-    flt = T.filters(cluster, owner) + [{"Name": "vpc-id", "Values": [vpc_id]}]
+    flt = tags.filters(cluster, owner) + [{"Name": "vpc-id", "Values": [vpc_id]}]
     groups = api.call(region, "describe_security_groups", Filters=flt).get("SecurityGroups", [])
     if groups:
         group = groups[0]
@@ -145,8 +145,8 @@ def ensure_security_group(api: Api, region: str, vpc_id: str, name: str, cluster
         try:
             gid = api.call(region, "create_security_group", GroupName=name, VpcId=vpc_id,
                            Description=f"cloudtrain cluster {cluster} (owner {owner})",
-                           TagSpecifications=T.spec(["security-group"],
-                                                    T.tag_list(cluster, owner, T.SHARED_RANK)))["GroupId"]
+                           TagSpecifications=tags.spec(["security-group"],
+                                                    tags.tag_list(cluster, owner, tags.SHARED_RANK)))["GroupId"]
         except ProviderError as exc:
             if code_of(exc) != "InvalidGroup.Duplicate":
                 raise
@@ -181,15 +181,15 @@ def ensure_key_pair(api: Api, region: str, name: str, public_key: str, cluster: 
     found = api.call(region, "describe_key_pairs", IncludePublicKey=True,
                      Filters=[{"Name": "key-name", "Values": [name]}]).get("KeyPairs", [])
     if found:
-        mine = T.as_dict(found[0].get("Tags"))
-        if mine.get(T.CLUSTER) != cluster or mine.get(T.OWNER) != owner:
+        mine = tags.as_dict(found[0].get("Tags"))
+        if mine.get(tags.CLUSTER) != cluster or mine.get(tags.OWNER) != owner:
             raise ProviderError(f"A key pair named {name} exists in {region} without cloudtrain's "
                                 f"tags for '{cluster}'.", "Delete it, or use another cluster name.")
         if _key_body(found[0].get("PublicKey", "")) == _key_body(public_key):
             return name
         api.call(region, "delete_key_pair", KeyName=name)
     api.call(region, "import_key_pair", KeyName=name, PublicKeyMaterial=public_key.encode(),
-             TagSpecifications=T.spec(["key-pair"], T.tag_list(cluster, owner, T.SHARED_RANK)))
+             TagSpecifications=tags.spec(["key-pair"], tags.tag_list(cluster, owner, tags.SHARED_RANK)))
     return name
 
 
@@ -199,8 +199,8 @@ def ensure_placement_group(api: Api, region: str, name: str, cluster: str, owner
     if not [g for g in found if g.get("State") not in ("deleting", "deleted")]:
         try:
             api.call(region, "create_placement_group", GroupName=name, Strategy="cluster",
-                     TagSpecifications=T.spec(["placement-group"],
-                                              T.tag_list(cluster, owner, T.SHARED_RANK)))
+                     TagSpecifications=tags.spec(["placement-group"],
+                                              tags.tag_list(cluster, owner, tags.SHARED_RANK)))
         except ProviderError as exc:
             if code_of(exc) != "InvalidPlacementGroup.Duplicate":
                 raise

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from cloudtrain.names import check
-from cloudtrain.ownership import (CLUSTER, CREATED, OWNER, RANK, SHARED_RANK,  # noqa: F401
-                                  default_owner, now, owner_hash)
+from cloudtrain.provider import (CLUSTER, CREATED, OWNER, RANK, SHARED_RANK,  # noqa: F401
+                                 check_name, default_owner, now, owner_hash)
 
 
 def tag_list(cluster: str, owner: str, rank: int | str, created: str | None = None
@@ -33,7 +32,7 @@ def filters(cluster: str | None, owner: str | None) -> list[dict[str, Any]]:
     any owner, but always something cloudtrain tagged)."""
     out: list[dict[str, Any]] = [{"Name": "tag-key", "Values": [CLUSTER]}]
     if cluster is not None:
-        out.append({"Name": f"tag:{CLUSTER}", "Values": [escape(check(cluster))]})
+        out.append({"Name": f"tag:{CLUSTER}", "Values": [escape(check_name(cluster))]})
     if owner is not None:
         out.append({"Name": f"tag:{OWNER}", "Values": [escape(owner)]})
     return out
@@ -52,4 +51,4 @@ def as_dict(tags: list[dict[str, str]] | None) -> dict[str, str]:
 def base_name(cluster: str, owner: str) -> str:
     """The name of the cluster's security group, key pair and placement group: readable,
     and unique per owner (two people may both have a cluster called 'train')."""
-    return f"cloudtrain-{check(cluster)}-{owner_hash(cluster, owner)}"
+    return f"cloudtrain-{check_name(cluster)}-{owner_hash(cluster, owner)}"

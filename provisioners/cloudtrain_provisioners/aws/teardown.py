@@ -16,11 +16,11 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable
 
-from cloudtrain.errors import ProviderError
+from cloudtrain.errors import ProviderError, code_of
 
-from . import instances as I
-from . import tags as T
-from .api import Api, code_of
+from . import instances
+from . import tags
+from .api import Api
 
 GONE = ("InvalidGroup.NotFound", "InvalidKeyPair.NotFound", "InvalidPlacementGroup.Unknown",
         "InvalidVolume.NotFound", "InvalidNetworkInterfaceID.NotFound")
@@ -55,18 +55,18 @@ class Found:
         return [r for r in self.resources if r.kind == kind]
 
 
-def _res(region: str, kind: str, rid: str, tags: list[dict[str, str]] | None, name: str = "",
+def _res(region: str, kind: str, rid: str, tag_list: list[dict[str, str]] | None, name: str = "",
          detail: str = "") -> Resource:
-    t = T.as_dict(tags)
-    return Resource(region, kind, rid, t.get(T.CLUSTER, ""), t.get(T.OWNER, ""),
-                    t.get(T.CREATED, ""), name, detail)
+    t = tags.as_dict(tag_list)
+    return Resource(region, kind, rid, t.get(tags.CLUSTER, ""), t.get(tags.OWNER, ""),
+                    t.get(tags.CREATED, ""), name, detail)
 
 
 def find(api: Api, region: str, cluster: str | None, owner: str | None) -> Found:
     """Every resource in ``region`` tagged for ``cluster`` of ``owner`` (None: any)."""
-    flt = T.filters(cluster, owner)
+    flt = tags.filters(cluster, owner)
     out = Found()
-    for i in I.describe(api, region, cluster, owner):
+    for i in instances.describe(api, region, cluster, owner):
         out.resources.append(Resource(region, "instance", i.instance_id, i.cluster, i.owner,
                                       i.created_at, detail=f" [{i.state}]"))
     for g in api.pages(region, "describe_security_groups", "SecurityGroups", Filters=flt):
@@ -113,11 +113,11 @@ def teardown_region(api: Api, region: str, cluster: str, owner: str | None, *,
                     sleep: Callable[[float], None], timeout: float = 900.0) -> None:
     """Remove everything tagged for ``cluster`` (of ``owner``) in ``region``; return when EC2
     lists none of it."""
-    insts = I.describe(api, region, cluster, owner)
+    insts = instances.describe(api, region, cluster, owner)
     ids = [i.instance_id for i in insts]
     if ids:
-        I.terminate_ids(api, region, [i.instance_id for i in insts if i.state != "shutting-down"])
-        I.wait_terminated(api, region, ids, sleep=sleep, timeout=timeout)
+        instances.terminate_ids(api, region, [i.instance_id for i in insts if i.state != "shutting-down"])
+        instances.wait_terminated(api, region, ids, sleep=sleep, timeout=timeout)
     found = find(api, region, cluster, owner)
     for r in found.of("security-group"):
         _delete(api, region, "delete_security_group", sleep, 300.0, GroupId=r.id)

@@ -9,7 +9,7 @@ The Azure SDKs are imported only when the provider first calls Azure.
 
 Modules: ``provider`` (the contract, placement and failover), ``api`` (credentials, clients,
 endpoint override, error classification, retries), ``network`` (resource group, NSG rules,
-VNet), ``vms`` (sizes, images, public IPs, NICs, VMs), ``teardown`` (removal by tag, gc),
+VNet), ``images`` (sizes, images), ``instances`` (public IPs, NICs, VMs), ``teardown`` (removal by tag, gc),
 ``tags`` (tags and names), ``options`` (``resources.azure``). See docs/azure.md.
 """
 

@@ -38,7 +38,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from cloudtrain.errors import AuthError, CapacityError, ProviderError, QuotaError, TransientError, UserError
+from cloudtrain.errors import (AuthError, CapacityError, ProviderError, QuotaError, TransientError,
+                               UserError, code_of)
 
 DEFAULT_ENDPOINT = "https://management.azure.com"
 ENDPOINT_ENV = "CLOUDTRAIN_AZURE_ARM_ENDPOINT"
@@ -120,54 +121,41 @@ def _error_parts(exc: BaseException) -> list[tuple[str, str]]:
 
 def classify(exc: BaseException, what: str) -> ProviderError:
     """The typed error for an Azure SDK exception raised by ``what`` (e.g. "create VM demo-0
-    in eastus zone 1"). The ARM error code is kept in ``.code``; the class depends on the
+    in eastus zone 1"). The ARM error code is its ``code``; the class depends on the
     code alone (OperationNotAllowed on its message: quota or not)."""
     from azure.core.exceptions import (ClientAuthenticationError, ServiceRequestError,
                                        ServiceResponseError)
 
     parts = _error_parts(exc)
-    codes = [c for c, _ in parts]
     known = [(c, m) for c, m in parts if c in CAPACITY_CODES | QUOTA_CODES | AUTH_CODES
              | TRANSIENT_CODES | QUOTA_IF_MESSAGE]
     code, msg = known[0] if known else (parts[0] if parts else ("", ""))
     msg = msg or (str(getattr(exc, "message", "") or exc).splitlines() or [type(exc).__name__])[0]
     text = f"{what}: {code}: {msg}" if code else f"{what}: {msg}"
-    err: ProviderError
     if code in CAPACITY_CODES:
-        err = CapacityError(text, "Another zone or region may have capacity.")
-    elif code in QUOTA_CODES or (code in QUOTA_IF_MESSAGE and "quota" in msg.lower()):
-        err = QuotaError(text, "Another region may have room, or ask for a higher quota (Azure "
-                               "portal: Subscriptions > Usage + quotas, the size's family vCPUs "
-                               "and 'Total Regional (Spot) vCPUs').")
-    elif code in AUTH_CODES:
-        err = AuthError(text, AUTH_HINT)
-    elif code in TRANSIENT_CODES:
-        err = TransientError(text, "Azure is throttling or had a passing fault; run it again "
-                                   "in a minute.")
-    elif isinstance(exc, ClientAuthenticationError):
-        code = code or type(exc).__name__
-        err = AuthError(f"{what}: no usable Azure credentials ({_first_line(exc)}).",
-                        AUTH_HINT)
-    elif isinstance(exc, (ServiceRequestError, ServiceResponseError)):
-        code = type(exc).__name__
-        err = TransientError(f"{what}: could not reach Azure Resource Manager "
-                             f"({_first_line(exc)}).",
-                             f"Check the network connection (and {ENDPOINT_ENV} / {CA_ENV} if "
-                             "set), then run it again.")
-    else:
-        code = code or type(exc).__name__
-        err = ProviderError(text, "")
-    err.code = code  # type: ignore[attr-defined]
-    err.codes = codes  # type: ignore[attr-defined]
-    return err
+        return CapacityError(text, "Another zone or region may have capacity.", code=code)
+    if code in QUOTA_CODES or (code in QUOTA_IF_MESSAGE and "quota" in msg.lower()):
+        return QuotaError(text, "Another region may have room, or ask for a higher quota "
+                                "(Azure portal: Subscriptions > Usage + quotas, the size's "
+                                "family vCPUs and 'Total Regional (Spot) vCPUs').", code=code)
+    if code in AUTH_CODES:
+        return AuthError(text, AUTH_HINT, code=code)
+    if code in TRANSIENT_CODES:
+        return TransientError(text, "Azure is throttling or had a passing fault; run it again "
+                                    "in a minute.", code=code)
+    if isinstance(exc, ClientAuthenticationError):
+        return AuthError(f"{what}: no usable Azure credentials ({_first_line(exc)}).",
+                         AUTH_HINT, code=code or type(exc).__name__)
+    if isinstance(exc, (ServiceRequestError, ServiceResponseError)):
+        return TransientError(f"{what}: could not reach Azure Resource Manager "
+                              f"({_first_line(exc)}).",
+                              f"Check the network connection (and {ENDPOINT_ENV} / {CA_ENV} if "
+                              "set), then run it again.", code=type(exc).__name__)
+    return ProviderError(text, "", code=code or type(exc).__name__)
 
 
 def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-
-
-def code_of(err: BaseException) -> str:
-    return str(getattr(err, "code", "") or type(err).__name__)
 
 
 def is_not_found(err: BaseException) -> bool:

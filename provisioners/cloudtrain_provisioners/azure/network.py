@@ -15,10 +15,10 @@ import ipaddress
 from dataclasses import dataclass
 from typing import Any
 
-from cloudtrain.errors import ProviderError
+from cloudtrain.errors import ProviderError, code_of
 
-from . import tags as T
-from .api import Api, as_dict, code_of
+from . import tags
+from .api import Api, as_dict
 
 PRIORITY_SSH = 100
 PRIORITY_VNET = 110
@@ -99,9 +99,9 @@ def ensure_group(api: Api, name: str, region: str, tag_map: dict[str, str]) -> d
     g = get_group(api, name)
     if g is not None:
         mine = g.get("tags") or {}
-        if mine.get(T.CLUSTER) != tag_map[T.CLUSTER] or mine.get(T.OWNER) != tag_map[T.OWNER]:
+        if mine.get(tags.CLUSTER) != tag_map[tags.CLUSTER] or mine.get(tags.OWNER) != tag_map[tags.OWNER]:
             raise ProviderError(f"A resource group named {name} exists without cloudtrain's tags "
-                                f"for '{tag_map[T.CLUSTER]}'.",
+                                f"for '{tag_map[tags.CLUSTER]}'.",
                                 "Delete it, or use another cluster name.")
         if str(g.get("location", "")).lower() != region.lower():
             raise GroupElsewhere(name, str(g.get("location")))
@@ -113,19 +113,19 @@ def ensure_group(api: Api, name: str, region: str, tag_map: dict[str, str]) -> d
 
 def ensure_network(api: Api, group: str, region: str, rules: list[Rule], vnet_cidr: str,
                    tag_map: dict[str, str]) -> RegionNet:
-    nsg = as_dict(api.lro(f"write network security group {T.NSG} in {region}",
+    nsg = as_dict(api.lro(f"write network security group {tags.NSG} in {region}",
                           api.c.network.network_security_groups.begin_create_or_update,
-                          group, T.NSG, {"location": region, "tags": tag_map,
+                          group, tags.NSG, {"location": region, "tags": tag_map,
                                          "properties": {"securityRules": [r.body() for r in rules]}}))
     vnet = as_dict(api.lro(
-        f"write virtual network {T.VNET} in {region}",
-        api.c.network.virtual_networks.begin_create_or_update, group, T.VNET,
+        f"write virtual network {tags.VNET} in {region}",
+        api.c.network.virtual_networks.begin_create_or_update, group, tags.VNET,
         {"location": region, "tags": tag_map,
          "properties": {"addressSpace": {"addressPrefixes": [vnet_cidr]},
-                        "subnets": [{"name": T.SUBNET, "properties": {
+                        "subnets": [{"name": tags.SUBNET, "properties": {
                             "addressPrefix": subnet_cidr(vnet_cidr),
                             "networkSecurityGroup": {"id": nsg["id"]}}}]}}))
-    subnet = next(s for s in vnet["properties"]["subnets"] if s["name"] == T.SUBNET)
+    subnet = next(s for s in vnet["properties"]["subnets"] if s["name"] == tags.SUBNET)
     return RegionNet(region, group, nsg["id"], vnet["id"], subnet["id"])
 
 

@@ -8,7 +8,9 @@ errors (AllocationFailed, ZonalAllocationFailed, SkuNotAvailable, Overconstraine
 Request) move to the next zone, then the next region; quota errors (QuotaExceeded, and
 OperationNotAllowed about a quota) to the next region at once; credential errors stop;
 throttling is retried with backoff. Every attempt and its reason is kept (``attempts``, the
-cluster's ``azure.json``) and shown.
+cluster's ``azure.json``) and shown. The loop over regions and zones is
+:class:`~cloudtrain.provider.cloud.CloudProvider`'s; what is Azure's own is here. Azure calls
+an instance type a "size"; attempt records call it ``instance_type``, as on every cloud.
 
 Everything of a cluster is in one resource group of its own (``cloudtrain-<name>-<hash>``)
 tagged like each resource in it; ``down`` deletes the group and checks that each resource is
@@ -19,113 +21,42 @@ it the cluster is found by its tags in the default subscription.
 
 from __future__ import annotations
 
-import json
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, ClassVar
+from dataclasses import replace
+from typing import Any, ClassVar
 
-from pydantic import BaseModel
+from cloudtrain.errors import ProviderError, UserError, code_of
+from cloudtrain.provider import (ClusterRequest, NetworkRef, Node, Plan, generate_host_key,
+                                 host_key_cloud_config)
+from cloudtrain.provider.cloud import CloudProvider, Existing, Pin, Target, Unavailable, worst
 
-from cloudtrain.provider import failover
-from cloudtrain.provider.caller import CallerCidr, lookup_public_ip
-from cloudtrain.provider.record import ClusterRecord
-from cloudtrain.errors import AuthError, CapacityError, ProviderError, QuotaError, UserError
-from cloudtrain.ownership import owner_of_cluster
-from cloudtrain.provider import ClusterRequest, NetworkRef, Node, Plan, ProviderContext
-from cloudtrain.keys import generate_host_key, host_key_cloud_config
-
-from . import network as NET
-from . import tags as T
-from . import teardown as TD
-from . import vms as V
-from .api import Api, AzureClients, code_of
+from . import images, instances, network, tags, teardown
+from .api import Api, AzureClients
 from .options import ZONES, AzureOptions
 
-if TYPE_CHECKING:
-    from cloudtrain.provider.addrmap import AddressMap
-    from cloudtrain.catalog.model import Offer
-    from cloudtrain.ui import UI
-
 RECORD = "azure.json"
-_FROM_ENV: Any = object()
 MAX_PARALLEL = 16
 
 
-@dataclass(frozen=True)
-class Target:
-    """One region to try, with the size it would use there and its price per node-hour."""
-
-    region: str
-    size: str
-    price: float | None
-
-
-class _Unavailable(Exception):
-    """This region cannot run the request at all (size not sold or not allowed, no image)."""
-
-
-class AzureProvider:
+class AzureProvider(CloudProvider):
     name: ClassVar[str] = "azure"
-    options_model: ClassVar[type[BaseModel] | None] = AzureOptions
-    allows_absolute_mounts: ClassVar[bool] = True
-    powers_off: ClassVar[bool] = True
-    list_is_cheap: ClassVar[bool] = False
+    title: ClassVar[str] = "Azure"
+    options_model: ClassVar[type[AzureOptions]] = AzureOptions
+    shape_examples = ("A100:8", "Standard_ND96asr_v4")
+    default_poll = 5.0
+    default_running_timeout = 900.0
+    regions_hint = "Drop resources.azure.regions, or list regions the catalog prices it in."
+    exhausted_hint = ("Try later, another region (resources.region, resources.azure.regions) "
+                      "or size, or the other market (use_spot); for quotas, ask for more in the "
+                      "Azure portal (Subscriptions > Usage + quotas).")
 
-    def __init__(self, ctx: ProviderContext, *, clients: AzureClients | None = None,
-                 caller_ip: Callable[[], str] | None = None,
-                 offers: Callable[[], list[Offer]] | None = None,
-                 sleep: Callable[[float], None] = time.sleep, owner: str | None = None,
-                 ui: UI | None = None, address_map: Any = _FROM_ENV, poll: float = 5.0,
-                 running_timeout: float = 900.0) -> None:
-        self.ctx = ctx
-        self.records = ClusterRecord(ctx, self.name)
+    def _setup(self, clients: AzureClients | None) -> None:
+        """``clients``: ARM clients per subscription (default: DefaultAzureCredential's)."""
         self.clients = clients if clients is not None else AzureClients()
-        self.sleep = sleep
-        self.poll = poll
-        self.running_timeout = running_timeout
-        self.owner = owner or T.default_owner(ctx.home)   # user@host/home-<this home's id>
-        self.cidr = CallerCidr(ctx.home, caller_ip or lookup_public_ip)
-        self._offers_fn = offers
-        self._ui = ui
-        if address_map is _FROM_ENV:
-            from cloudtrain.provider import addrmap
-
-            address_map = addrmap.AddressMap.from_env("azure")
-        self.amap: AddressMap | None = address_map
         self._apis: dict[str, Api] = {}
-        self._nets: dict[tuple[str, str], NET.RegionNet] = {}
-        self._sizes: dict[tuple[str, str, str], V.SizeInfo | None] = {}
-        self._attempts: dict[str, list[dict[str, Any]]] = {}
-
-    # --- small helpers -----------------------------------------------------------------------
-
-    @property
-    def ui(self) -> UI:
-        if self._ui is None:
-            from cloudtrain.ui import UI
-
-            self._ui = UI()
-        return self._ui
-
-    @staticmethod
-    def _opts(request: ClusterRequest) -> AzureOptions:
-        return request.options if isinstance(request.options, AzureOptions) else AzureOptions()
-
-    def _owner(self, cluster: str | None) -> str:
-        """The owner mark of ``cluster``'s resources: this home's, or plain user@host for a
-        cluster this home created before owner marks carried a home id."""
-        return owner_of_cluster(self.records.read(cluster) if cluster else None, self.owner)
-
-    def _record_file(self, cluster: str) -> Path:
-        return self.records.path(cluster)
-
-    def _record(self, cluster: str) -> dict[str, Any]:
-        return self.records.read(cluster) or {}
-
-    def _save(self, cluster: str, **updates: Any) -> None:
-        self.records.update(cluster, **updates)
+        self._nets: dict[tuple[str, str], network.RegionNet] = {}
+        self._sizes: dict[tuple[str, str, str], images.SizeInfo | None] = {}
 
     def _subscription(self, cluster: str, request: ClusterRequest | None = None) -> str:
         sub = (self._opts(request).subscription_id if request is not None else None) \
@@ -145,50 +76,23 @@ class AzureProvider:
 
     def group(self, cluster: str) -> str:
         """The name of the cluster's resource group."""
-        return T.group_name(cluster, self._owner(cluster))
-
-    def _offers(self) -> list[Offer]:
-        if self._offers_fn is not None:
-            return list(self._offers_fn())
-        from cloudtrain.catalog.load import provider_offers
-
-        return provider_offers(self.ctx.home, self.name)
+        return tags.group_name(cluster, self._owner(cluster))
 
     # --- where to launch ----------------------------------------------------------------------
 
-    def targets(self, request: ClusterRequest) -> list[Target]:
-        """The regions to try, in order, each with its size and price. Creates nothing and
-        calls nothing (the catalog is local)."""
-        from cloudtrain import planner
+    def wanted_regions(self, request: ClusterRequest, region: str | None) -> list[str]:
+        return [region] if region else list(self._opts(request).regions)
 
-        res, opts = request.resources, self._opts(request)
-        if res.accelerators is None and not res.instance_type:
-            raise UserError("The Azure provider needs resources.accelerators (e.g. A100:8) or "
-                            "resources.instance_type (e.g. Standard_ND96asr_v4).",
-                            "Add one of them to the task's resources.")
-        wanted = [res.region] if res.region else list(opts.regions)
-        result = planner.rank(res.model_copy(update={"provider": "azure", "zone": None}),
-                              request.num_nodes, self._offers(), spot=res.use_spot,
-                              max_hourly_cost=res.max_hourly_cost)
-        best: dict[str, Target] = {}
-        for r in result.ranked:
-            o = r.offer
-            if o.region not in best and (not wanted or o.region in wanted):
-                best[o.region] = Target(o.region, o.instance_type, r.per_node)
-        if wanted:
-            out = [best[w] for w in wanted if w in best]
-            if res.instance_type:   # sizes the catalog does not price still run
-                out = [best.get(w) or Target(w, res.instance_type, None) for w in wanted]
-        else:
-            out = list(best.values())
-        if not out:
-            if res.instance_type and res.accelerators is None and not wanted:
-                raise UserError(f"The catalog prices {res.instance_type} in no region.",
-                                "Give resources.region (or resources.azure.regions).")
-            raise result.error() if not result.ranked else UserError(
-                f"No offer for {result.want} in {', '.join(wanted)}.",
-                "Drop resources.azure.regions, or list regions the catalog prices it in.")
-        return out
+    def unlisted_targets(self, request: ClusterRequest, region: str | None,
+                         result: Any) -> list[Target]:
+        res = request.resources
+        if res.instance_type and res.accelerators is None:
+            raise UserError(f"The catalog prices {res.instance_type} in no region.",
+                            "Give resources.region (or resources.azure.regions).")
+        return []
+
+    def where(self, region: str, zone: str | None) -> str:
+        return f"{region} zone {zone}" if zone else region   # zones are numbered per region
 
     # --- contract: check and plan --------------------------------------------------------------
 
@@ -201,7 +105,7 @@ class AzureProvider:
             raise UserError("resources.zone is given without resources.region.",
                             "Azure zones are numbered per region: give the region too.")
         if res.image:
-            V.parse_image(res.image)
+            images.parse_image(res.image)
         if request.num_nodes > 1000:
             raise UserError("The Azure provider creates at most 1000 nodes per cluster.",
                             "Use fewer nodes.")
@@ -212,251 +116,167 @@ class AzureProvider:
         targets = self.targets(request)
         first = targets[0]
         group = self.group(request.name)
-        cidr = res.ssh_cidr or self.cidr.cached() or "your public IP/32 (looked up when up runs)"
-        rules = NET.desired_rules(cidr, list(res.ports), opts.vnet_cidr)
+        rules = network.desired_rules(self._cidr_text(request), list(res.ports), opts.vnet_cidr)
         market = "spot (priority Spot, eviction policy Delete)" if res.use_spot else "on-demand"
-        image = res.image or (f"{V.image_text(V.HPC_IMAGE)} (Ubuntu 22.04 HPC: NVIDIA driver, "
-                              "CUDA, NCCL; plain Ubuntu 22.04 on sizes without generation 2)")
+        image = res.image or (f"{images.image_text(images.HPC_IMAGE)} (Ubuntu 22.04 HPC: NVIDIA "
+                              "driver, CUDA, NCCL; plain Ubuntu 22.04 on sizes without "
+                              "generation 2)")
         creates = [
             f"resource group {group} in {first.region} (everything below is in it)",
-            f"virtual network {T.VNET} {opts.vnet_cidr}, subnet {T.SUBNET} "
-            f"{NET.subnet_cidr(opts.vnet_cidr)}",
-            f"network security group {T.NSG} on the subnet, inbound: "
+            f"virtual network {tags.VNET} {opts.vnet_cidr}, subnet {tags.SUBNET} "
+            f"{network.subnet_cidr(opts.vnet_cidr)}",
+            f"network security group {tags.NSG} on the subnet, inbound: "
             + "; ".join(r.text() for r in rules),
         ]
         if opts.public_ip:
             creates.append(f"{request.num_nodes} x Standard static public IPv4 address")
         creates.append(f"{request.num_nodes} x network interface (accelerated networking where "
-                       f"{first.size} supports it)")
-        creates.append(f"{request.num_nodes} x {first.size} VM, {market}, one zone: image {image}; "
-                       f"{res.disk_size_gb} GiB OS disk; user {opts.ssh_user}, SSH key only "
-                       "(passwords disabled)")
-        notes = [f"every resource is tagged {T.CLUSTER}={request.name}, {T.OWNER}={self._owner(request.name)}, "
-                 f"{T.RANK}, {T.CREATED}"]
-        zone_note = f"zone {res.zone}" if res.zone else f"the zones of {first.region} in turn"
-        more = ", ".join(f"{t.region} ({t.size}"
-                         + (f", ${t.price:.2f}/h per node)" if t.price is not None else ")")
-                         for t in targets[1:4])
-        notes.append(f"placement: {zone_note}" + (f"; then {more}" + (", ..." if len(targets) > 4
-                                                                      else "") if more else ""))
-        if first.price is None:
-            notes.append(f"the catalog has no {'spot' if res.use_spot else 'on-demand'} price "
-                         f"for {first.size} in {first.region}")
-        accel = str(res.accelerators) if res.accelerators else None
-        return Plan(provider="azure", num_nodes=request.num_nodes, region=first.region,
-                    zone=res.zone, instance_type=first.size, accelerators=accel,
-                    use_spot=res.use_spot, hourly_price_per_node=first.price, creates=creates,
-                    notes=notes)
-
-    # --- attempts ------------------------------------------------------------------------------
-
-    def _attempt(self, cluster: str, region: str, zone: str | None, size: str, outcome: str,
-                 err: BaseException | str) -> None:
-        code = err if isinstance(err, str) else code_of(err)
-        msg = err if isinstance(err, str) else getattr(err, "message", str(err))
-        a = {"region": region, "zone": zone, "size": size, "outcome": outcome, "code": code,
-             "message": msg, "at": T.now()}
-        self._attempts.setdefault(cluster, []).append(a)
-        if outcome != "ok":
-            where = f"{region} zone {zone}" if zone else region
-            self.ui.warn(f"azure {where} ({size}): {outcome}: {code}"
-                         + (f" - {msg}" if msg and msg != code else ""))
-
-    def attempts(self, cluster: str) -> list[dict[str, Any]]:
-        """Every placement attempt of the last ``up`` and its outcome, in order."""
-        if cluster in self._attempts:
-            return list(self._attempts[cluster])
-        return list(self._record(cluster).get("attempts", []))
+                       f"{first.instance_type} supports it)")
+        creates.append(f"{request.num_nodes} x {first.instance_type} VM, {market}, one zone: "
+                       f"image {image}; {res.disk_size_gb} GiB OS disk; user {opts.ssh_user}, "
+                       "SSH key only (passwords disabled)")
+        notes = [f"every resource is tagged {tags.CLUSTER}={request.name}, "
+                 f"{tags.OWNER}={self._owner(request.name)}, {tags.RANK}, {tags.CREATED}"]
+        return self.plan_of(request, targets, creates, notes)
 
     # --- contract: network ---------------------------------------------------------------------
 
-    def _region_net(self, request: ClusterRequest, api: Api, region: str) -> NET.RegionNet:
+    def _region_net(self, request: ClusterRequest, api: Api, region: str) -> network.RegionNet:
         key = (request.name, region)
         if key in self._nets:
             return self._nets[key]
         opts, name = self._opts(request), request.name
         cidr = self.cidr.get(request.resources.ssh_cidr)
         owner = self._owner(name)
-        group = T.group_name(name, owner)
+        group = tags.group_name(name, owner)
         self._save(name, subscription_id=api.subscription_id, resource_group=group,
                    region=region, owner=owner, user=opts.ssh_user,
                    public_ip=opts.public_ip)
-        shared = T.tags(name, owner, T.SHARED_RANK)
+        shared = tags.tags(name, owner, tags.SHARED_RANK)
         try:
-            NET.ensure_group(api, group, region, shared)
-        except NET.GroupElsewhere as exc:
+            network.ensure_group(api, group, region, shared)
+        except network.GroupElsewhere as exc:
             # A former attempt's group in another region, without live nodes (they pin the
             # region): remove it, then start again here.
-            if any(v.status not in ("terminated",) for v in V.list_vms(api, group)):
+            if any(v.status not in ("terminated",) for v in instances.list_vms(api, group)):
                 raise ProviderError(f"Azure cluster '{name}' has nodes in {exc.location}; the "
                                     f"task asks for {region}.",
                                     f"Take it down first ('cloudtrain down {name}') or use "
                                     "another name.") from None
             self.ui.warn(f"azure: removing {group} from {exc.location} (a former attempt) to "
                          f"start again in {region}")
-            TD.teardown(api, name, owner, expected=group, sleep=self.sleep, poll=self.poll)
+            teardown.teardown(api, name, owner, expected=group, sleep=self.sleep, poll=self.poll)
             self._nets = {k: v for k, v in self._nets.items() if k[0] != name}
-            NET.ensure_group(api, group, region, shared)
-        net = NET.ensure_network(api, group, region, NET.desired_rules(
+            network.ensure_group(api, group, region, shared)
+        net = network.ensure_network(api, group, region, network.desired_rules(
             cidr, list(request.resources.ports), opts.vnet_cidr), opts.vnet_cidr, shared)
         self._nets[key] = net
         self._save(name, ssh_cidr=cidr)
         return net
 
     def _existing_region(self, api: Api, cluster: str) -> str | None:
-        g = NET.get_group(api, self.group(cluster))
+        g = network.get_group(api, self.group(cluster))
         if g is None:
             return None
-        if not any(v.status != "terminated" for v in V.list_vms(api, self.group(cluster))):
+        if not any(v.status != "terminated" for v in instances.list_vms(api, self.group(cluster))):
             return None
         return str(g.get("location"))
 
     def ensure_network(self, request: ClusterRequest) -> NetworkRef:
         name = request.name
+        self.begin_attempts(name)
         api = self._api(self._subscription(name, request))
         region = self._existing_region(api, name) or self.targets(request)[0].region
         net = self._region_net(request, api, region)
-        rules = "; ".join(r.text() for r in NET.desired_rules(
+        rules = "; ".join(r.text() for r in network.desired_rules(
             self.cidr.get(request.resources.ssh_cidr), list(request.resources.ports),
             self._opts(request).vnet_cidr))
-        return NetworkRef(net.subnet_id, f"NSG {T.NSG} in {net.group} ({region}): {rules}")
+        return NetworkRef(net.subnet_id, f"NSG {tags.NSG} in {net.group} ({region}): {rules}")
 
     # --- contract: nodes -----------------------------------------------------------------------
 
-    def _size(self, api: Api, region: str, size: str) -> V.SizeInfo | None:
+    def _size(self, api: Api, region: str, size: str) -> images.SizeInfo | None:
         key = (api.subscription_id, region, size.lower())
         if key not in self._sizes:
-            self._sizes[key] = V.size_info(api, region, size)
+            self._sizes[key] = images.size_info(api, region, size)
         return self._sizes[key]
 
-    def create_nodes(self, request: ClusterRequest, network: NetworkRef) -> list[Node]:
-        name, n, res = request.name, request.num_nodes, request.resources
+    def _existing(self, request: ClusterRequest) -> Existing:
+        name = request.name
         api = self._api(self._subscription(name, request))
-        self._attempts[name] = []
         group = self.group(name)
-        vms = V.list_vms(api, group)
-        broken = [v for v in vms if v.state == "Failed"]
+        found = instances.list_vms(api, group)
+        broken = [v for v in found if v.state == "Failed"]
         if broken:
             self.ui.warn(f"azure: deleting {len(broken)} VM(s) of '{name}' that failed to "
                          "provision: " + ", ".join(v.name for v in broken))
             self._delete_vms(api, group, [v.name for v in broken])
-        live = [v for v in vms if v.state not in ("Failed", "Deleting") and v.rank is not None]
-        too_many = sorted(v.rank for v in live if v.rank is not None and v.rank >= n)
-        if too_many:
-            raise UserError(f"Azure cluster '{name}' has node(s) of rank up to {too_many[-1]}; "
-                            f"the task asks for {n} node(s).",
-                            f"Take it down first ('cloudtrain down {name}') or use another name.")
+        live = [v for v in found if v.state not in ("Failed", "Deleting") and v.rank is not None]
+        self.check_ranks(request, [v.rank for v in live if v.rank is not None])
         have = {v.rank: v for v in live if v.rank is not None}
-        if have:   # the nodes that exist pin the region, size and zone (or no zone)
-            first = min(have.values(), key=lambda v: v.rank or 0)
-            targets = [Target(first.location, first.size, None)]
-            pinned: tuple[str | None] | None = (first.zone,)
-        else:
-            targets = self.targets(request)
-            pinned = (res.zone,) if res.zone else None
-        for target in targets:
-            if any(a["region"] == target.region and a["outcome"] in ("quota", "unavailable")
-                   for a in self._attempts[name]):
-                continue
-            try:
-                nodes = self._try_region(request, api, target, pinned, have)
-            except _Unavailable as exc:
-                self._attempt(name, target.region, None, target.size, "unavailable", str(exc))
-                continue
-            except QuotaError as exc:
-                self._attempt(name, target.region, getattr(exc, "zone", None), target.size,
-                              "quota", exc)
-                continue
-            except CapacityError:
-                continue   # each zone's attempt is recorded already
-            finally:
-                self._save(name, attempts=self._attempts[name])
-            return nodes
-        raise self._exhausted(request)
+        if not have:   # the nodes that exist pin the region, size and zone (or no zone)
+            return Existing(have)
+        first = min(have.values(), key=lambda v: v.rank or 0)
+        return Existing(have, Target(first.location, first.size, None), first.zone)
 
-    def _exhausted(self, request: ClusterRequest) -> ProviderError:
-        tried = [a for a in self._attempts.get(request.name, []) if a["outcome"] != "ok"]
-        market = "spot" if request.resources.use_spot else "on-demand"
-        what = (f"{request.num_nodes} x "
-                f"{request.resources.instance_type or request.resources.accelerators} ({market})")
-        lines = "; ".join(f"{a['region']}" + (f" zone {a['zone']}" if a["zone"] else "")
-                          + f": {a['code']}" for a in tried) or "no region to try"
-        cls: type[ProviderError] = QuotaError if tried and all(
-            a["outcome"] in ("quota", "unavailable") for a in tried) else CapacityError
-        return cls(f"Azure could not place {what} after {len(tried)} attempt(s): {lines}.",
-                   "Try later, another region (resources.region, resources.azure.regions) or "
-                   "size, or the other market (use_spot); for quotas, ask for more in the Azure "
-                   "portal (Subscriptions > Usage + quotas).")
-
-    def _try_region(self, request: ClusterRequest, api: Api, target: Target,
-                    pinned: tuple[str | None] | None, have: dict[int, V.Vm]) -> list[Node]:
+    def _try_target(self, request: ClusterRequest, target: Target, pin: Pin | None,
+                    have: dict[int, Any]) -> list[Node]:
         """Make the missing nodes in ``target``'s region, trying its zones in turn (only
-        ``pinned``'s zone when given: the task's, or the one the existing nodes are in)."""
+        ``pin``'s zone when given: the task's, or the one the existing nodes are in)."""
         res, opts, name = request.resources, self._opts(request), request.name
-        region, size = target.region, target.size
+        region, size = target.region, target.instance_type
+        api = self._api(self._subscription(name, request))
         info = self._size(api, region, size)
         if info is None:
-            raise _Unavailable(f"{size} is not sold in {region}")
+            raise Unavailable(f"{size} is not sold in {region}")
         if info.restricted:
-            raise _Unavailable(f"{size} is not available to this subscription in {region}")
+            raise Unavailable(f"{size} is not available to this subscription in {region}")
         if res.use_spot and not info.spot:
-            raise _Unavailable(f"{size} cannot run as spot in {region}")
+            raise Unavailable(f"{size} cannot run as spot in {region}")
         zones: list[str | None]
-        if pinned is not None:
-            zone = pinned[0]
+        if pin is not None:
+            zone = pin.zone
             if zone is not None and zone not in info.zones:
-                raise _Unavailable(f"{size} is not offered in zone {zone} of {region}")
+                raise Unavailable(f"{size} is not offered in zone {zone} of {region}")
             zones = [zone]
         elif opts.zones:
             zones = [z for z in opts.zones if z in info.zones] if info.zones else [None]
             if not zones:
-                raise _Unavailable(f"{size} is not offered in zones {', '.join(opts.zones)} of "
+                raise Unavailable(f"{size} is not offered in zones {', '.join(opts.zones)} of "
                                    f"{region}")
         else:
             zones = list(info.zones) or [None]
         missing = [r for r in range(request.num_nodes) if r not in have]
-        image = V.choose_image(res.image, info.generations)
-        if missing and not V.image_available(api, region, image):
-            raise _Unavailable(f"image {V.image_text(image)} is not offered in {region}")
+        image = images.choose_image(res.image, info.generations)
+        if missing and not images.image_available(api, region, image):
+            raise Unavailable(f"image {images.image_text(image)} is not offered in {region}")
         net = self._region_net(request, api, region)
         nics = self._node_nics(request, api, net, info, missing)
-        spec = V.VmSpec(region=region, group=net.group, size=size, image=image,
+        spec = instances.VmSpec(region=region, group=net.group, size=size, image=image,
                         disk_gb=res.disk_size_gb, premium_disk=info.premium_io,
                         user=opts.ssh_user, public_key=request.public_key, cluster=name,
                         owner=self._owner(name), spot=res.use_spot, spot_max_price=opts.spot_max_price)
-        last: ProviderError | None = None
-        for zone in zones:
-            try:
-                nodes = self._launch_zone(request, api, spec, zone, nics, have)
-            except CapacityError as exc:
-                self._attempt(name, region, zone, size, "capacity", exc)
-                last = exc
-                continue
-            except QuotaError as exc:
-                exc.zone = zone  # type: ignore[attr-defined]
-                raise
-            except ProviderError as exc:
-                self._attempt(name, region, zone, size, failover.outcome_of(exc), exc)
-                raise
-            self._attempt(name, region, zone, size, "ok", "launched")
+
+        def launch(zone: str | None) -> list[Node]:
+            nodes = self._launch_zone(request, api, spec, zone, nics, have)
             self._save(name, region=region, zone=zone, size=size, user=opts.ssh_user,
                        public_ip=opts.public_ip)
             return nodes
-        assert last is not None
-        raise last
 
-    def _node_nics(self, request: ClusterRequest, api: Api, net: NET.RegionNet,
-                   info: V.SizeInfo, ranks: list[int]) -> dict[int, str]:
+        return self.each_zone(request, target, zones, launch)
+
+    def _node_nics(self, request: ClusterRequest, api: Api, net: network.RegionNet,
+                   info: images.SizeInfo, ranks: list[int]) -> dict[int, str]:
         """A public IP (when asked for) and a NIC for each rank in ``ranks``: NIC id by rank."""
         opts, name = self._opts(request), request.name
         accel = opts.accelerated_networking and info.accelerated_networking
-        created = T.now()
+        created = tags.now()
 
         def one(rank: int) -> tuple[int, str]:
-            tg = T.tags(name, self._owner(name), rank, created)
-            pip = V.ensure_public_ip(api, net.group, net.region, T.ip_name(name, rank), tg) \
+            tg = tags.tags(name, self._owner(name), rank, created)
+            pip = instances.ensure_public_ip(api, net.group, net.region, tags.ip_name(name, rank), tg) \
                 if opts.public_ip else None
-            return rank, V.ensure_nic(api, net.group, net.region, T.nic_name(name, rank),
+            return rank, instances.ensure_nic(api, net.group, net.region, tags.nic_name(name, rank),
                                       net.subnet_id, pip, accel, tg)
 
         if not ranks:
@@ -464,28 +284,28 @@ class AzureProvider:
         with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(ranks))) as pool:
             return dict(pool.map(one, ranks))
 
-    def _launch_zone(self, request: ClusterRequest, api: Api, spec: V.VmSpec, zone: str | None,
-                     nics: dict[int, str], have: dict[int, V.Vm]) -> list[Node]:
+    def _launch_zone(self, request: ClusterRequest, api: Api, spec: instances.VmSpec, zone: str | None,
+                     nics: dict[int, str], have: dict[int, instances.Vm]) -> list[Node]:
         name, group = request.name, spec.group
         where = f"{spec.region} zone {zone}" if zone else spec.region
         tried: list[str] = []
-        created = T.now()
+        created = tags.now()
         # Each new VM gets a host key made here, installed by cloud-init from customData
         # before sshd starts, and pinned before the first connection. Azure never returns
         # customData through its API; on the VM only root reads it (waagent's ovf-env.xml).
         host = {r: generate_host_key() for r in nics}
 
         def one(rank: int) -> None:
-            vm = T.vm_name(name, rank)
+            vm = tags.vm_name(name, rank)
             api.lro(f"create VM {vm} ({spec.size}) in {where}",
                     api.c.compute.virtual_machines.begin_create_or_update, group, vm,
-                    V.vm_body(spec, rank, nics[rank], zone, created,
+                    instances.vm_body(spec, rank, nics[rank], zone, created,
                               custom_data=host_key_cloud_config(*host[rank])))
 
         try:
             if nics:
                 errors: dict[int, ProviderError] = {}
-                tried = [T.vm_name(name, r) for r in nics]
+                tried = [tags.vm_name(name, r) for r in nics]
                 with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(nics))) as pool:
                     futures = {r: pool.submit(one, r) for r in nics}
                     for r, fut in futures.items():
@@ -494,43 +314,43 @@ class AzureProvider:
                         except ProviderError as exc:
                             errors[r] = exc
                 if errors:
-                    raise failover.worst(list(errors.values()))
-            vms = self._wait_running(api, group, request.num_nodes)
-            for v in vms:
+                    raise worst(list(errors.values()))
+            running = self._wait_running(api, group, request.num_nodes)
+            for v in running:
                 if v.name in tried and v.disk_name:
                     self._tag_disk(api, group, v)
             if self.amap is not None:
-                addrs = V.addresses(api, group)
-                found = [addrs.get(v.nic_id.lower()) or V.Addresses("", "") for v in vms]
+                addrs = instances.addresses(api, group)
+                found = [addrs.get(v.nic_id.lower()) or instances.Addresses("", "") for v in running]
                 self.amap.wait_for([x for a in found for x in (a.public, a.private) if x])
             # the public halves, by VM id, so every later listing reports the same keys
-            made = {v.id.lower(): host[v.rank][1] for v in vms if v.rank in host}
+            made = {v.id.lower(): host[v.rank][1] for v in running if v.rank in host}
             if made:
                 self._save(name, host_keys={**(self._record(name).get("host_keys") or {}),
                                             **made})
-            return self._nodes(api, name, group, vms)
+            return self._nodes(api, name, group, running)
         except BaseException:
             self._rollback(api, group, tried)
             raise
 
-    def _tag_disk(self, api: Api, group: str, vm: V.Vm) -> None:
-        tg = T.tags(vm.cluster, vm.owner, vm.rank if vm.rank is not None else "", vm.created_at)
+    def _tag_disk(self, api: Api, group: str, vm: instances.Vm) -> None:
+        tg = tags.tags(vm.cluster, vm.owner, vm.rank if vm.rank is not None else "", vm.created_at)
         api.lro(f"tag OS disk {vm.disk_name}", api.c.compute.disks.begin_update, group,
                 vm.disk_name, {"tags": tg})
 
-    def _wait_running(self, api: Api, group: str, n: int) -> list[V.Vm]:
+    def _wait_running(self, api: Api, group: str, n: int) -> list[instances.Vm]:
         deadline = time.monotonic() + self.running_timeout
         while True:
-            vms = [v for v in V.list_vms(api, group) if v.rank is not None and v.rank < n]
-            failed = [v for v in vms if v.state == "Failed" or v.status == "terminated"]
+            found = [v for v in instances.list_vms(api, group) if v.rank is not None and v.rank < n]
+            failed = [v for v in found if v.state == "Failed" or v.status == "terminated"]
             if failed:
                 raise ProviderError(f"VM {failed[0].name} is {failed[0].state or failed[0].power} "
                                     "instead of running.", "Run 'cloudtrain up' again, or 'down'.")
-            stopped = [v for v in vms if v.status == "stopped"]
+            stopped = [v for v in found if v.status == "stopped"]
             for v in stopped:
                 api.lro(f"start VM {v.name}", api.c.compute.virtual_machines.begin_start, group,
                         v.name)
-            ready = [v for v in vms if v.status == "running"]
+            ready = [v for v in found if v.status == "running"]
             if len(ready) == n and len({v.rank for v in ready}) == n:
                 return sorted(ready, key=lambda v: v.rank or 0)
             if time.monotonic() >= deadline:
@@ -556,7 +376,7 @@ class AzureProvider:
         what was adopted is left alone)."""
         if not names:
             return
-        exist = {v.name for v in V.list_vms(api, group)}
+        exist = {v.name for v in instances.list_vms(api, group)}
         gone = [n for n in names if n in exist]
         if gone:
             self.ui.warn(f"azure: deleting the {len(gone)} VM(s) this attempt got in {group}: "
@@ -565,39 +385,23 @@ class AzureProvider:
 
     # --- nodes as cloudtrain sees them -----------------------------------------------------------
 
-    def _nodes(self, api: Api, cluster: str, group: str, vms: list[V.Vm]) -> list[Node]:
-        rec = self._record(cluster)
-        user = str(rec.get("user") or "azureuser")
-        public = bool(rec.get("public_ip", True))
-        keys = rec.get("host_keys") or {}
-        addrs = V.addresses(api, group) if vms else {}
+    def _nodes(self, api: Api, cluster: str, group: str, found: list[instances.Vm]) -> list[Node]:
+        user, public = self._login(cluster, "azureuser")
+        keys = self._record(cluster).get("host_keys") or {}
+        addrs = instances.addresses(api, group) if found else {}
         out = []
-        for v in sorted(vms, key=lambda v: v.rank if v.rank is not None else 1 << 30):
-            a = addrs.get(v.nic_id.lower(), V.Addresses("", ""))
+        for v in sorted(found, key=lambda v: v.rank if v.rank is not None else 1 << 30):
+            a = addrs.get(v.nic_id.lower(), instances.Addresses("", ""))
             n = self._node(v, a, user, public)
             key = keys.get(v.id.lower())
             out.append(replace(n, host_keys=(str(key),)) if key else n)
         return out
 
-    def _node(self, v: V.Vm, a: V.Addresses, user: str, public: bool) -> Node:
-        addr = a.public if public else a.private
+    def _node(self, v: instances.Vm, a: instances.Addresses, user: str, public: bool) -> Node:
         rank = v.rank if v.rank is not None else 0
-        status = v.status
-        if self.amap is None:
-            return Node(rank=rank, instance_id=v.id, host=addr, port=22, user=user,
-                        internal_ip=a.private, status=status,  # type: ignore[arg-type]
-                        root_dir="cloudtrain", spot=v.spot)
-        # Test mode: only addresses the map gives are ever used.
-        if not addr:
-            return Node(rank=rank, instance_id=v.id, host="", user=user,
-                        status=status, spot=v.spot)  # type: ignore[arg-type]
-        what = f"node {rank} ({v.name})"
-        t = self.amap.resolve(addr, what)
-        inner = self.amap.resolve(a.private, what).host if a.private else t.host
-        return Node(rank=rank, instance_id=v.id, host=t.host, port=t.port,
-                    user=str(self.amap.setting("user") or user), internal_ip=inner,
-                    status=status,  # type: ignore[arg-type]
-                    root_dir=t.root_dir or "cloudtrain", spot=v.spot)
+        return self.node_at(rank=rank, instance_id=v.id, address=a.public if public else a.private,
+                            private=a.private, user=user, status=v.status, spot=v.spot,
+                            what=f"node {rank} ({v.name})")
 
     def list_nodes(self, cluster: str) -> list[Node]:
         sub = self._record(cluster).get("subscription_id") or self.clients.default_subscription()
@@ -605,24 +409,15 @@ class AzureProvider:
             return []    # nothing of it can be found (nor created yet: the record comes first)
         api = self._api(str(sub))
         group = self.group(cluster)
-        vms = [v for v in V.list_vms(api, group) if v.rank is not None and v.owner == self._owner(cluster)]
-        return self._nodes(api, cluster, group, vms)
-
-    def master_port(self, cluster: str) -> int:
-        if self.amap is not None and self.amap.setting("master_port"):
-            return int(self.amap.setting("master_port"))
-        return 29500
-
-    def node_env(self, cluster: str) -> dict[str, str]:
-        if self.amap is not None and self.amap.setting("python"):
-            return {"CLOUDTRAIN_PYTHON": str(self.amap.setting("python"))}
-        return {}
+        owner = self._owner(cluster)
+        found = [v for v in instances.list_vms(api, group) if v.rank is not None and v.owner == owner]
+        return self._nodes(api, cluster, group, found)
 
     # --- contract: terminate ---------------------------------------------------------------------
 
     def terminate(self, cluster: str) -> None:
         api = self._api(self._subscription(cluster))
-        TD.teardown(api, cluster, self._owner(cluster), expected=self.group(cluster), sleep=self.sleep,
+        teardown.teardown(api, cluster, self._owner(cluster), expected=self.group(cluster), sleep=self.sleep,
                     poll=self.poll)
         self._nets = {k: v for k, v in self._nets.items() if k[0] != cluster}
 
@@ -633,58 +428,42 @@ class AzureProvider:
         default = self.clients.default_subscription()
         if default:
             subs.add(default)
-        clusters = self.ctx.home / "clusters"
-        if clusters.is_dir():
-            for f in clusters.glob(f"*/{RECORD}"):
-                try:
-                    sub = json.loads(f.read_text()).get("subscription_id")
-                except (OSError, ValueError):
-                    continue
-                if sub:
-                    subs.add(str(sub))
+        for rec in self.records.every():
+            if rec.get("subscription_id"):
+                subs.add(str(rec["subscription_id"]))
         if not subs:
             raise UserError("No Azure subscription to search.",
                             "Set AZURE_SUBSCRIPTION_ID, or 'az account set --subscription ID'.")
         return sorted(subs)
 
     def orphans(self, live: set[str], *, all_regions: bool = False,
-                any_owner: bool = False) -> list[TD.Resource]:
+                any_owner: bool = False) -> list[teardown.Resource]:
         """Resource groups tagged by cloudtrain (this owner's, or anyone's with
         ``any_owner``) that no live cluster owns, each followed by what it holds. ``live``:
         the names of this machine's Azure clusters. Resource groups span every region, so
         ``all_regions`` changes nothing."""
-        out: list[TD.Resource] = []
+        out: list[teardown.Resource] = []
         owner = None if any_owner else self.owner
         for sub in self.gc_subscriptions():
             api = self._api(sub)
-            for g in TD.find_groups(api, None, owner):
+            for g in teardown.find_groups(api, None, owner):
                 tg = g.get("tags") or {}
-                if tg.get(T.CLUSTER) in live and tg.get(T.OWNER) == self._owner(tg.get(T.CLUSTER, "")):
+                if tg.get(tags.CLUSTER) in live and tg.get(tags.OWNER) == self._owner(tg.get(tags.CLUSTER, "")):
                     continue
-                found = TD.as_resources(g, TD.inventory(api, str(g["name"])))
+                found = teardown.as_resources(g, teardown.inventory(api, str(g["name"])))
                 if any(r.kind == "virtual-machine" for r in found):
                     # each VM's power state: gc terminates a running one only with --force
-                    power = {v.name: v.status for v in V.list_vms(api, str(g["name"]))}
+                    power = {v.name: v.status for v in instances.list_vms(api, str(g["name"]))}
                     for r in found:
                         if r.kind == "virtual-machine" and r.name in power:
                             r.detail = f" [{power[r.name]}]"
                 out += found
         return out
 
-    def remove(self, resources: list[TD.Resource]) -> None:
+    def remove(self, resources: list[teardown.Resource]) -> None:
         """Remove what :meth:`orphans` found: each listed resource group, whole."""
-        problems = []
-        for r in resources:
-            if r.kind != "resource-group":
-                continue
-            api = self._api(r.subscription)
-            try:
-                TD.teardown(api, r.cluster, r.owner or None, expected=r.name, sleep=self.sleep,
-                            poll=self.poll)
-            except AuthError:
-                raise
-            except ProviderError as exc:
-                problems.append(exc.message)
-        if problems:
-            raise ProviderError("Azure gc did not finish: " + " | ".join(problems),
-                                "Run 'cloudtrain gc' again.")
+        self.remove_each(
+            [r for r in resources if r.kind == "resource-group"],
+            lambda r: teardown.teardown(self._api(r.subscription), r.cluster, r.owner or None,
+                                        expected=r.name, sleep=self.sleep, poll=self.poll),
+            label=lambda r: "", failed="Azure gc did not finish: ", hint="Run 'cloudtrain gc' again.")

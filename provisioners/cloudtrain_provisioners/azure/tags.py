@@ -12,9 +12,8 @@ exists instead of creating a second one.
 
 from __future__ import annotations
 
-from cloudtrain.names import check
-from cloudtrain.ownership import (CLUSTER, CREATED, OWNER, RANK, SHARED_RANK,  # noqa: F401
-                                  default_owner, now, owner_hash)
+from cloudtrain.provider import (CLUSTER, CREATED, OWNER, RANK, SHARED_RANK,  # noqa: F401
+                                 check_name, default_owner, now, owner_hash)
 
 REGION = "cloudtrain:region"
 
@@ -30,7 +29,7 @@ def _h(cluster: str, owner: str) -> str:
 def group_name(cluster: str, owner: str) -> str:
     """The cluster's resource group: readable, unique per owner (two people may both have a
     cluster called 'train' in one subscription)."""
-    return f"cloudtrain-{check(cluster)}-{_h(cluster, owner)}"
+    return f"cloudtrain-{check_name(cluster)}-{_h(cluster, owner)}"
 
 
 VNET = "ct-vnet"

@@ -15,11 +15,11 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from cloudtrain.errors import ProviderError
-from cloudtrain.names import check
+from cloudtrain.errors import ProviderError, code_of
+from cloudtrain.provider import check_name
 
-from . import tags as T
-from .api import Api, as_dict, code_of, is_not_found
+from . import tags
+from .api import Api, as_dict, is_not_found
 
 KINDS = {
     "microsoft.resources/resourcegroups": "resource-group",
@@ -76,9 +76,9 @@ def find_groups(api: Api, cluster: str | None, owner: str | None,
     but always something cloudtrain tagged); ``expected``: a group name looked up directly as
     well (lists can lag behind a create)."""
     if cluster is not None:
-        check(cluster)     # defense in depth: only a valid name reaches the filter
+        check_name(cluster)     # defense in depth: only a valid name reaches the filter
     # OData string literal: a quote is doubled
-    flt = f"tagName eq '{T.CLUSTER}'" + (f" and tagValue eq '{cluster.replace(chr(39), chr(39) * 2)}'"
+    flt = f"tagName eq '{tags.CLUSTER}'" + (f" and tagValue eq '{cluster.replace(chr(39), chr(39) * 2)}'"
                                          if cluster else "")
     found = {str(g["name"]).lower(): g for g in
              (as_dict(x) for x in api.items("list resource groups",
@@ -94,9 +94,9 @@ def find_groups(api: Api, cluster: str | None, owner: str | None,
     out = []
     for g in found.values():
         tg = g.get("tags") or {}
-        if T.CLUSTER not in tg or (cluster is not None and tg.get(T.CLUSTER) != cluster):
+        if tags.CLUSTER not in tg or (cluster is not None and tg.get(tags.CLUSTER) != cluster):
             continue
-        if owner is not None and tg.get(T.OWNER) != owner:
+        if owner is not None and tg.get(tags.OWNER) != owner:
             continue
         out.append(g)
     return sorted(out, key=lambda g: str(g["name"]))
@@ -116,16 +116,16 @@ def inventory(api: Api, group: str) -> list[dict[str, Any]]:
 
 def as_resources(group: dict[str, Any], inside: list[dict[str, Any]]) -> list[Resource]:
     tg = group.get("tags") or {}
-    cluster, owner = tg.get(T.CLUSTER, ""), tg.get(T.OWNER, "")
+    cluster, owner = tg.get(tags.CLUSTER, ""), tg.get(tags.OWNER, "")
     out = [Resource(str(group.get("location", "")), "resource-group", str(group["id"]), cluster,
-                    owner, tg.get(T.CREATED, ""), str(group["name"]), str(group["name"]),
+                    owner, tg.get(tags.CREATED, ""), str(group["name"]), str(group["name"]),
                     f" [{len(inside)} resource(s)]")]
     for r in sorted(inside, key=lambda r: (str(r.get("type")), str(r.get("name")))):
         rt = r.get("tags") or {}
         out.append(Resource(str(r.get("location", "")),
                             KINDS.get(str(r.get("type", "")).lower(), str(r.get("type", ""))),
-                            str(r["id"]), rt.get(T.CLUSTER, cluster), rt.get(T.OWNER, owner),
-                            rt.get(T.CREATED, ""), str(r.get("name", "")), str(group["name"])))
+                            str(r["id"]), rt.get(tags.CLUSTER, cluster), rt.get(tags.OWNER, owner),
+                            rt.get(tags.CREATED, ""), str(r.get("name", "")), str(group["name"])))
     return out
 
 
@@ -176,7 +176,7 @@ def still_there(api: Api, group: str, held: list[dict[str, Any]], cluster: str,
             raise
         left.append(f"{KINDS.get(str(r['type']).lower(), r['type'])} {r['name']}")
     seen = {str(r["id"]).lower() for r in held}
-    flt = f"tagName eq '{T.CLUSTER}' and tagValue eq '{cluster}'"
+    flt = f"tagName eq '{tags.CLUSTER}' and tagValue eq '{cluster}'"
     for r in api.items("list tagged resources", api.c.resource.resources.list, filter=flt):
         d = as_dict(r)
         rid = str(d.get("id", ""))

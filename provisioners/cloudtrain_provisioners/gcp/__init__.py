@@ -11,7 +11,7 @@ is imported only when the provider first calls GCP.
 Modules: ``provider`` (the contract, placement and failover), ``api`` (client factory,
 error classification, retries, operation waits), ``network`` (firewall rules), ``images``
 (machine shapes, GPUs, Deep Learning VM images), ``instances`` (insert bodies, launch,
-wait), ``teardown`` (removal by label, gc), ``labels`` (the marks), ``options``
+wait), ``teardown`` (removal by label, gc), ``tags`` (the marks: labels and descriptions), ``options``
 (``resources.gcp``). See docs/gcp.md.
 """
 

@@ -67,15 +67,6 @@ class Conflict(ProviderError):
     """HTTP 409 (the resource exists already)."""
 
 
-def code_of(exc: BaseException) -> str:
-    return str(getattr(exc, "code", "") or type(exc).__name__)
-
-
-def _tag(exc: ProviderError, code: str) -> ProviderError:
-    exc.code = code  # type: ignore[attr-defined]
-    return exc
-
-
 # --- clients ---------------------------------------------------------------------------------
 
 class GoogleClients:
@@ -131,11 +122,11 @@ class GoogleClients:
             else:
                 self._credentials, self._cred_project = google.auth.default(scopes=SCOPES)
         except gauth_exc.DefaultCredentialsError as exc:
-            raise _tag(AuthError(f"No GCP credentials found ({str(exc).splitlines()[0]}).",
-                                 CREDENTIALS_HINT), "credentials") from None
+            raise AuthError(f"No GCP credentials found ({str(exc).splitlines()[0]}).",
+                            CREDENTIALS_HINT, code="credentials") from None
         except (ValueError, KeyError) as exc:
-            raise _tag(AuthError(f"The GCP credentials cannot be used: {exc}.",
-                                 CREDENTIALS_HINT), "credentials") from None
+            raise AuthError(f"The GCP credentials cannot be used: {exc}.",
+                            CREDENTIALS_HINT, code="credentials") from None
         self._loaded = True
         return self._credentials
 
@@ -154,9 +145,10 @@ class GoogleClients:
             self._load_credentials()
         if self._cred_project:
             return str(self._cred_project)
-        raise _tag(AuthError("No GCP project is set.",
-                             "Give resources.gcp.project in the task, or set GOOGLE_CLOUD_PROJECT "
-                             "(or 'gcloud config set project ID' for ADC)."), "no-project")
+        raise AuthError("No GCP project is set.",
+                        "Give resources.gcp.project in the task, or set GOOGLE_CLOUD_PROJECT "
+                        "(or 'gcloud config set project ID' for ADC).",
+                        code="no-project")
 
     def client(self, kind: str) -> Any:
         with self._lock:
@@ -199,11 +191,11 @@ def classify(exc: BaseException, what: str) -> CloudtrainError:
     from google.auth import exceptions as aexc
 
     if isinstance(exc, aexc.DefaultCredentialsError):
-        return _tag(AuthError(f"No GCP credentials found ({exc}).", CREDENTIALS_HINT),
-                    "credentials")
+        return AuthError(f"No GCP credentials found ({exc}).", CREDENTIALS_HINT,
+                         code="credentials")
     if isinstance(exc, aexc.RefreshError):
-        return _tag(AuthError(f"The GCP credentials were refused when refreshed: {exc}.",
-                              CREDENTIALS_HINT), "refresh")
+        return AuthError(f"The GCP credentials were refused when refreshed: {exc}.",
+                         CREDENTIALS_HINT, code="refresh")
     if isinstance(exc, gexc.GoogleAPICallError):
         status = int(exc.code or 0)
         reasons = [str(e.get("reason", "")) for e in (exc.errors or []) if isinstance(e, dict)]
@@ -211,35 +203,37 @@ def classify(exc: BaseException, what: str) -> CloudtrainError:
         msg = str(exc.message or exc).strip()
         code = reason or str(status)
         if status == 401:
-            return _tag(AuthError(f"GCP refused the credentials ({what}): {msg}",
-                                  CREDENTIALS_HINT), code)
+            return AuthError(f"GCP refused the credentials ({what}): {msg}",
+                             CREDENTIALS_HINT, code=code)
         if status == 403:
             if reason == "quotaExceeded":
-                return _tag(QuotaError(f"GCP quota exceeded ({what}): {msg}",
-                                       "Ask for more quota (IAM & Admin > Quotas) or use "
-                                       "another region."), code)
+                return QuotaError(f"GCP quota exceeded ({what}): {msg}",
+                                  "Ask for more quota (IAM & Admin > Quotas) or use "
+                                  "another region.", code=code)
             if reason in RATE_REASONS:
-                return _tag(TransientError(f"GCP is throttling requests ({what}): {msg}"), code)
+                return TransientError(f"GCP is throttling requests ({what}): {msg}", code=code)
             if reason == "accessNotConfigured":
-                return _tag(AuthError(f"The Compute Engine API is not enabled ({what}): {msg}",
-                                      "Enable it: gcloud services enable compute.googleapis.com "
-                                      "(or in the console), then run again."), code)
-            return _tag(AuthError(f"GCP denied permission ({what}): {msg}", ROLES_HINT), code)
+                return AuthError(f"The Compute Engine API is not enabled ({what}): {msg}",
+                                 "Enable it: gcloud services enable compute.googleapis.com "
+                                 "(or in the console), then run again.",
+                                 code=code)
+            return AuthError(f"GCP denied permission ({what}): {msg}", ROLES_HINT, code=code)
         if status == 404:
-            return _tag(NotFound(f"{what}: {msg}"), "notFound")
+            return NotFound(f"{what}: {msg}", code="notFound")
         if status == 409:
-            return _tag(Conflict(f"{what}: {msg}"), "alreadyExists")
+            return Conflict(f"{what}: {msg}", code="alreadyExists")
         if status == 429 or status >= 500 or reason in RATE_REASONS:
-            return _tag(TransientError(f"GCP had a passing fault ({what}): {msg}",
-                                       "Run the command again in a minute."), code)
-        return _tag(ProviderError(f"GCP refused the request ({what}): {msg}"), code)
+            return TransientError(f"GCP had a passing fault ({what}): {msg}",
+                                  "Run the command again in a minute.",
+                                  code=code)
+        return ProviderError(f"GCP refused the request ({what}): {msg}", code=code)
     if isinstance(exc, aexc.TransportError) or type(exc).__module__.startswith(
             ("requests", "urllib3")) or isinstance(exc, (ConnectionError, TimeoutError)):
-        return _tag(TransientError(f"cannot reach the Compute Engine API ({what}): {exc}",
-                                   f"Check the network (and {ENDPOINT_ENV} if you set it)."),
-                    "unreachable")
-    return _tag(ProviderError(f"unexpected error from the GCP SDK ({what}): "
-                              f"{type(exc).__name__}: {exc}"), type(exc).__name__)
+        return TransientError(f"cannot reach the Compute Engine API ({what}): {exc}",
+                              f"Check the network (and {ENDPOINT_ENV} if you set it).",
+                              code="unreachable")
+    return ProviderError(f"unexpected error from the GCP SDK ({what}): "
+                         f"{type(exc).__name__}: {exc}", code=type(exc).__name__)
 
 
 def operation_error(op: dict[str, Any], what: str) -> ProviderError | None:
@@ -253,14 +247,14 @@ def operation_error(op: dict[str, Any], what: str) -> ProviderError | None:
     codes = [str(e.get("code", "")) for e in errors]
     if any(c in CAPACITY_CODES for c in codes):
         c = next(c for c in codes if c in CAPACITY_CODES)
-        return _tag(CapacityError(f"{what}: {msg}"), c)
+        return CapacityError(f"{what}: {msg}", code=c)
     if any(c in QUOTA_CODES for c in codes):
-        return _tag(QuotaError(f"{what}: {msg}",
-                               "Ask for more quota (IAM & Admin > Quotas) or use another "
-                               "region."), "QUOTA_EXCEEDED")
+        return QuotaError(f"{what}: {msg}",
+                          "Ask for more quota (IAM & Admin > Quotas) or use another "
+                          "region.", code="QUOTA_EXCEEDED")
     if any(c in PERMISSION_CODES for c in codes) or op.get("httpErrorStatusCode") in (401,):
-        return _tag(AuthError(f"{what}: {msg}", ROLES_HINT), code)
-    return _tag(ProviderError(f"{what}: {msg}"), code)
+        return AuthError(f"{what}: {msg}", ROLES_HINT, code=code)
+    return ProviderError(f"{what}: {msg}", code=code)
 
 
 # --- calls ----------------------------------------------------------------------------------
@@ -338,10 +332,10 @@ class Api:
         deadline = time.monotonic() + timeout
         while opd.get("status") != "DONE":
             if time.monotonic() > deadline:
-                raise _tag(TransientError(
+                raise TransientError(
                     f"{what or opd.get('operationType', 'operation')} did not finish in "
                     f"{timeout:.0f}s (operation {opd.get('name')}).",
-                    "Run the command again; it picks up what exists."), "timeout")
+                    "Run the command again; it picks up what exists.", code="timeout")
             # ``wait`` blocks on GCE's side until the operation is DONE or about two
             # minutes have passed, so it is called again at once.
             if zone:

@@ -47,7 +47,7 @@ def builtin_gpus(machine_type: str) -> bool:
 
 
 def accelerator_type(gpu: str) -> str:
-    from cloudtrain.catalog.gpus import canonical_gpu
+    from cloudtrain.provider import canonical_gpu
 
     canon = canonical_gpu(gpu) or gpu
     if canon in ATTACHED_GPUS:

@@ -26,8 +26,8 @@ from typing import Any, Callable
 
 from cloudtrain.errors import CapacityError, ProviderError
 
-from . import labels as L
-from .api import Api, Conflict, NotFound, _tag
+from . import tags
+from .api import Api, Conflict, NotFound
 from .images import Image, accelerator_type, builtin_gpus
 
 STATUS = {"PROVISIONING": "pending", "STAGING": "pending", "RUNNING": "running",
@@ -56,16 +56,16 @@ class Inst:
 
 
 def parse(i: dict[str, Any]) -> Inst:
-    labels = i.get("labels") or {}
+    marks = i.get("labels") or {}
     nics = i.get("networkInterfaces") or [{}]
     nat = next((ac.get("natIP", "") for ac in nics[0].get("accessConfigs") or []
                 if ac.get("natIP")), "")
-    rank_s = labels.get(L.RANK, "")
+    rank_s = marks.get(tags.RANK, "")
     sched = i.get("scheduling") or {}
     return Inst(name=str(i.get("name", "")), zone=str(i.get("zone", "")).rsplit("/", 1)[-1],
                 status=str(i.get("status", "")),
                 rank=int(rank_s) if rank_s.isdigit() else None,
-                cluster=labels.get(L.CLUSTER, ""), owner=labels.get(L.OWNER, ""),
+                cluster=marks.get(tags.CLUSTER, ""), owner=marks.get(tags.OWNER, ""),
                 nat_ip=str(nat), internal_ip=str(nics[0].get("networkIP", "")),
                 machine_type=str(i.get("machineType", "")).rsplit("/", 1)[-1],
                 spot=sched.get("provisioningModel") == "SPOT",
@@ -102,7 +102,7 @@ def instance_name(base: str, rank: int) -> str:
 def body(spec: LaunchSpec, rank: int) -> dict[str, Any]:
     """The Instance resource for one node, in the REST API's shape."""
     zone, project = spec.zone, spec.project
-    lab = L.labels(spec.cluster, spec.owner, rank)
+    lab = tags.labels(spec.cluster, spec.owner, rank)
     gpus = bool(spec.accelerator) or builtin_gpus(spec.machine_type)
     nic: dict[str, Any] = {"network": _net(project, spec.network)}
     if spec.subnetwork:
@@ -156,10 +156,10 @@ def _net(project: str, network: str) -> str:
 def describe(api: Api, project: str, cluster: str | None, owner: str | None) -> list[Inst]:
     """The instances labelled for ``cluster`` of ``owner`` (None: any), in every zone."""
     found = [parse(i) for i in api.aggregated("instances", project, "instances",
-                                              L.instance_filter(cluster, owner))]
+                                              tags.instance_filter(cluster, owner))]
     # the server filtered already; checked again here, since deleting is at stake
     return [i for i in found if i.cluster and (cluster is None or i.cluster == cluster)
-            and (owner is None or i.owner == L.owner_value(owner))]
+            and (owner is None or i.owner == tags.owner_value(owner))]
 
 
 def get(api: Api, project: str, zone: str, name: str) -> Inst | None:
@@ -217,10 +217,10 @@ def wait_running(api: Api, project: str, zone: str, names: list[str], *, need_pu
         ended = [n for n, i in found.items()
                  if i is not None and i.status in ("STOPPING", "TERMINATED", "SUSPENDED")]
         if gone or ended:
-            raise _tag(CapacityError(
+            raise CapacityError(
                 f"{', '.join(gone + ended)} in {zone} "
-                f"{'disappeared' if gone else 'stopped'} while starting (GCE took it back)."),
-                "INSTANCE_ENDED_WHILE_STARTING")
+                f"{'disappeared' if gone else 'stopped'} while starting (GCE took it back).",
+                code="INSTANCE_ENDED_WHILE_STARTING")
         ready = [i for i in found.values()
                  if i is not None and i.status == "RUNNING" and (i.nat_ip or not need_public)]
         if len(ready) == len(names):
@@ -228,10 +228,10 @@ def wait_running(api: Api, project: str, zone: str, names: list[str], *, need_pu
         if time.monotonic() > deadline:
             slow = [f"{n} ({i.status if i else '?'})" for n, i in found.items()
                     if i not in ready]
-            raise _tag(ProviderError(f"instances did not reach RUNNING in {timeout:.0f}s: "
-                                     + ", ".join(slow) + ".",
-                                     "Run 'cloudtrain up' again, or 'cloudtrain down' it."),
-                       "timeout")
+            raise ProviderError(f"instances did not reach RUNNING in {timeout:.0f}s: "
+                                + ", ".join(slow) + ".",
+                                "Run 'cloudtrain up' again, or 'cloudtrain down' it.",
+                                code="timeout")
         sleep(poll)
 
 

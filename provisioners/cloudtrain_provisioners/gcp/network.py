@@ -43,7 +43,7 @@ from typing import Any
 
 from cloudtrain.errors import UserError
 
-from . import labels as L
+from . import tags
 from .api import Api, Conflict, NotFound
 
 
@@ -90,7 +90,7 @@ def body(rule: Rule, base: str, project: str, network: str, cluster: str,
         "name": rule.name(base), "network": network_path(project, network),
         "direction": "INGRESS", "priority": 1000, "allowed": [allowed],
         "targetTags": [base],
-        "description": L.description(cluster, owner, rule.text(base)),
+        "description": tags.description(cluster, owner, rule.text(base)),
     }
     if rule.source_ranges:
         out["sourceRanges"] = list(rule.source_ranges)
@@ -130,12 +130,12 @@ def find_networks(api: Api, project: str, cluster: str | None,
     """The VPC networks cloudtrain created for ``cluster`` of ``owner`` (None: any)."""
     out = []
     for net in api.items("networks", "list", project=project):
-        m = L.marks(net.get("description"))
+        m = tags.marks(net.get("description"))
         if not m or not str(net.get("name", "")).startswith("ct-"):
             continue
-        if cluster is not None and m.get(L.CLUSTER) != cluster:
+        if cluster is not None and m.get(tags.CLUSTER) != cluster:
             continue
-        if owner is not None and m.get(L.OWNER) != L.owner_value(owner):
+        if owner is not None and m.get(tags.OWNER) != tags.owner_value(owner):
             continue
         out.append(net)
     return out
@@ -150,14 +150,14 @@ def ensure_dedicated_network(api: Api, project: str, base: str, cluster: str,
     except NotFound:
         have = None
     if have is not None:
-        m = L.marks(have.get("description"))
-        if m.get(L.CLUSTER) != cluster or m.get(L.OWNER) != L.owner_value(owner):
+        m = tags.marks(have.get("description"))
+        if m.get(tags.CLUSTER) != cluster or m.get(tags.OWNER) != tags.owner_value(owner):
             raise UserError(f"A VPC network named {name} exists in project {project} and was "
                             "not created by cloudtrain for this cluster.",
                             "Rename or delete it, or use another cluster name.")
         return name
     body = {"name": name, "autoCreateSubnetworks": True,
-            "description": L.description(cluster, owner, "the cluster's own VPC network")}
+            "description": tags.description(cluster, owner, "the cluster's own VPC network")}
     try:
         op = api.call("networks", "insert_unary", project=project,
                       network_resource=api.clients.message("Network", body))
@@ -215,9 +215,9 @@ def wider_rules(rules: list[dict[str, Any]], network: str, base: str, cidr: str,
             continue
         if not fw.get("allowed"):
             continue   # a deny rule only narrows
-        tags, sas = fw.get("targetTags") or [], fw.get("targetServiceAccounts") or []
-        if tags or sas:
-            if base not in tags and not (service_account and service_account in sas):
+        targets, sas = fw.get("targetTags") or [], fw.get("targetServiceAccounts") or []
+        if targets or sas:
+            if base not in targets and not (service_account and service_account in sas):
                 continue
             target = "the cluster's nodes"
         else:
@@ -263,12 +263,12 @@ def find_rules(api: Api, project: str, cluster: str | None,
     """The firewall rules cloudtrain created for ``cluster`` of ``owner`` (None: any)."""
     out = []
     for fw in api.items("firewalls", "list", project=project):
-        m = L.marks(fw.get("description"))
+        m = tags.marks(fw.get("description"))
         if not m or not str(fw.get("name", "")).startswith("ct-"):
             continue
-        if cluster is not None and m.get(L.CLUSTER) != cluster:
+        if cluster is not None and m.get(tags.CLUSTER) != cluster:
             continue
-        if owner is not None and m.get(L.OWNER) != L.owner_value(owner):
+        if owner is not None and m.get(tags.OWNER) != tags.owner_value(owner):
             continue
         out.append(fw)
     return out
@@ -289,7 +289,7 @@ def ensure_firewalls(api: Api, project: str, network: str, base: str, cluster: s
             except Conflict:
                 # named like ours but not found by its marks: someone else's rule
                 have = api.get("firewalls", "get", project=project, firewall=name)
-                if not L.marks(have.get("description")):
+                if not tags.marks(have.get("description")):
                     raise UserError(f"A firewall rule named {name} exists in project {project} "
                                     "and was not created by cloudtrain.",
                                     "Rename or delete it, or use another cluster name.") from None

@@ -20,9 +20,9 @@ from typing import Callable
 
 from cloudtrain.errors import ProviderError
 
-from . import instances as I
-from . import labels as L
-from . import network as NET
+from . import instances
+from . import tags
+from . import network
 from .api import Api, NotFound
 
 
@@ -56,26 +56,26 @@ class Found:
 def find(api: Api, project: str, cluster: str | None, owner: str | None) -> Found:
     """Everything in ``project`` marked for ``cluster`` of ``owner`` (None: any)."""
     out = Found()
-    for i in I.describe(api, project, cluster, owner):
+    for i in instances.describe(api, project, cluster, owner):
         out.resources.append(Resource(i.zone, "instance", i.name, i.cluster, i.owner,
                                       i.created_at, detail=f" [{i.status}]"))
-    for d in api.aggregated("disks", project, "disks", L.instance_filter(cluster, owner)):
+    for d in api.aggregated("disks", project, "disks", tags.instance_filter(cluster, owner)):
         if d.get("users"):
             continue   # attached: goes with its instance
         lab = d.get("labels") or {}
         out.resources.append(Resource(str(d.get("zone", "")).rsplit("/", 1)[-1], "disk",
-                                      str(d.get("name", "")), lab.get(L.CLUSTER, ""),
-                                      lab.get(L.OWNER, ""),
+                                      str(d.get("name", "")), lab.get(tags.CLUSTER, ""),
+                                      lab.get(tags.OWNER, ""),
                                       str(d.get("creationTimestamp", ""))))
-    for fw in NET.find_rules(api, project, cluster, owner):
-        m = L.marks(fw.get("description"))
+    for fw in network.find_rules(api, project, cluster, owner):
+        m = tags.marks(fw.get("description"))
         out.resources.append(Resource("global", "firewall", str(fw["name"]),
-                                      m.get(L.CLUSTER, ""), m.get(L.OWNER, ""),
+                                      m.get(tags.CLUSTER, ""), m.get(tags.OWNER, ""),
                                       m.get("created-at", str(fw.get("creationTimestamp", "")))))
-    for net in NET.find_networks(api, project, cluster, owner):
-        m = L.marks(net.get("description"))
+    for net in network.find_networks(api, project, cluster, owner):
+        m = tags.marks(net.get("description"))
         out.resources.append(Resource("global", "network", str(net["name"]),
-                                      m.get(L.CLUSTER, ""), m.get(L.OWNER, ""),
+                                      m.get(tags.CLUSTER, ""), m.get(tags.OWNER, ""),
                                       m.get("created-at", str(net.get("creationTimestamp", "")))))
     return out
 
@@ -84,14 +84,14 @@ def teardown(api: Api, project: str, cluster: str, owner: str | None, *,
              sleep: Callable[[float], None], poll: float = 3.0, timeout: float = 900.0) -> None:
     """Remove everything marked for ``cluster`` (of ``owner``); return when GCE lists none
     of it."""
-    insts = I.describe(api, project, cluster, owner)
+    insts = instances.describe(api, project, cluster, owner)
     if insts:
         by_zone: dict[str, list[str]] = defaultdict(list)
         for i in insts:
             by_zone[i.zone].append(i.name)
-        I.delete(api, project, dict(by_zone))
+        instances.delete(api, project, dict(by_zone))
         deadline = time.monotonic() + timeout
-        while I.describe(api, project, cluster, owner):
+        while instances.describe(api, project, cluster, owner):
             if time.monotonic() > deadline:
                 break
             sleep(poll)
@@ -108,9 +108,9 @@ def teardown(api: Api, project: str, cluster: str, owner: str | None, *,
             api.wait(op, project=project, zone=r.region, what=f"deleting disk {r.id}")
         except NotFound:
             continue
-    NET.delete_rules(api, project, [r.id for r in found.of("firewall")])
+    network.delete_rules(api, project, [r.id for r in found.of("firewall")])
     # the cluster's own network last: GCE refuses to delete one that rules or instances use
-    NET.delete_networks(api, project, [r.id for r in found.of("network")])
+    network.delete_networks(api, project, [r.id for r in found.of("network")])
     left = find(api, project, cluster, owner).resources
     if left:
         raise ProviderError(

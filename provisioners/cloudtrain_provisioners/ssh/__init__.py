@@ -19,8 +19,8 @@ from typing import ClassVar
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from cloudtrain.errors import UserError
-from cloudtrain.keys import USER_KNOWN_HOSTS, host_entry_name
-from cloudtrain.provider import ClusterRequest, NetworkRef, Node, Plan, ProviderContext
+from cloudtrain.provider import (USER_KNOWN_HOSTS, ClusterRequest, NetworkRef, Node, Plan,
+                                 ProviderContext, host_entry_name)
 
 DEFAULT_KEYS = ("id_ed25519", "id_ecdsa", "id_rsa")
 

@@ -1,7 +1,7 @@
-"""Virtual machines: what a size offers in a region (Resource SKUs), the image to boot, and
-how one node is made: a Standard static public IP, a NIC (accelerated networking where the
+"""How one node is made: a Standard static public IP, a NIC (accelerated networking where the
 size supports it) and the VM (SSH key only, spot with eviction policy Delete), each a PUT
-named after the cluster and rank, so a repeated call never makes a second one.
+named after the cluster and rank, so a repeated call never makes a second one; and the
+cluster's VMs and addresses as ARM lists them.
 """
 
 from __future__ import annotations
@@ -10,125 +10,13 @@ import base64
 from dataclasses import dataclass
 from typing import Any
 
-from cloudtrain.errors import ProviderError, UserError
+from cloudtrain.errors import ProviderError, code_of
 
-from . import tags as T
-from .api import Api, as_dict, code_of
-
-HPC_IMAGE = {"publisher": "microsoft-dsvm", "offer": "ubuntu-hpc", "sku": "2204",
-             "version": "latest"}
-"""Ubuntu 22.04 HPC image (Hyper-V generation 2): NVIDIA driver, CUDA, NCCL, InfiniBand/RDMA
-drivers and MPI installed; the default on every size that boots generation 2 (all the
-NC A100 v4, ND A100 v4, ND H100 v5 and NCasT4_v3 sizes)."""
-GEN1_IMAGE = {"publisher": "Canonical", "offer": "0001-com-ubuntu-server-jammy",
-              "sku": "22_04-lts", "version": "latest"}
-"""Plain Ubuntu 22.04 (generation 1) for the old sizes that boot only generation 1; bootstrap
-installs the driver there."""
+from . import tags
+from .api import Api, as_dict
 
 POWER = {"running": "running", "starting": "pending", "stopping": "stopped",
          "stopped": "stopped", "deallocating": "stopped", "deallocated": "stopped"}
-
-
-# --- sizes --------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class SizeInfo:
-    name: str
-    region: str
-    zones: tuple[str, ...]
-    """Zones where the subscription may use the size (empty: a region without zones)."""
-    restricted: bool
-    """The size exists in the region but this subscription may not use it there."""
-    accelerated_networking: bool
-    generations: tuple[str, ...]
-    premium_io: bool
-    spot: bool
-
-
-def _cap(caps: list[dict[str, Any]], name: str) -> str:
-    for c in caps or []:
-        if str(c.get("name", "")).lower() == name.lower():
-            return str(c.get("value", ""))
-    return ""
-
-
-def size_info(api: Api, region: str, size: str) -> SizeInfo | None:
-    """What ``size`` offers in ``region`` for this subscription; None when it is not sold
-    there."""
-    skus = api.items(f"list VM sizes of {region}", api.c.compute.resource_skus.list,
-                     filter=f"location eq '{region}'")
-    for raw in skus:
-        s = as_dict(raw)
-        if str(s.get("resourceType", "")).lower() != "virtualmachines" or \
-                str(s.get("name", "")).lower() != size.lower():
-            continue
-        info = next((i for i in s.get("locationInfo") or []
-                     if str(i.get("location", "")).lower() == region.lower()), {})
-        zones = [str(z) for z in info.get("zones") or []]
-        restricted = False
-        for r in s.get("restrictions") or []:
-            where = r.get("restrictionInfo") or {}
-            if r.get("type") == "Location":
-                restricted = True
-            elif r.get("type") == "Zone":
-                gone = {str(x) for x in where.get("zones") or []}
-                zones = [z for z in zones if z not in gone]
-                if not zones and info.get("zones"):
-                    restricted = True
-        gens = tuple(g.strip().upper() for g in (_cap(s.get("capabilities"), "HyperVGenerations")
-                                                  or "V1").split(",") if g.strip())
-        return SizeInfo(name=str(s.get("name")), region=region, zones=tuple(sorted(zones)),
-                        restricted=restricted,
-                        accelerated_networking=_cap(s.get("capabilities"),
-                                                    "AcceleratedNetworkingEnabled") == "True",
-                        generations=gens,
-                        premium_io=_cap(s.get("capabilities"), "PremiumIO") == "True",
-                        spot=_cap(s.get("capabilities"), "LowPriorityCapable") != "False")
-    return None
-
-
-# --- images -------------------------------------------------------------------------------------
-
-def parse_image(image: str) -> dict[str, str]:
-    """``publisher:offer:sku:version`` (a marketplace URN) or the id of a managed image or a
-    gallery image version, as an imageReference."""
-    if image.startswith("/subscriptions/"):
-        return {"id": image}
-    parts = image.split(":")
-    if len(parts) != 4 or not all(parts):
-        raise UserError(f"resources.image '{image}' is neither an image URN nor an image id.",
-                        "Write publisher:offer:sku:version (e.g. microsoft-dsvm:ubuntu-hpc:2204:"
-                        "latest) or the id of an image (/subscriptions/.../images/NAME).")
-    return dict(zip(("publisher", "offer", "sku", "version"), parts))
-
-
-def choose_image(image: str | None, generations: tuple[str, ...]) -> dict[str, str]:
-    if image:
-        return parse_image(image)
-    return dict(HPC_IMAGE if "V2" in generations else GEN1_IMAGE)
-
-
-def image_text(ref: dict[str, str]) -> str:
-    if "id" in ref:
-        return ref["id"]
-    return ":".join(ref[k] for k in ("publisher", "offer", "sku", "version"))
-
-
-def image_available(api: Api, region: str, ref: dict[str, str]) -> bool:
-    """Whether the marketplace image (any version, or the one named) is offered in
-    ``region``. Image ids are not checked (the VM's creation says)."""
-    if "id" in ref:
-        return True
-    try:
-        found = api.call(f"list versions of image {image_text(ref)} in {region}",
-                         api.c.compute.virtual_machine_images.list, region, ref["publisher"],
-                         ref["offer"], ref["sku"])
-    except ProviderError as exc:
-        if code_of(exc) in ("NotFound", "ResourceNotFound", "ArtifactNotFound"):
-            return False
-        raise
-    names = [str(as_dict(v).get("name", "")) for v in found or []]
-    return bool(names) and (ref["version"] == "latest" or ref["version"] in names)
 
 
 # --- a node's pieces --------------------------------------------------------------------------------
@@ -182,12 +70,12 @@ def vm_body(spec: VmSpec, rank: int, nic_id: str, zone: str | None,
             created: str | None = None, custom_data: str | None = None) -> dict[str, Any]:
     """The VM's PUT body for one rank. ``custom_data``: cloud-init user data (the node's
     host key, see the provider), passed base64-encoded as ARM wants it."""
-    name = T.vm_name(spec.cluster, rank)
+    name = tags.vm_name(spec.cluster, rank)
     props: dict[str, Any] = {
         "hardwareProfile": {"vmSize": spec.size},
         "storageProfile": {
             "imageReference": dict(spec.image),
-            "osDisk": {"name": T.disk_name(spec.cluster, rank), "createOption": "FromImage",
+            "osDisk": {"name": tags.disk_name(spec.cluster, rank), "createOption": "FromImage",
                        "caching": "ReadWrite", "diskSizeGB": spec.disk_gb,
                        "deleteOption": "Delete",
                        "managedDisk": {"storageAccountType":
@@ -211,7 +99,7 @@ def vm_body(spec: VmSpec, rank: int, nic_id: str, zone: str | None,
         props["evictionPolicy"] = "Delete"
         props["billingProfile"] = {"maxPrice": spec.spot_max_price if spec.spot_max_price else -1}
     body: dict[str, Any] = {"location": spec.region,
-                            "tags": T.tags(spec.cluster, spec.owner, rank, created),
+                            "tags": tags.tags(spec.cluster, spec.owner, rank, created),
                             "properties": props}
     if zone:
         body["zones"] = [zone]
@@ -258,13 +146,13 @@ def parse_vm(d: dict[str, Any]) -> Vm:
             power = code.split("/", 1)[1]
     nics = (p.get("networkProfile") or {}).get("networkInterfaces") or [{}]
     osd = (p.get("storageProfile") or {}).get("osDisk") or {}
-    return Vm(name=str(d.get("name")), id=str(d.get("id")), rank=T.rank_of(tg),
+    return Vm(name=str(d.get("name")), id=str(d.get("id")), rank=tags.rank_of(tg),
               location=str(d.get("location", "")), zone=(d.get("zones") or [None])[0],
               size=str((p.get("hardwareProfile") or {}).get("vmSize", "")),
               state=str(p.get("provisioningState", "")), power=power,
               spot=p.get("priority") == "Spot", nic_id=str(nics[0].get("id", "")),
-              disk_name=str(osd.get("name", "")), cluster=tg.get(T.CLUSTER, ""),
-              owner=tg.get(T.OWNER, ""), created_at=tg.get(T.CREATED, ""))
+              disk_name=str(osd.get("name", "")), cluster=tg.get(tags.CLUSTER, ""),
+              owner=tg.get(tags.OWNER, ""), created_at=tg.get(tags.CREATED, ""))
 
 
 def list_vms(api: Api, group: str) -> list[Vm]:

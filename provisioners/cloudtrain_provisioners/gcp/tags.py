@@ -13,8 +13,8 @@ from __future__ import annotations
 import hashlib
 import re
 
-from cloudtrain.names import check
-from cloudtrain.ownership import default_owner, now, owner_hash, split_owner  # noqa: F401
+from cloudtrain.provider import (check_name, default_owner, now, owner_hash,  # noqa: F401
+                                 split_owner)
 
 CLUSTER = "cloudtrain-cluster"
 RANK = "cloudtrain-node-rank"
@@ -53,7 +53,7 @@ def instance_filter(cluster: str | None, owner: str | None) -> str:
     owner, but always something cloudtrain labelled)."""
     terms = [f"(labels.{CLUSTER}:*)"]
     if cluster is not None:
-        terms.append(f'(labels.{CLUSTER} = "{_quoted(check(cluster))}")')
+        terms.append(f'(labels.{CLUSTER} = "{_quoted(check_name(cluster))}")')
     if owner is not None:
         terms.append(f'(labels.{OWNER} = "{_quoted(owner_value(owner))}")')
     return " ".join(terms)
@@ -69,7 +69,7 @@ def base_name(cluster: str, owner: str) -> str:
     """The cluster's name prefix in GCE (instances ``<base>-<rank>``, firewall rules
     ``<base>-ssh`` ...) and its network tag: readable, and unique per owner (two people may
     both have a cluster called 'train'). At most 51 characters."""
-    return f"ct-{check(cluster)}-{owner_hash(cluster, owner)}"
+    return f"ct-{check_name(cluster)}-{owner_hash(cluster, owner)}"
 
 
 def description(cluster: str, owner: str, what: str) -> str:

@@ -1,0 +1,483 @@
+"""The base the cloud providers share (AWS, GCP, Azure; a third-party cloud may use it too).
+
+:class:`CloudProvider` holds everything that is the same on every cloud, so that a cloud's
+own ``provider.py`` says only what is its own (how to find a region's zones, how to launch
+nodes in one zone, how its network and teardown work):
+
+- **targets**: the regions to try, in the planner's price order, each a :class:`Target`
+  (region, instance type, price per node-hour; a cloud that attaches GPUs separately also
+  gives ``accelerator``). ``resources.region`` pins one; a cloud may narrow the list with
+  its own options (:meth:`CloudProvider.wanted_regions`).
+- **the one failover loop**: :meth:`CloudProvider.create_nodes` walks the targets (regions)
+  and :meth:`CloudProvider.each_zone` the zones of one. Capacity errors move to the next
+  zone, quota errors and :class:`Unavailable` to the next region, everything else (auth,
+  throttling that retries did not cure, unexpected errors) stops at once. Nodes that exist
+  pin the region, type and zone.
+- **attempt records**: every attempt is an :class:`Attempt` with the same fields on every
+  cloud (region, zone, instance_type, outcome, code, message, at), shown as it happens,
+  kept in the cluster's record file and returned by ``attempts(cluster)``.
+- zone/region name checks, the plan's placement and price notes, the owner mark of a
+  cluster, the record file, the caller's CIDR, the address map (tests), master port and
+  node environment.
+
+A subclass sets the class attributes (``name``, ``title``, ``options_model``,
+``shape_examples``, ``zone_re``/``region_re`` and their examples, ``exhausted_hint``,
+``regions_hint``) and implements:
+
+``_existing(request) -> Existing``
+    The cluster's nodes that exist (by rank), and where they are; removes duplicates.
+``_try_target(request, target, pin, have) -> list[Node]``
+    Makes the missing nodes in ``target``'s region, usually by calling :meth:`each_zone`
+    with a function that launches in one zone. Raises :class:`Unavailable` when the region
+    cannot run the request at all.
+``ensure_network``, ``list_nodes``, ``terminate``, ``plan`` (with :meth:`plan_of`), and the
+    gc verbs when it collects orphans.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable
+
+from cloudtrain.errors import (AuthError, CapacityError, CloudtrainError, ProviderError,
+                               QuotaError, UserError, code_of)
+from cloudtrain.ownership import default_owner, now, owner_of_cluster
+from cloudtrain.provider.addrmap import AddressMap
+from cloudtrain.provider.caller import CallerCidr, lookup_public_ip
+from cloudtrain.provider.contract import ClusterRequest, NetworkRef, Node, Plan, ProviderContext
+from cloudtrain.provider.failover import Attempt, Pin, Unavailable, outcome_of, worst
+from cloudtrain.provider.record import ClusterRecord
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+    from cloudtrain.catalog.model import Offer
+    from cloudtrain.planner import PlanResult
+    from cloudtrain.ui import UI
+
+FROM_ENV: Any = object()
+"""``address_map`` default: read the map's file name from ``CLOUDTRAIN_<NAME>_ADDRESS_MAP``."""
+
+CIDR_LATER = "your public IP/32 (looked up when up runs)"
+
+
+@dataclass(frozen=True)
+class Target:
+    """One region to try: the instance type there, its price per node-hour (None: the
+    catalog has none), the zones the catalog lists for it, and the GPUs to attach to the
+    machine where the cloud attaches them separately (GCP's N1; None elsewhere)."""
+
+    region: str
+    instance_type: str
+    price: float | None
+    zones: tuple[str, ...] = ()
+    accelerator: str | None = None
+    accelerator_count: int = 0
+
+
+@dataclass
+class Existing:
+    """What of a cluster exists: the cloud's record of each live node by rank, and where
+    they are (the only target then) when there are any."""
+
+    nodes: dict[int, Any] = field(default_factory=dict)
+    where: Target | None = None
+    zone: str | None = None
+
+
+class CloudProvider:
+    """The shared half of a cloud provider (see the module's docstring)."""
+
+    name: ClassVar[str]
+    title: ClassVar[str]
+    """The cloud's name in messages: "AWS", "GCP", "Azure"."""
+    options_model: ClassVar[type[BaseModel]]
+    allows_absolute_mounts: ClassVar[bool] = True
+    powers_off: ClassVar[bool] = True
+    list_is_cheap: ClassVar[bool] = False
+    shape_examples: ClassVar[tuple[str, str]]
+    """(accelerators, instance_type) examples for the message when a task gives neither."""
+    zone_re: ClassVar[re.Pattern[str] | None] = None
+    """A zone name; group 1 is its region (None: zones are not named after regions)."""
+    zone_example: ClassVar[tuple[str, str]] = ("", "")
+    """(a zone, what a region's name is followed by in one of its zones)."""
+    region_re: ClassVar[re.Pattern[str] | None] = None
+    region_example: ClassVar[str] = ""
+    exhausted_hint: ClassVar[str]
+    regions_hint: ClassVar[str] = ""
+    """The hint when the regions the task allows have no offer."""
+    record_base: ClassVar[dict[str, Any]] = {}
+    """What a new record file starts from."""
+
+    default_poll: ClassVar[float] = 3.0
+    default_running_timeout: ClassVar[float] = 600.0
+
+    def __init__(self, ctx: ProviderContext, *, clients: Any = None,
+                 caller_ip: Callable[[], str] | None = None,
+                 offers: Callable[[], list[Offer]] | None = None,
+                 sleep: Callable[[float], None] = time.sleep, owner: str | None = None,
+                 ui: UI | None = None, address_map: AddressMap | None = FROM_ENV,
+                 poll: float | None = None, running_timeout: float | None = None) -> None:
+        """``cls(ctx)`` is all cloudtrain calls; the rest is for tests and embedders:
+        ``clients`` (the cloud's SDK client factory; default: the real one, with the
+        standard credentials), ``caller_ip`` (this machine's public IP lookup), ``offers``
+        (the catalog's offers of this cloud), ``sleep`` (every wait and backoff), ``owner``
+        (the owner mark), ``ui`` (where progress and failover messages go),
+        ``address_map`` (default: from ``CLOUDTRAIN_<NAME>_ADDRESS_MAP``, tests only; None:
+        none), ``poll`` (seconds between looks while nodes start), ``running_timeout``
+        (how long nodes may take to run)."""
+        self.ctx = ctx
+        self.records = ClusterRecord(ctx, self.name)
+        self.sleep = sleep
+        self.poll = self.default_poll if poll is None else poll
+        self.running_timeout = (self.default_running_timeout if running_timeout is None
+                                else running_timeout)
+        self.owner = owner or default_owner(ctx.home)   # user@host/home-<this home's id>
+        self.cidr = CallerCidr(ctx.home, caller_ip or lookup_public_ip)
+        self._offers_fn = offers
+        self._ui = ui
+        self.amap = AddressMap.from_env(self.name) if address_map is FROM_ENV else address_map
+        self._attempts: dict[str, list[Attempt]] = {}
+        self._network_began: set[str] = set()
+        self._setup(clients)
+
+    def _setup(self, clients: Any) -> None:
+        """The cloud's own start: keep ``clients`` (or make the real factory), make caches."""
+
+    # --- small helpers -----------------------------------------------------------------------
+
+    @property
+    def ui(self) -> UI:
+        if self._ui is None:
+            from cloudtrain.ui import UI
+
+            self._ui = UI()
+        return self._ui
+
+    def _opts(self, request: ClusterRequest) -> Any:
+        """The task's ``resources.<name>`` options (their defaults when it gives none)."""
+        model = self.options_model
+        return request.options if isinstance(request.options, model) else model()
+
+    def _owner(self, cluster: str | None) -> str:
+        """The owner mark of ``cluster``'s resources: this home's, or plain user@host for a
+        cluster this home created before owner marks carried a home id."""
+        return owner_of_cluster(self.records.read(cluster) if cluster else None, self.owner)
+
+    def _record(self, cluster: str) -> dict[str, Any]:
+        """The cluster's record file ({} when there is none): a hint, never the truth."""
+        return self.records.read(cluster) or {}
+
+    def _save(self, cluster: str, **updates: Any) -> None:
+        self.records.update(cluster, self.record_base, **updates)
+
+    def _offers(self) -> list[Offer]:
+        if self._offers_fn is not None:
+            return list(self._offers_fn())
+        from cloudtrain.catalog.load import provider_offers
+
+        return provider_offers(self.ctx.home, self.name)
+
+    def _cidr_text(self, request: ClusterRequest) -> str:
+        """The SSH rule's source for the plan: known now, or said to be looked up later."""
+        return request.resources.ssh_cidr or self.cidr.cached() or CIDR_LATER
+
+    # --- where to launch ---------------------------------------------------------------------
+
+    def region_of(self, request: ClusterRequest) -> str | None:
+        """The task's region: ``resources.region``, else the region of ``resources.zone``."""
+        res = request.resources
+        if res.region:
+            return res.region
+        m = self.zone_re.match(res.zone or "") if self.zone_re is not None else None
+        return m.group(1) if m else None
+
+    def wanted_regions(self, request: ClusterRequest, region: str | None) -> list[str]:
+        """The regions the task allows, in its order ([]: any, in price order)."""
+        return [region] if region else []
+
+    def target_of(self, offer: Offer, price: float | None) -> Target:
+        """The target for a catalog offer."""
+        return Target(offer.region, offer.instance_type, price)
+
+    def unpriced_target(self, request: ClusterRequest, region: str) -> Target:
+        """The target for the task's own instance type where the catalog has no price."""
+        return Target(region, str(request.resources.instance_type), None)
+
+    def unlisted_targets(self, request: ClusterRequest, region: str | None,
+                         result: PlanResult) -> list[Target]:
+        """Targets when the catalog ranks nothing and the task allows any region."""
+        return []
+
+    def targets(self, request: ClusterRequest) -> list[Target]:
+        """The regions to try, in order, each with its instance type and price. Creates
+        nothing and calls nothing (the catalog is local)."""
+        from cloudtrain import planner
+
+        res = request.resources
+        if res.accelerators is None and not res.instance_type:
+            gpus, itype = self.shape_examples
+            raise UserError(f"The {self.title} provider needs resources.accelerators (e.g. "
+                            f"{gpus}) or resources.instance_type (e.g. {itype}).",
+                            "Add one of them to the task's resources.")
+        region = self.region_of(request)
+        wanted = self.wanted_regions(request, region)
+        result = planner.rank(res.model_copy(update={"provider": self.name, "zone": None,
+                                                     "region": region}),
+                              request.num_nodes, self._offers(), spot=res.use_spot,
+                              max_hourly_cost=res.max_hourly_cost)
+        best: dict[str, Target] = {}
+        for r in result.ranked:
+            if r.offer.region not in best and (not wanted or r.offer.region in wanted):
+                best[r.offer.region] = self.target_of(r.offer, r.per_node)
+        if wanted:
+            out = [best[w] for w in wanted if w in best]
+            if res.instance_type:   # types the catalog does not price still run
+                out = [best.get(w) or self.unpriced_target(request, w) for w in wanted]
+        else:
+            out = list(best.values()) or self.unlisted_targets(request, region, result)
+        if not out:
+            raise result.error() if not result.ranked else UserError(
+                f"No offer for {result.want} in {', '.join(wanted)}.", self.regions_hint)
+        return out
+
+    # --- check and plan ----------------------------------------------------------------------
+
+    def check_place(self, request: ClusterRequest) -> None:
+        """``resources.region`` and ``zone`` are names of this cloud, the zone in the region."""
+        res = request.resources
+        if res.region and self.region_re is not None and not self.region_re.match(res.region):
+            raise UserError(f"resources.region '{res.region}' is not a {self.title} region "
+                            "name.", f"Write e.g. {self.region_example}.")
+        if res.zone and self.zone_re is not None:
+            m = self.zone_re.match(res.zone)
+            zone, suffix = self.zone_example
+            if not m:
+                raise UserError(f"resources.zone '{res.zone}' is not a {self.title} zone name.",
+                                f"Write e.g. {zone} (or leave it out to try every zone).")
+            if res.region and m.group(1) != res.region:
+                raise UserError(f"resources.zone {res.zone} is not in region {res.region}.",
+                                f"Use a zone of {res.region}, e.g. {res.region}{suffix}.")
+
+    def plan_of(self, request: ClusterRequest, targets: list[Target], creates: list[str],
+                notes: list[str]) -> Plan:
+        """The plan of ``up`` on ``targets[0]``: the cloud's ``creates`` and ``notes``, then
+        where it tries (zones, the next regions) and a missing price."""
+        res, first = request.resources, targets[0]
+        zone_note = f"zone {res.zone}" if res.zone else (
+            f"the zones of {first.region} in turn"
+            + (f" ({', '.join(first.zones)})" if first.zones else ""))
+        more = ", ".join(f"{t.region} ({t.instance_type}"
+                         + (f", ${t.price:.2f}/h per node)" if t.price is not None else ")")
+                         for t in targets[1:4])
+        notes.append(f"placement: {zone_note}" + (f"; then {more}" + (", ..." if len(targets) > 4
+                                                                      else "") if more else ""))
+        if first.price is None:
+            notes.append(f"the catalog has no {'spot' if res.use_spot else 'on-demand'} price "
+                         f"for {first.instance_type} in {first.region}")
+        accel = str(res.accelerators) if res.accelerators else None
+        return Plan(provider=self.name, num_nodes=request.num_nodes, region=first.region,
+                    zone=res.zone, instance_type=first.instance_type, accelerators=accel,
+                    use_spot=res.use_spot, hourly_price_per_node=first.price, creates=creates,
+                    notes=notes)
+
+    # --- attempts ----------------------------------------------------------------------------
+
+    def where(self, region: str, zone: str | None) -> str:
+        """A place in messages: the zone (its name says the region), else the region."""
+        return zone or region
+
+    def begin_attempts(self, cluster: str) -> None:
+        """An ``up`` starts (``ensure_network``): its attempts start afresh."""
+        self._attempts[cluster] = []
+        self._network_began.add(cluster)
+
+    def _attempt(self, cluster: str, region: str, zone: str | None, instance_type: str,
+                 outcome: str, err: BaseException | str) -> None:
+        code = err if isinstance(err, str) else code_of(err)
+        msg = err if isinstance(err, str) else (
+            err.message if isinstance(err, CloudtrainError) else str(err))
+        self._attempts.setdefault(cluster, []).append(
+            Attempt(region, zone, instance_type, outcome, code, msg, now()))
+        if outcome != "ok":
+            self.ui.warn(f"{self.name} {self.where(region, zone)} ({instance_type}): {outcome}: "
+                         f"{code}" + (f" - {msg}" if msg and msg != code else ""))
+
+    def attempts(self, cluster: str) -> list[dict[str, Any]]:
+        """Every placement attempt of the last ``up`` and its outcome, in order."""
+        if cluster in self._attempts:
+            return [a.as_dict() for a in self._attempts[cluster]]
+        saved = self._record(cluster).get("attempts", [])
+        # records written before the fields were the same everywhere said "size" on Azure
+        return [{("instance_type" if k == "size" else k): v for k, v in a.items()}
+                for a in saved if isinstance(a, dict)]
+
+    def _exhausted(self, request: ClusterRequest, why: str = "no region to try"
+                   ) -> ProviderError:
+        tried = [a for a in self._attempts.get(request.name, []) if a.outcome != "ok"]
+        res = request.resources
+        what = (f"{request.num_nodes} x {res.instance_type or res.accelerators} "
+                f"({'spot' if res.use_spot else 'on-demand'})")
+        lines = "; ".join(f"{self.where(a.region, a.zone)}: {a.code}" for a in tried) or why
+        cls: type[ProviderError] = QuotaError if tried and all(
+            a.outcome in ("quota", "unavailable") for a in tried) else CapacityError
+        return cls(f"{self.title} could not place {what} after {len(tried)} attempt(s): "
+                   f"{lines}.", self.exhausted_hint)
+
+    # --- the failover loop -------------------------------------------------------------------
+
+    def _existing(self, request: ClusterRequest) -> Existing:
+        raise NotImplementedError
+
+    def _try_target(self, request: ClusterRequest, target: Target, pin: Pin | None,
+                    have: dict[int, Any]) -> list[Node]:
+        raise NotImplementedError
+
+    def check_ranks(self, request: ClusterRequest, ranks: Iterable[int]) -> None:
+        """Refuse a cluster that has more nodes than the task asks for."""
+        too_many = sorted(r for r in ranks if r >= request.num_nodes)
+        if too_many:
+            name = request.name
+            raise UserError(f"{self.title} cluster '{name}' has node(s) of rank up to "
+                            f"{too_many[-1]}; the task asks for {request.num_nodes} node(s).",
+                            f"Take it down first ('cloudtrain down {name}') or use another "
+                            "name.")
+
+    def create_nodes(self, request: ClusterRequest, network: NetworkRef) -> list[Node]:
+        """Adopt what exists, then make what is missing: the targets (regions) in turn, the
+        zones of each in turn (:meth:`each_zone`), every attempt recorded."""
+        name = request.name
+        if name not in self._network_began:
+            self._attempts[name] = []
+        self._network_began.discard(name)
+        self._attempts.setdefault(name, [])
+        have = self._existing(request)
+        if have.where is not None:   # the nodes that exist pin the region, type and zone
+            targets, pin = [have.where], Pin(have.zone)
+        else:
+            zone = request.resources.zone
+            targets, pin = self.targets(request), (Pin(zone) if zone else None)
+        for target in targets:
+            if any(a.region == target.region and a.outcome in ("quota", "unavailable")
+                   for a in self._attempts[name]):
+                continue
+            try:
+                nodes = self._try_target(request, target, pin, have.nodes)
+            except Unavailable as exc:
+                self._attempt(name, target.region, None, target.instance_type, "unavailable",
+                              str(exc))
+                continue
+            except QuotaError as exc:
+                self._attempt(name, target.region, exc.zone, target.instance_type, "quota", exc)
+                continue
+            except CapacityError:
+                continue   # each zone's attempt is recorded already
+            finally:
+                self._save(name, attempts=[a.as_dict() for a in self._attempts[name]])
+            return nodes
+        raise self._exhausted(request)
+
+    def each_zone(self, request: ClusterRequest, target: Target, zones: list[Any],
+                  launch: Callable[[Any], list[Node]], *,
+                  skip: Callable[[Any], str | None] | None = None,
+                  none_left: str = "no zone to try") -> list[Node]:
+        """Launch in ``zones`` in turn until one has room: capacity moves on to the next
+        zone; quota (the region's) and anything else end the region. ``skip(zone)`` gives a
+        reason not to try a zone; ``none_left``: the :class:`Unavailable` reason when no
+        zone could even be tried."""
+        name, region, itype = request.name, target.region, target.instance_type
+        last: ProviderError | None = None
+        for zone in zones:
+            why = skip(zone) if skip is not None else None
+            if why:
+                self._attempt(name, region, zone, itype, "unavailable", why)
+                continue
+            try:
+                nodes = launch(zone)
+            except CapacityError as exc:
+                self._attempt(name, region, zone, itype, "capacity", exc)
+                last = exc
+                continue
+            except QuotaError as exc:
+                if exc.zone is not None:
+                    raise
+                raise QuotaError(exc.message, exc.hint, code=exc.code, zone=zone) from exc
+            except ProviderError as exc:
+                self._attempt(name, region, zone, itype, outcome_of(exc), exc)
+                raise
+            self._attempt(name, region, zone, itype, "ok", "launched")
+            return nodes
+        if last is not None:
+            raise last
+        raise Unavailable(none_left)
+
+    # --- teardown and gc -------------------------------------------------------------------
+
+    def remove_each(self, items: list[Any], remove: Callable[[Any], None], *,
+                    label: Callable[[Any], str], failed: str, hint: str,
+                    workers: int = 1) -> None:
+        """``remove(item)`` for each item (``workers`` at a time): credentials errors stop at
+        once; other provider errors are gathered into one error (``failed``, then each
+        ``label(item)`` and its message) once every item was tried."""
+        def one(item: Any) -> str | None:
+            try:
+                remove(item)
+            except AuthError:
+                raise
+            except ProviderError as exc:
+                return f"{label(item)}{exc.message}"
+            return None
+
+        if not items:
+            return
+        if workers > 1:
+            with ThreadPoolExecutor(max_workers=min(workers, len(items))) as pool:
+                problems = [p for p in pool.map(one, items) if p]
+        else:
+            problems = [p for p in map(one, items) if p]
+        if problems:
+            raise ProviderError(failed + " | ".join(problems), hint)
+
+    # --- nodes as cloudtrain sees them -------------------------------------------------------
+
+    def node_at(self, *, rank: int, instance_id: str, address: str, private: str, user: str,
+                status: str, spot: bool, host_keys: tuple[str, ...] = (),
+                what: str = "") -> Node:
+        """A node reached at ``address`` (its public or private one, as the task says). With
+        an address map (tests), only the addresses the map gives are ever used."""
+        if self.amap is None:
+            return Node(rank=rank, instance_id=instance_id, host=address, port=22, user=user,
+                        internal_ip=private, status=status,  # type: ignore[arg-type]
+                        host_keys=host_keys, root_dir="cloudtrain", spot=spot)
+        if not address:
+            return Node(rank=rank, instance_id=instance_id, host="", user=user,
+                        status=status, spot=spot)  # type: ignore[arg-type]
+        t = self.amap.resolve(address, what)
+        inner = self.amap.resolve(private, what).host if private else t.host
+        return Node(rank=rank, instance_id=instance_id, host=t.host, port=t.port,
+                    user=str(self.amap.setting("user") or user), internal_ip=inner,
+                    status=status, host_keys=host_keys,  # type: ignore[arg-type]
+                    root_dir=t.root_dir or "cloudtrain", spot=spot)
+
+    def _login(self, cluster: str, default_user: str) -> tuple[str, bool]:
+        """(the nodes' login user, whether they are reached at their public address), as
+        the cluster's record says."""
+        rec = self._record(cluster)
+        return str(rec.get("user") or default_user), bool(rec.get("public_ip", True))
+
+    def master_port(self, cluster: str) -> int:
+        if self.amap is not None and self.amap.setting("master_port"):
+            return int(self.amap.setting("master_port"))
+        return 29500
+
+    def node_env(self, cluster: str) -> dict[str, str]:
+        if self.amap is not None and self.amap.setting("python"):
+            return {"CLOUDTRAIN_PYTHON": str(self.amap.setting("python"))}
+        return {}
+
+
+__all__ = ["FROM_ENV", "Attempt", "CloudProvider", "Existing", "Pin", "Target", "Unavailable",
+           "outcome_of", "worst"]
