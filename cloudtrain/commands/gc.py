@@ -2,8 +2,8 @@
 cluster owns: what a crash, a lost state directory or a killed ``up`` left behind.
 
 Generic over providers: any provider with ``orphans(live, all_regions=, any_owner=)`` and
-``remove(resources)`` takes part (aws, gcp, azure). Registered by cli.py like the other
-command modules.
+``remove(resources)`` takes part (aws, gcp, azure). Registered by commands/main.py like the
+other command modules.
 
 Only click is imported at module level.
 """
@@ -16,36 +16,33 @@ from typing import Any
 
 import click
 
-CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+from cloudtrain.commands.base import CONTEXT, guard, open_env
 
 
-def register(cli: click.Group) -> None:
-    from cloudtrain.commands.main import _guard
-
-    @cli.command(name="gc", context_settings=CONTEXT)
-    @click.option("--provider", "provider_name", metavar="NAME",
-                  help="Only this provider (default: every installed cloud; those without "
-                       "credentials are skipped with a note).")
-    @click.option("--all-regions", is_flag=True,
-                  help="Search every enabled region (default: the default region and the "
-                       "regions of this machine's clusters).")
-    @click.option("--any-owner", is_flag=True,
-                  help="Also resources of another CLOUDTRAIN_HOME, user or machine, and those "
-                       "an older cloudtrain tagged without a home id (careful: their live "
-                       "clusters are unknown here and would be listed as orphans).")
-    @click.option("--force", is_flag=True,
-                  help="Also terminate instances that are still running (without it, gc only "
-                       "lists them and prints the command that would).")
-    @click.option("-y", "--yes", is_flag=True, help="Remove what is listed without asking.")
-    @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-    @_guard
-    def gc(provider_name: str | None, all_regions: bool, any_owner: bool, force: bool,
-           yes: bool, as_json: bool) -> None:
-        """List resources tagged by this CLOUDTRAIN_HOME that no live cluster owns; remove them
-        with -y (instances first, then security groups, key pairs, placement groups, volumes).
-        Another home's resources (same user@host) are shown and left alone; a running
-        instance is only terminated with --force."""
-        _run(provider_name, all_regions, any_owner, yes, as_json, force)
+@click.command(name="gc", context_settings=CONTEXT)
+@click.option("--provider", "provider_name", metavar="NAME",
+              help="Only this provider (default: every installed cloud; those without "
+                   "credentials are skipped with a note).")
+@click.option("--all-regions", is_flag=True,
+              help="Search every enabled region (default: the default region and the "
+                   "regions of this machine's clusters).")
+@click.option("--any-owner", is_flag=True,
+              help="Also resources of another CLOUDTRAIN_HOME, user or machine, and those "
+                   "an older cloudtrain tagged without a home id (careful: their live "
+                   "clusters are unknown here and would be listed as orphans).")
+@click.option("--force", is_flag=True,
+              help="Also terminate instances that are still running (without it, gc only "
+                   "lists them and prints the command that would).")
+@click.option("-y", "--yes", is_flag=True, help="Remove what is listed without asking.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@guard
+def gc(provider_name: str | None, all_regions: bool, any_owner: bool, force: bool,
+       yes: bool, as_json: bool) -> None:
+    """List resources tagged by this CLOUDTRAIN_HOME that no live cluster owns; remove them
+    with -y (instances first, then security groups, key pairs, placement groups, volumes).
+    Another home's resources (same user@host) are shown and left alone; a running
+    instance is only terminated with --force."""
+    _run(provider_name, all_regions, any_owner, yes, as_json, force)
 
 
 # Instance states in which nothing runs any more (AWS, GCE, Azure spellings, lowercased).
@@ -72,11 +69,10 @@ def _run(provider_name: str | None, all_regions: bool, any_owner: bool, yes: boo
          as_json: bool, force: bool = False) -> None:
     from cloudtrain import credentials
     from cloudtrain.provider import registry
-    from cloudtrain.commands.main import _env
     from cloudtrain.errors import AuthError, CloudtrainError, ProviderError, UserError
     from cloudtrain.ownership import relation
 
-    env = _env(quiet=as_json)
+    env = open_env(quiet=as_json)
     names = [provider_name] if provider_name else registry.names()
     report: list[dict[str, Any]] = []
     failed: list[CloudtrainError] = []
@@ -177,3 +173,8 @@ def _show_others(env: Any, provider: str, others: list[Any], kinds: dict[int, st
 def _as_dict(r: Any) -> dict[str, Any]:
     return {"region": r.region, "kind": r.kind, "id": r.id, "name": r.name, "cluster": r.cluster,
             "owner": r.owner, "created_at": r.created_at, "removed": False}
+
+
+def register(cli: click.Group) -> None:
+    """Add this module's commands to the top-level group."""
+    cli.add_command(gc)
