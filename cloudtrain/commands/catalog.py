@@ -254,7 +254,10 @@ def gpus(gpu: str | None, provider: str | None, region: str | None, spot: bool, 
     if not offers:
         click.echo(_no_offers(cat, name, count, provider, region, spot))
         return
-    shown = offers if show_all else offers[:limit]
+    _offers_table(cat, offers, offers if show_all else offers[:limit])
+
+
+def _offers_table(cat: Catalog, offers: list[Any], shown: list[Any]) -> None:
     rows = []
     for o in shown:
         mem = o.gpu_memory_gib
