@@ -165,7 +165,7 @@ text = json.dumps(cost_document(task, r, 1.0, None, "", avail, cat, None, None),
 t.append(time.perf_counter())
 print(" ".join(f"{b - a:.6f}" for a, b in zip(t, t[1:])))
 """
-PHASE_NAMES = ("import cloudtrain.commands.main + cmd_cost (click)", "read the task (imports pydantic)",
+PHASE_NAMES = ("import cloudtrain.commands.main + commands.cost (click)", "read the task (imports pydantic)",
                "load the catalog (import + parse)", "which clouds are usable (registry)",
                "planner.rank_task", "JSON document + dumps")
 
