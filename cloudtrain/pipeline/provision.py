@@ -162,10 +162,10 @@ def opened(env: Env, task: Task, name: str, *, keep_on_failure: bool = False,
         group.close()
 
 
-def attempts(env: Env, name: str, plan: Any) -> list[dict[str, Any]]:
+def attempts(env: Env, name: str, planned: Plan) -> list[dict[str, Any]]:
     """Every placement attempt the providers involved remember for ``name``, in order, each
     with its provider (providers without ``attempts`` contribute nothing)."""
-    names = [plan.provider] + [a.provider for a in getattr(plan, "alternatives", [])]
+    names = [planned.provider] + [a.provider for a in getattr(planned, "alternatives", [])]
     out: list[dict[str, Any]] = []
     for p in dict.fromkeys(n for n in names if n):
         fn = getattr(registry.get(p, env.pctx), "attempts", None)
