@@ -72,7 +72,7 @@ def wall(cmd: list[str], env: dict[str, str], cwd: str, runs: int,
 def bench_planner(n: int, target_ms: float) -> tuple[str, list[tuple[str, float]]]:
     from cloudtrain import planner
     from cloudtrain.catalog.load import load_catalog
-    from cloudtrain.commands.cost import _document
+    from cloudtrain.commands.cost import cost_document
     from cloudtrain.memfit import MemoryEstimate
     from cloudtrain.spec import Resources, parse_task
 
@@ -115,7 +115,7 @@ def bench_planner(n: int, target_ms: float) -> tuple[str, list[tuple[str, float]
 
     def cost_in_process() -> object:
         result = planner.rank_task(task, offers)
-        return _document(task, result, 1.0, None, "", avail, cat, None, None)
+        return cost_document(task, result, 1.0, None, "", avail, cat, None, None)
 
     ts = timed(cost_in_process, n)
     rows.append(ms_row("rank + cost --json document (any:8 x 2)", ts,
@@ -156,16 +156,16 @@ PHASES = """
 import json, sys, time
 t = [time.perf_counter()]
 import cloudtrain.commands.main, cloudtrain.commands.cost; t.append(time.perf_counter())
-from cloudtrain.commands.cost import _load; task = _load(sys.argv[1], None); t.append(time.perf_counter())
+from cloudtrain.commands.cost import load_cost_task; task = load_cost_task(sys.argv[1], None); t.append(time.perf_counter())
 from cloudtrain.catalog.load import load_catalog; cat = load_catalog(None); t.append(time.perf_counter())
 from cloudtrain import planner; avail = planner.availability(); t.append(time.perf_counter())
 r = planner.rank_task(task, cat.offers); t.append(time.perf_counter())
-from cloudtrain.commands.cost import _document
-text = json.dumps(_document(task, r, 1.0, None, "", avail, cat, None, None), indent=2)
+from cloudtrain.commands.cost import cost_document
+text = json.dumps(cost_document(task, r, 1.0, None, "", avail, cat, None, None), indent=2)
 t.append(time.perf_counter())
 print(" ".join(f"{b - a:.6f}" for a, b in zip(t, t[1:])))
 """
-PHASE_NAMES = ("import cloudtrain.commands.main + cmd_cost (click)", "read the task (imports pydantic)",
+PHASE_NAMES = ("import cloudtrain.commands.main + commands.cost (click)", "read the task (imports pydantic)",
                "load the catalog (import + parse)", "which clouds are usable (registry)",
                "planner.rank_task", "JSON document + dumps")
 

@@ -7,7 +7,7 @@
    (its own "Synced in X s" line is reported as the full sync);
 3. then, calling the library directly (what ``launch`` calls):
        plan  = cloudtrain.pipeline.run.sync_plan(cloudtrain.spec.load_task(task_file))
-       handle = cloudtrain.cluster.get_handle(open_env(UI(quiet=True)), name)
+       handle = cloudtrain.cluster.get_handle(cloudtrain.context.open_env(UI(quiet=True)), name)
        cloudtrain.pipeline.sync.push_all(plan, handle.nodes, handle.keys)
    * one-file sync: touch/modify one small .py file, time push_all; ``--repeats`` times;
    * no-change sync: push_all with nothing changed (rsync still walks both sides);
@@ -83,7 +83,7 @@ def launch(task: Path, home: Path) -> tuple[int, float, float | None, str]:
 
 
 def bench_nodes(root: Path, home: Path, wd: Path, nodes: int, repeats: int) -> dict[str, object]:
-    from cloudtrain import cluster
+    from cloudtrain import cluster, context
     from cloudtrain.pipeline import sync
     from cloudtrain.pipeline.run import sync_plan
     from cloudtrain.spec import load_task
@@ -104,7 +104,7 @@ def bench_nodes(root: Path, home: Path, wd: Path, nodes: int, repeats: int) -> d
 
     task = load_task(str(task_file))
     plan = sync_plan(task)
-    env = cluster.open_env(UI(quiet=True))
+    env = context.open_env(UI(quiet=True))
     handle = cluster.get_handle(env, name)
 
     def push() -> float:

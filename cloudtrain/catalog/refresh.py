@@ -7,18 +7,15 @@ instance type in a region the catalog lacks (AWS, Azure). Providers not refreshe
 rows. A source that fails writes nothing; the message says what failed and that the previous
 prices stay in use (exit 1).
 
-Only click (and a little of the standard library) is imported at module level:
-``cloudtrain --help`` stays fast.
+Only the standard library is imported at module level: ``cloudtrain --help`` stays fast. The
+command itself (its options and output) is in cloudtrain/commands/catalog.py.
 """
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
-
-import click
 
 if TYPE_CHECKING:
     from .model import CatalogInfo, Offer
@@ -27,7 +24,6 @@ if TYPE_CHECKING:
 
 PROVIDERS = ("aws", "azure", "gcp")
 LABEL = {"aws": "AWS", "azure": "Azure", "gcp": "GCP"}
-CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
 @dataclass
@@ -278,54 +274,9 @@ def summary(report: RefreshReport) -> str:
     return "; ".join(bits)
 
 
-# --- the command -------------------------------------------------------------------------------
-
-def _guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """cli._guard, imported when the command runs (cli imports this module)."""
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from cloudtrain.commands.main import _guard
-
-        return _guard(fn)(*args, **kwargs)
-
-    return wrapper
-
-
-@click.command("refresh", context_settings=CONTEXT)
-@click.option("--provider", "providers", multiple=True, type=click.Choice(PROVIDERS),
-              help="Only this provider (repeatable; default: all, GCP only with an API key).")
-@click.option("--region", "regions", multiple=True, metavar="REGION",
-              help="Only this region (repeatable; default: every region the sources price).")
-@click.option("--api-key", envvar="CLOUDTRAIN_GCP_API_KEY", show_envvar=True, metavar="KEY",
-              help="Google API key for the Cloud Billing Catalog API (GCP prices).")
-@click.option("--timeout", type=click.FloatRange(min=1), metavar="SECONDS",
-              help="Read timeout per request (default 60; connecting: 10).")
-@click.option("-q", "--quiet", is_flag=True, help="No progress; only warnings and errors.")
-@_guarded
-def refresh_command(providers: tuple[str, ...], regions: tuple[str, ...], api_key: str | None,
-                    timeout: float | None, quiet: bool) -> None:
-    """Rebuild your local catalog from the clouds' public price lists: AWS (EC2 bulk price
-    list; spot through the EC2 API, with credentials), Azure (Retail Prices API) and GCP
-    (Cloud Billing Catalog API, with an API key).
-
-    Prices of the instance shapes the catalog knows are updated, and known instance types
-    priced in new regions are added. The result is written to $CLOUDTRAIN_HOME/catalog/ and
-    is used instead of the shipped snapshot. AWS downloads a large price list per region:
-    use --region to limit it."""
-    from ..errors import ProviderError
-    from ..paths import home
-    from ..ui import UI
+def http_client(read_timeout: float | None = None) -> Http:
+    """The HTTP client of a refresh: timeouts and retries from CLOUDTRAIN_HTTP_*, with
+    ``read_timeout`` (seconds) instead of the environment's read timeout when given."""
     from .sources._http import Http, HttpConfig
 
-    ui = UI(quiet=quiet)
-    report = refresh(home(), providers, api_key=api_key, regions=regions,
-                     http=Http(HttpConfig.from_env(read_timeout=timeout)),
-                     progress=ui.step, warn=ui.warn)
-    for p, why in report.skipped.items():
-        ui.warn(f"{LABEL[p]} skipped: {why}")
-    if report.written:
-        ui.ok(f"Catalog refreshed: {summary(report)}. Written to {report.path}; it is now used "
-              "instead of the shipped snapshot.")
-    if report.failed:
-        msg, hint = failure_message(report)
-        raise ProviderError(msg, hint)
+    return Http(HttpConfig.from_env(read_timeout=read_timeout))

@@ -1,37 +1,25 @@
 """``cloudtrain catalog info|refresh`` and ``cloudtrain gpus``.
 
-``catalog_group`` is the ``catalog`` command group; ``catalog refresh`` lives in
-cloudtrain/catalog/refresh.py and is added to this group. Only click is imported here at
-module level (``cloudtrain --help`` stays fast).
+``catalog_group`` is the ``catalog`` command group; ``catalog refresh`` is the click side of
+cloudtrain/catalog/refresh.py. Only click is imported here at module level
+(``cloudtrain --help`` stays fast).
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import click
+
+from cloudtrain.catalog.refresh import PROVIDERS as REFRESH_PROVIDERS
+from cloudtrain.commands.base import CONTEXT, guard
 
 if TYPE_CHECKING:
     from cloudtrain.catalog.load import Catalog
 
-CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 PROVIDERS = ("aws", "gcp", "azure")
-
-
-def _guard(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """cli._guard, looked up when the command runs: importing cli from here at import time
-    would be circular (cli imports this module to register its commands)."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from cloudtrain.commands.main import _guard as guard
-
-        return guard(fn)(*args, **kwargs)
-
-    return wrapper
 
 
 @click.group(name="catalog", context_settings=CONTEXT)
@@ -41,7 +29,7 @@ def catalog_group() -> None:
 
 @catalog_group.command(name="info", context_settings=CONTEXT)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@_guard
+@guard
 def catalog_info(as_json: bool) -> None:
     """Which catalog is in use (the snapshot shipped with cloudtrain, or the user-local one
     that 'catalog refresh' writes), how old it is, where it comes from and what the loader
@@ -228,7 +216,7 @@ def _summary(cat: Catalog, provider: str | None, region: str | None, spot: bool,
                    "limit), each with provider, instance_type, accelerator, accelerator_count, "
                    "gpu_memory_gib (per GPU), vcpus, memory_gib, region, price_hourly_usd and "
                    "spot_price_hourly_usd (USD per node-hour; null: not sold so).")
-@_guard
+@guard
 def gpus(gpu: str | None, provider: str | None, region: str | None, spot: bool, limit: int,
          show_all: bool, models: bool, as_json: bool) -> None:
     """GPU offers from the catalog, cheapest first (per node, on-demand; --spot: spot).
@@ -266,7 +254,10 @@ def gpus(gpu: str | None, provider: str | None, region: str | None, spot: bool, 
     if not offers:
         click.echo(_no_offers(cat, name, count, provider, region, spot))
         return
-    shown = offers if show_all else offers[:limit]
+    _offers_table(cat, offers, offers if show_all else offers[:limit])
+
+
+def _offers_table(cat: Catalog, offers: list[Any], shown: list[Any]) -> None:
     rows = []
     for o in shown:
         mem = o.gpu_memory_gib
@@ -300,10 +291,50 @@ def _no_offers(cat: Catalog, name: str, count: float | None, provider: str | Non
     return msg + ("" if not hints else " Note: " + "; ".join(hints) + ".")
 
 
+# --- catalog refresh ---------------------------------------------------------------------------
+
+@click.command("refresh", context_settings=CONTEXT)
+@click.option("--provider", "providers", multiple=True, type=click.Choice(REFRESH_PROVIDERS),
+              help="Only this provider (repeatable; default: all, GCP only with an API key).")
+@click.option("--region", "regions", multiple=True, metavar="REGION",
+              help="Only this region (repeatable; default: every region the sources price).")
+@click.option("--api-key", envvar="CLOUDTRAIN_GCP_API_KEY", show_envvar=True, metavar="KEY",
+              help="Google API key for the Cloud Billing Catalog API (GCP prices).")
+@click.option("--timeout", type=click.FloatRange(min=1), metavar="SECONDS",
+              help="Read timeout per request (default 60; connecting: 10).")
+@click.option("-q", "--quiet", is_flag=True, help="No progress; only warnings and errors.")
+@guard
+def refresh_command(providers: tuple[str, ...], regions: tuple[str, ...], api_key: str | None,
+                    timeout: float | None, quiet: bool) -> None:
+    """Rebuild your local catalog from the clouds' public price lists: AWS (EC2 bulk price
+    list; spot through the EC2 API, with credentials), Azure (Retail Prices API) and GCP
+    (Cloud Billing Catalog API, with an API key).
+
+    Prices of the instance shapes the catalog knows are updated, and known instance types
+    priced in new regions are added. The result is written to $CLOUDTRAIN_HOME/catalog/ and
+    is used instead of the shipped snapshot. AWS downloads a large price list per region:
+    use --region to limit it."""
+    from cloudtrain.catalog.refresh import LABEL, failure_message, http_client, refresh, summary
+    from cloudtrain.errors import ProviderError
+    from cloudtrain.paths import home
+    from cloudtrain.ui import UI
+
+    ui = UI(quiet=quiet)
+    report = refresh(home(), providers, api_key=api_key, regions=regions,
+                     http=http_client(timeout),
+                     progress=ui.step, warn=ui.warn)
+    for p, why in report.skipped.items():
+        ui.warn(f"{LABEL[p]} skipped: {why}")
+    if report.written:
+        ui.ok(f"Catalog refreshed: {summary(report)}. Written to {report.path}; it is now used "
+              "instead of the shipped snapshot.")
+    if report.failed:
+        msg, hint = failure_message(report)
+        raise ProviderError(msg, hint)
+
+
 def register(cli: click.Group) -> None:
     """Add this module's commands to the top-level group."""
-    from cloudtrain.catalog.refresh import refresh_command
-
     catalog_group.add_command(refresh_command)
     cli.add_command(catalog_group)
     cli.add_command(gpus)

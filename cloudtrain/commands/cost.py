@@ -8,81 +8,78 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from cloudtrain.commands.base import CONTEXT, guard
+
 if TYPE_CHECKING:
     from cloudtrain.memfit import MemoryEstimate
     from cloudtrain.planner import PlanResult
     from cloudtrain.spec import Task
 
-CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 TABLE_ROWS = 10
 
 
-def register(cli: click.Group) -> None:
-    """Add this module's commands to the top-level group."""
-    from cloudtrain.commands.main import _guard
+@click.command(context_settings=CONTEXT)
+@click.argument("task_file", type=click.Path(dir_okay=False))
+@click.option("--hours", "hours", type=float, metavar="H",
+              help="Hours to price (default: the task's max_hours, else 1).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Machine-readable output: one object, {\"offers\": [...], \"choice\": the "
+                   "offer up would take or null, ...} (docs/cost.md). When nothing is "
+                   "feasible it is still printed, with choice null, and the exit code is 2.")
+@click.option("--top", "top", type=int, metavar="N",
+              help=f"Show the N cheapest offers (default: {TABLE_ROWS} in the table, all in "
+                   "--json; there, with --model-params, also the N cheapest that do not "
+                   "fit).")
+@click.option("--accelerators", "accelerators", metavar="NAME:COUNT",
+              help="Price these GPUs instead of the task's, e.g. H100:8; any:8 lets memory "
+                   "and price choose the model.")
+@click.option("--spot/--on-demand", "spot", default=None,
+              help="The market to price (default: the task's use_spot).")
+@click.option("--model-params", "model_params", metavar="N",
+              help="Parameters of the model (7e9, 7B, 350M): keep only offers whose GPUs "
+                   "hold it.")
+@click.option("--precision", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16",
+              show_default=True, help="Training precision (with --model-params).")
+@click.option("--optimizer", type=click.Choice(["adamw", "sgd"]), default="adamw",
+              show_default=True, help="Optimizer (with --model-params).")
+@click.option("--strategy", type=click.Choice(["ddp", "fsdp"]), default="ddp",
+              show_default=True,
+              help="ddp: every GPU holds everything; fsdp: states sharded over every GPU.")
+@guard
+def cost(task_file: str, hours: float | None, as_json: bool, top: int | None,
+         accelerators: str | None, spot: bool | None, model_params: str | None,
+         precision: str, optimizer: str, strategy: str) -> None:
+    """What TASK_FILE costs: the feasible offers cheapest first ($/h per node, $/h for the
+    cluster, the total for H hours, the spot price and its saving), which one 'up' would
+    pick, and why the other offers don't fit. Prices come from the catalog in use
+    ('cloudtrain catalog info'); nothing is created.
 
-    @cli.command(context_settings=CONTEXT)
-    @click.argument("task_file", type=click.Path(dir_okay=False))
-    @click.option("--hours", "hours", type=float, metavar="H",
-                  help="Hours to price (default: the task's max_hours, else 1).")
-    @click.option("--json", "as_json", is_flag=True,
-                  help="Machine-readable output: one object, {\"offers\": [...], \"choice\": the "
-                       "offer up would take or null, ...} (docs/cost.md). When nothing is "
-                       "feasible it is still printed, with choice null, and the exit code is 2.")
-    @click.option("--top", "top", type=int, metavar="N",
-                  help=f"Show the N cheapest offers (default: {TABLE_ROWS} in the table, all in "
-                       "--json; there, with --model-params, also the N cheapest that do not "
-                       "fit).")
-    @click.option("--accelerators", "accelerators", metavar="NAME:COUNT",
-                  help="Price these GPUs instead of the task's, e.g. H100:8; any:8 lets memory "
-                       "and price choose the model.")
-    @click.option("--spot/--on-demand", "spot", default=None,
-                  help="The market to price (default: the task's use_spot).")
-    @click.option("--model-params", "model_params", metavar="N",
-                  help="Parameters of the model (7e9, 7B, 350M): keep only offers whose GPUs "
-                       "hold it.")
-    @click.option("--precision", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16",
-                  show_default=True, help="Training precision (with --model-params).")
-    @click.option("--optimizer", type=click.Choice(["adamw", "sgd"]), default="adamw",
-                  show_default=True, help="Optimizer (with --model-params).")
-    @click.option("--strategy", type=click.Choice(["ddp", "fsdp"]), default="ddp",
-                  show_default=True,
-                  help="ddp: every GPU holds everything; fsdp: states sharded over every GPU.")
-    @_guard
-    def cost(task_file: str, hours: float | None, as_json: bool, top: int | None,
-             accelerators: str | None, spot: bool | None, model_params: str | None,
-             precision: str, optimizer: str, strategy: str) -> None:
-        """What TASK_FILE costs: the feasible offers cheapest first ($/h per node, $/h for the
-        cluster, the total for H hours, the spot price and its saving), which one 'up' would
-        pick, and why the other offers don't fit. Prices come from the catalog in use
-        ('cloudtrain catalog info'); nothing is created.
+    \b
+    With --model-params, only offers whose GPUs hold the model are kept. Per GPU:
+      needed = params x (weights + gradients + optimizer bytes) / shards x 1.2 + 1 GiB
+      weights    4 B (fp32), or 2 + 4 B (bf16/fp16: compute copy + fp32 master)
+      gradients  4 B (fp32), or 2 B (bf16/fp16)
+      optimizer  8 B (adamw: two fp32 moments), or 4 B (sgd: momentum)
+      shards     every GPU of the cluster for fsdp, 1 for ddp
+      x 1.2      20 % activation allowance; + 1 GiB CUDA context and workspace
+    It fits when needed <= 90 % of the GPU's memory. See docs/cost.md.
 
-        \b
-        With --model-params, only offers whose GPUs hold the model are kept. Per GPU:
-          needed = params x (weights + gradients + optimizer bytes) / shards x 1.2 + 1 GiB
-          weights    4 B (fp32), or 2 + 4 B (bf16/fp16: compute copy + fp32 master)
-          gradients  4 B (fp32), or 2 B (bf16/fp16)
-          optimizer  8 B (adamw: two fp32 moments), or 4 B (sgd: momentum)
-          shards     every GPU of the cluster for fsdp, 1 for ddp
-          x 1.2      20 % activation allowance; + 1 GiB CUDA context and workspace
-        It fits when needed <= 90 % of the GPU's memory. See docs/cost.md.
+    \b
+    --json prints one object: "offers" (each with provider, instance_type, accelerator,
+    accelerator_count, gpu_memory_gib, vcpus, memory_gib, region, price_hourly_usd,
+    spot_price_hourly_usd, nodes, cluster_hourly_usd, total_usd; with --model-params also
+    "fits", and "reason" for the offers that do not fit, listed after the feasible ones)
+    and "choice" (the offer up would take; null when there is none).
 
-        \b
-        --json prints one object: "offers" (each with provider, instance_type, accelerator,
-        accelerator_count, gpu_memory_gib, vcpus, memory_gib, region, price_hourly_usd,
-        spot_price_hourly_usd, nodes, cluster_hourly_usd, total_usd; with --model-params also
-        "fits", and "reason" for the offers that do not fit, listed after the feasible ones)
-        and "choice" (the offer up would take; null when there is none).
-
-        Exit codes: 0; 2 when nothing is feasible (with --json the object is printed to
-        stdout all the same, "choice" null) or the input is bad.
-        """
-        _run(task_file, hours=hours, as_json=as_json, top=top, accelerators=accelerators,
-             spot=spot, model_params=model_params, precision=precision, optimizer=optimizer,
-             strategy=strategy)
+    Exit codes: 0; 2 when nothing is feasible (with --json the object is printed to
+    stdout all the same, "choice" null) or the input is bad.
+    """
+    _run(task_file, hours=hours, as_json=as_json, top=top, accelerators=accelerators,
+         spot=spot, model_params=model_params, precision=precision, optimizer=optimizer,
+         strategy=strategy)
 
 
-def _load(task_file: str, accelerators: str | None) -> Task:
+def load_cost_task(task_file: str, accelerators: str | None) -> Task:
     from cloudtrain.planner import CLOUDS
     from cloudtrain.provider.options import load_checked
 
@@ -129,7 +126,7 @@ def _run(task_file: str, *, hours: float | None, as_json: bool, top: int | None,
     fit = None
     if model_params is not None:
         fit = MemoryEstimate(parse_params(model_params), precision, optimizer, strategy)
-    task = _load(task_file, accelerators)
+    task = load_cost_task(task_file, accelerators)
     h = _check_hours(hours if hours is not None else (task.max_hours or 1.0))
     res = task.resources
     if spot is not None and spot != res.use_spot:
@@ -154,12 +151,12 @@ def _run(task_file: str, *, hours: float | None, as_json: bool, top: int | None,
         err = result.error()
         if as_json:
             note = f"nothing is feasible: {result.summary()}"
-            doc = _document(task, result, h, None, note, avail, catalog, fit, top)
+            doc = cost_document(task, result, h, None, note, avail, catalog, fit, top)
             doc["error"] = err.message
             click.echo(json.dumps(doc, indent=2))
         raise err
     pick, pick_note = _up_pick(task, result, avail)
-    doc = _document(task, result, h, pick, pick_note, avail, catalog, fit, top)
+    doc = cost_document(task, result, h, pick, pick_note, avail, catalog, fit, top)
     if as_json:
         click.echo(json.dumps(doc, indent=2))
         return
@@ -185,9 +182,9 @@ def _up_pick(task: Task, result: PlanResult, avail: dict[str, str | None]
     return None, f"up would pick none: no cloud is usable here ({reasons})"
 
 
-def _document(task: Task, result: PlanResult, hours: float, pick: int | None, pick_note: str,
-              avail: dict[str, str | None], catalog: Any, fit: MemoryEstimate | None,
-              top: int | None) -> dict[str, Any]:
+def cost_document(task: Task, result: PlanResult, hours: float, pick: int | None,
+                  pick_note: str, avail: dict[str, str | None], catalog: Any,
+                  fit: MemoryEstimate | None, top: int | None) -> dict[str, Any]:
     """``cost --json``. Field names of "offers" and "choice" are a contract (docs/cost.md)."""
     from cloudtrain.planner import priced_json
 
@@ -361,3 +358,8 @@ def _no_catalog(task: Task, hours: float, fit: MemoryEstimate | None, as_json: b
                    f"{name}'s GPUs:")
         for line in fit.breakdown(1).lines():
             click.echo(f"  {line}")
+
+
+def register(cli: click.Group) -> None:
+    """Add this module's commands to the top-level group."""
+    cli.add_command(cost)

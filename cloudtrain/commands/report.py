@@ -9,57 +9,53 @@ from typing import TYPE_CHECKING
 
 import click
 
+from cloudtrain.commands.base import CONTEXT, finite, guard, open_env
+
 if TYPE_CHECKING:
     from cloudtrain.ledger import Report
 
-CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 CHART_EXTRA = "pip install 'cloudtrain[chart]'"
 
 
-def register(cli: click.Group) -> None:
-    """Add this module's commands to the top-level group."""
-    from cloudtrain.commands.main import _finite, _guard
+@click.command(name="cost-report", context_settings=CONTEXT)
+@click.option("--days", type=click.FloatRange(min=0, min_open=True, max=36500), metavar="N",
+              callback=finite,
+              help="Only the last N days: each cluster's hours are clipped to that window "
+                   "(default: everything recorded).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Machine-readable output: {\"clusters\": [{name, provider, region, "
+                   "instance_type, nodes, spot, hours, price_hourly_usd (per node-hour, at "
+                   "launch), cost_usd, ...}], \"total_usd\": ...}.")
+@click.option("--csv", "as_csv", is_flag=True,
+              help="One CSV row per cluster (no totals row: sum cost_usd).")
+@click.option("--chart", "chart", type=click.Path(dir_okay=False), metavar="FILE.png",
+              help=f"Also write a PNG of daily spend by provider (needs matplotlib: "
+                   f"{CHART_EXTRA}).")
+@guard
+def cost_report(days: float | None, as_json: bool, as_csv: bool, chart: str | None) -> None:
+    """What every cluster cost, terminated ones included: provider, region, instance, nodes,
+    spot, hours, price per node-hour at launch, cost; totals per provider.
 
-    @cli.command(name="cost-report", context_settings=CONTEXT)
-    @click.option("--days", type=click.FloatRange(min=0, min_open=True, max=36500), metavar="N",
-                  callback=_finite,
-                  help="Only the last N days: each cluster's hours are clipped to that window "
-                       "(default: everything recorded).")
-    @click.option("--json", "as_json", is_flag=True,
-                  help="Machine-readable output: {\"clusters\": [{name, provider, region, "
-                       "instance_type, nodes, spot, hours, price_hourly_usd (per node-hour, at "
-                       "launch), cost_usd, ...}], \"total_usd\": ...}.")
-    @click.option("--csv", "as_csv", is_flag=True,
-                  help="One CSV row per cluster (no totals row: sum cost_usd).")
-    @click.option("--chart", "chart", type=click.Path(dir_okay=False), metavar="FILE.png",
-                  help=f"Also write a PNG of daily spend by provider (needs matplotlib: "
-                       f"{CHART_EXTRA}).")
-    @_guard
-    def cost_report(days: float | None, as_json: bool, as_csv: bool, chart: str | None) -> None:
-        """What every cluster cost, terminated ones included: provider, region, instance, nodes,
-        spot, hours, price per node-hour at launch, cost; totals per provider.
+    Cost = hours x price per node-hour recorded at launch x nodes, summed over the times
+    the cluster's nodes existed (created to terminated, started to stopped). Running
+    clusters count up to now. Prices are never looked up again: a newer catalog does not
+    change past costs, and a cluster with no recorded price shows "unknown" and is left
+    out of the totals. Days on the chart are UTC calendar days.
+    """
+    from cloudtrain.errors import UserError
 
-        Cost = hours x price per node-hour recorded at launch x nodes, summed over the times
-        the cluster's nodes existed (created to terminated, started to stopped). Running
-        clusters count up to now. Prices are never looked up again: a newer catalog does not
-        change past costs, and a cluster with no recorded price shows "unknown" and is left
-        out of the totals. Days on the chart are UTC calendar days.
-        """
-        from cloudtrain.errors import UserError
-
-        if as_json and as_csv:
-            raise UserError("--json and --csv are two output formats; pick one.",
-                            "e.g. cloudtrain cost-report --json")
-        _run(days, as_json, as_csv, chart)
+    if as_json and as_csv:
+        raise UserError("--json and --csv are two output formats; pick one.",
+                        "e.g. cloudtrain cost-report --json")
+    _run(days, as_json, as_csv, chart)
 
 
 def _run(days: float | None, as_json: bool, as_csv: bool, chart: str | None) -> None:
     import time
 
     from cloudtrain import ledger
-    from cloudtrain.commands.main import _env
 
-    env = _env(quiet=as_json or as_csv)
+    env = open_env(quiet=as_json or as_csv)
     now = time.time()
     rows = env.state.usage()
     rep = ledger.build(rows, now=now, days=days)
@@ -171,3 +167,8 @@ def render_chart(daily: dict[date, dict[str, float]], path: Path) -> dict[date, 
     finally:
         plt.close(fig)
     return drawn
+
+
+def register(cli: click.Group) -> None:
+    """Add this module's commands to the top-level group."""
+    cli.add_command(cost_report)

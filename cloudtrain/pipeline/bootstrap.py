@@ -1,6 +1,7 @@
-"""The bootstrap runner: upload ``bootstrap/`` to every node, run ``node.sh`` there in
-parallel, stream and time its steps, record what it found, and skip nodes already bootstrapped
-with the same script version (a stamp on the node)."""
+"""Bootstrap: upload ``bootstrap/`` to every node, run ``node.sh`` there in parallel, stream
+and time its steps, record what it found, and skip nodes already bootstrapped with the same
+script version (a stamp on the node). :func:`run` is the runner over connections;
+:func:`run_bootstrap` runs it for a cluster and records and shows what each node reported."""
 
 from __future__ import annotations
 
@@ -13,13 +14,17 @@ import time
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import PurePosixPath
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from cloudtrain.errors import RemoteError
 from cloudtrain.paths import bootstrap_dir
 from cloudtrain.remote import Group, bash
 from cloudtrain.spec import BootstrapSpec
 from cloudtrain.state import NodeRow
+
+if TYPE_CHECKING:
+    from cloudtrain.cluster import Handle
+    from cloudtrain.context import Env
 
 TAIL_LINES = 20
 
@@ -197,3 +202,51 @@ def run(group: Group, env_for: Callable[[NodeRow], dict[str, str]], *, force: bo
                           "'cloudtrain up' again: nodes already done are skipped, and installs "
                           "already made are not redone.")
     return reports
+
+
+# --- for a cluster -----------------------------------------------------------------------------
+
+def provider_node_env(handle: Handle) -> dict[str, str]:
+    from cloudtrain.provider.contract import HasNodeEnv
+
+    provider = handle.provider
+    return dict(provider.node_env(handle.name)) if isinstance(provider, HasNodeEnv) else {}
+
+
+def bootstrap_env(handle: Handle, cfg: BootstrapSpec) -> Callable[[NodeRow], dict[str, str]]:
+    extra = provider_node_env(handle)
+    return lambda n: node_env(cfg, n, extra)
+
+
+def run_bootstrap(env: Env, handle: Handle, group: Group, cfg: BootstrapSpec,
+                  force: bool = False) -> None:
+    """Bootstrap every node of ``handle`` (skipping those already done), record what each
+    found in the state, show it, and refresh the handle's nodes from the state."""
+    t0 = time.monotonic()
+    reports = run(group, bootstrap_env(handle, cfg), force=force)
+    for rank, rep in sorted(reports.items()):
+        r = rep.results
+        env.state.set_node_bootstrap(
+            handle.name, rank, version=version(), iface=r.get("iface") or None,
+            python_bin=r.get("python_bin") or None,
+            gpus=int(r["gpus"]) if r.get("gpus", "").isdigit() else None, info=r)
+        show_report(env, rep)
+    fresh = env.state.get_cluster(handle.name)
+    if fresh is not None:
+        handle.row.nodes = fresh.nodes
+    env.ui.ok(f"Nodes ready in {time.monotonic() - t0:.1f}s")
+
+
+def show_report(env: Env, rep: NodeReport) -> None:
+    """Per node: what each step found or installed, and how long it took."""
+    if rep.skipped:
+        env.ui.info(f"  node {rep.rank}: already bootstrapped with these scripts; found "
+                    + "; ".join(f"{s.name}: {s.detail}" for s in rep.steps
+                                if s.outcome == "found" and s.name in ("gpu", "python", "torch")))
+        return
+    what = ", ".join(s.name for s in rep.installed) or "nothing"
+    env.ui.info(f"  node {rep.rank}: bootstrapped in {rep.seconds:.1f}s, installed {what}")
+    width = max((len(s.name) for s in rep.steps), default=0)
+    for s in rep.steps:
+        word = {"found": "found", "installed": "INSTALLED", "skip": "skipped"}.get(s.outcome, "done")
+        env.ui.info(f"    {s.name:<{width}}  {s.seconds:6.2f}s  {word:<9}  {s.detail}".rstrip())

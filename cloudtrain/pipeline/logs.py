@@ -5,9 +5,10 @@ from __future__ import annotations
 import shlex
 from pathlib import Path, PurePosixPath
 
-from cloudtrain.cluster import Env, connect, get_handle
+from cloudtrain.cluster import connect, get_handle
+from cloudtrain.context import Env
 from cloudtrain.errors import RemoteError, UserError
-from cloudtrain.pipeline.run import LogSink, follow_command, job_dir
+from cloudtrain.pipeline.remote_job import LogSink, follow_command, job_dir
 from cloudtrain.remote import bash
 
 

@@ -1,40 +1,31 @@
 """Run a task on a cluster: sync, setup (once per content hash), run on every node at once,
-stream logs, stop every node when one fails or on Ctrl-C, pull outputs back."""
+stream logs, stop every node when one fails or on Ctrl-C, pull outputs back; ``exec``'s
+command on some nodes. The fan-out itself is :mod:`cloudtrain.pipeline.remote_job`."""
 
 from __future__ import annotations
 
 import hashlib
-import secrets
 import shlex
-import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Callable, TextIO
+from typing import TYPE_CHECKING, Callable
 
-from cloudtrain.pipeline import bootstrap as bootstrap_mod
 from cloudtrain import paths
-from cloudtrain.pipeline import sync, torchrun
-from cloudtrain.cluster import Env, Handle, bootstrap_env, cluster_uid, run_bootstrap, stop_processes
+from cloudtrain.cluster import Handle, cluster_uid
+from cloudtrain.context import Env
 from cloudtrain.errors import Interrupted, JobFailed, RemoteError, UserError
-from cloudtrain.remote import Group, NodeLost, Result, bash
+from cloudtrain.pipeline import bootstrap, sync, torchrun
+from cloudtrain.pipeline.bootstrap import bootstrap_env, run_bootstrap
+from cloudtrain.pipeline.remote_job import (LogSink, RemoteJob, job_dir, new_job_id,
+                                            read_worker_failures)
+from cloudtrain.remote import Group, Result, bash
 from cloudtrain.spec import Task
 from cloudtrain.state import NodeRow
 
 if TYPE_CHECKING:
     from cloudtrain.budget import Watch
-
-# Seconds from SIGTERM to SIGKILL when a job is stopped, unless the task sets stop_grace.
-STOP_GRACE: float = 60
-
-
-def new_job_id() -> str:
-    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
-
-
-def job_dir(node: NodeRow, job_id: str) -> str:
-    return str(PurePosixPath(node.root_dir) / "jobs" / job_id)
 
 
 @dataclass
@@ -97,177 +88,8 @@ def train_body(handle: Handle, node: NodeRow, task: Task, job_id: str) -> str:
     gpus = min((n.gpus or 0) for n in handle.nodes)
     info = torchrun.NodeInfo(rank=node.rank, num_nodes=len(handle.nodes), node_ip=node.internal_ip,
                              head_ip=head.internal_ip, master_port=handle.row.master_port, gpus=gpus)
-    wrapper = str(PurePosixPath(bootstrap_mod.script_dir(node)) / "ctworker.sh")
+    wrapper = str(PurePosixPath(bootstrap.script_dir(node)) / "ctworker.sh")
     return "exec " + torchrun.shell(torchrun.command(task.train, info, job_id, wrapper))
-
-
-# --- the log sink ----------------------------------------------------------------------------
-
-class LogSink:
-    """Writes each node's lines to its local log file and to the terminal."""
-
-    def __init__(self, env: Env, folder: Path, suffix: str, echo: bool, raw: bool = False) -> None:
-        self.env = env
-        self.raw = raw
-        self.folder = folder
-        paths.private_dir(folder)
-        self.suffix = suffix
-        self.echo = echo
-        self.files: dict[int, TextIO] = {}
-        self.lock = threading.Lock()
-
-    def __call__(self, rank: int, line: str) -> None:
-        with self.lock:
-            f = self.files.get(rank)
-            if f is None:
-                f = self.files[rank] = open(self.folder / f"node-{rank}{self.suffix}.log", "a",
-                                                 opener=paths.private_opener)
-            f.write(line + "\n")
-            f.flush()
-        if self.echo:
-            if self.raw:
-                self.env.ui.raw_line(line)
-            else:
-                self.env.ui.node_line(rank, line)
-
-    def close(self) -> None:
-        for f in self.files.values():
-            f.close()
-
-
-# --- the run ---------------------------------------------------------------------------------
-
-def start_command(jdir: str, detach: bool) -> str:
-    """ctjob.sh travels inline, so a job (or exec) needs nothing uploaded beforehand."""
-    return bootstrap_mod.inline("ctjob.sh", jdir, *(["--detach"] if detach else []))
-
-
-def follow_command(jdir: str, offset: int) -> str:
-    """Stream a started job's node.log from byte ``offset``; exits with the job's exit code."""
-    return bootstrap_mod.inline("ctjob.sh", jdir, "--follow", str(offset))
-
-
-class _Job:
-    """One script on every node at once, stopped everywhere when one node fails."""
-
-    def __init__(self, env: Env, handle: Handle, group: Group, job_id: str,
-                 scripts: dict[int, str], sink: Callable[[int, str], None],
-                 ranks: list[int], stop_on_failure: bool = True,
-                 grace: float = STOP_GRACE) -> None:
-        self.env, self.handle, self.group = env, handle, group
-        self.grace = grace
-        self.stop_on_failure = stop_on_failure
-        self.job_id = job_id
-        self.scripts = scripts
-        self.sink = sink
-        self.ranks = ranks
-        self.order: list[tuple[int, int | None, float]] = []
-        self.errors: dict[int, BaseException] = {}
-        self.stopping = threading.Event()
-        self._stopper: threading.Thread | None = None
-        self.lock = threading.Lock()
-        self._last_stop = 0.0
-
-    def _jdirs(self) -> dict[int, str]:
-        return {n.rank: job_dir(n, self.job_id) for n in self.handle.nodes}
-
-    def _stop(self) -> None:
-        # Each node's processes by that node's job directory (CLOUDTRAIN_JOB_DIR): nodes that
-        # share a machine (local ones) must not signal each other's job, or a node's job could
-        # lose its child before it gets SIGTERM itself and never run its checkpoint trap.
-        jdirs = self._jdirs()
-        stop_processes(self.env, self.handle, f"CLOUDTRAIN_JOB_ID={self.job_id}", jdirs,
-                       grace=self.grace, group=self.group,
-                       node_markers={r: f"CLOUDTRAIN_JOB_DIR={d}" for r, d in jdirs.items()})
-
-    def stop_everywhere(self, reason: str) -> None:
-        if self.stopping.is_set():
-            return
-        self.stopping.set()
-        self.env.ui.warn(f"{reason} (SIGTERM, then SIGKILL after {self.grace:g} s: stop_grace)")
-        self._last_stop = time.monotonic()
-        self._stop()
-
-    def stop_for_budget(self, reason: str) -> None:
-        """Called by the budget watch at 100 %, and again on its later polls while this job
-        still runs: a node whose job started just after the first stop is stopped too."""
-        if not self.stopping.is_set():
-            self.stop_everywhere(f"{reason}: stopping job {self.job_id} on every node")
-        elif time.monotonic() - self._last_stop >= 1.0:
-            self._last_stop = time.monotonic()
-            self._stop()
-
-    def _on_done(self, r: Result) -> None:
-        code = r.exit_code if r.error is None else None
-        with self.lock:
-            self.order.append((r.rank, code, time.time()))
-            if r.error is not None:
-                self.errors[r.rank] = r.error
-        if code != 0 and self.stop_on_failure and not self.stopping.is_set():
-            what = f"exit code {code}" if code is not None else f"lost: {getattr(r.error, 'message', r.error)}"
-            t = threading.Thread(target=self.stop_everywhere, daemon=True,
-                                 args=(f"node {r.rank} failed ({what}): stopping the job on every node",))
-            self._stopper = t
-            t.start()
-
-    def run(self, detach: bool = False) -> dict[int, Result]:
-        """Start the job detached on every node, then (unless ``detach``) follow each node's
-        log until the job ends there: a dropped connection is resumed, not an exit."""
-        jdirs = self._jdirs()
-        try:
-            res = self.group.run(lambda n: start_command(jdirs[n.rank], True),
-                                 stdin=lambda n: self.scripts[n.rank].encode(),
-                                 combine=True, ranks=self.ranks)
-            if not detach:
-                started = [r for r in self.ranks if res[r].ok]
-                for r in self.ranks:
-                    if not res[r].ok:
-                        self._on_done(res[r])
-                res.update(self.group.follow_all(lambda n, off: follow_command(jdirs[n.rank], off),
-                                                 self.sink, started, on_done=self._on_done,
-                                                 on_note=self.env.ui.warn))
-        except KeyboardInterrupt:
-            self.env.ui.warn("Interrupted: stopping the job on every node...")
-            try:
-                self.stop_everywhere("Interrupted")
-            except KeyboardInterrupt:
-                self.stop_everywhere("Interrupted")
-            raise Interrupted("Interrupted; the job was stopped on every node.") from None
-        if self._stopper is not None:
-            self._stopper.join()
-        return res
-
-    def lost(self) -> NodeLost | None:
-        """The lost-node error of the node that failed first, when it was lost (not exited)."""
-        first = self.first_failure()
-        if first is None or first[1] is not None:
-            return None
-        err = self.errors.get(first[0])
-        return err if isinstance(err, NodeLost) else None
-
-    def first_failure(self) -> tuple[int, int | None] | None:
-        for rank, code, _ in sorted(self.order, key=lambda x: x[2]):
-            if code != 0:
-                return rank, code
-        return None
-
-
-def _read_worker_failures(group: Group, handle: Handle, job_id: str) -> tuple[int, int, int] | None:
-    """The worker that failed first, across nodes: (node, global rank, exit code)."""
-    res = group.run(lambda n: bash(f"cat {shlex.quote(job_dir(n, job_id))}/worker-failures 2>/dev/null; true"))
-    best: tuple[float, int, int, int] | None = None
-    for rank, r in res.items():
-        for line in r.stdout.splitlines():
-            parts = line.split()
-            if len(parts) != 3:
-                continue
-            try:
-                grank, code, ts = int(parts[0]), int(parts[1]), float(parts[2])
-            except ValueError:
-                continue
-            if best is None or ts < best[0]:
-                best = (ts, rank, grank, code)
-    return None if best is None else (best[1], best[2], best[3])
 
 
 @dataclass(frozen=True)
@@ -283,7 +105,7 @@ def _prep(group: Group, plan_mounts: list[str],
     synced and set up there."""
     def cmd(n: NodeRow) -> str:
         root = shlex.quote(n.root_dir)
-        stamp = shlex.quote(bootstrap_mod.stamp_path(n, boot_env(n)))
+        stamp = shlex.quote(bootstrap.stamp_path(n, boot_env(n)))
         mk = " ".join(shlex.quote(str(PurePosixPath(sync.mount_target(n, m)).parent)) for m in plan_mounts)
         return bash(f"mkdir -p {root}/workdir {root}/jobs {mk}; "
                     f"if [ -f {stamp} ]; then echo boot=yes; fi; "
@@ -343,7 +165,7 @@ def run_task(env: Env, handle: Handle, group: Group, task: Task, *, detach: bool
         guard.stop()
 
 
-def _run_guarded(job: _Job, guard: Watch | None, detach: bool = False) -> dict[int, Result]:
+def _run_guarded(job: RemoteJob, guard: Watch | None, detach: bool = False) -> dict[int, Result]:
     if guard is None:
         return job.run(detach=detach)
     guard.attach(job.stop_for_budget)
@@ -421,7 +243,7 @@ def _run_task(env: Env, handle: Handle, group: Group, task: Task, *, detach: boo
             sink = LogSink(env, logs, ".setup", echo=True)
             scripts = {n.rank: script(n, job_env(env, handle, n, task.envs, job_id + "-setup", overrides),
                                       task.setup) for n in nodes}
-            job = _Job(env, handle, group, job_id + "-setup", scripts, sink, todo,
+            job = RemoteJob(env, handle, group, job_id + "-setup", scripts, sink, todo,
                        grace=task.stop_grace)
             try:
                 res = _run_guarded(job, guard)
@@ -453,7 +275,7 @@ def _run_task(env: Env, handle: Handle, group: Group, task: Task, *, detach: boo
     with open(logs / "job.txt", "w", opener=paths.private_opener) as f:
         f.write(f"job_id={job_id}\ncluster={handle.name}\nnodes={len(nodes)}\n")
     env.ui.step(f"Running job {job_id} on {len(nodes)} node(s)")
-    job = _Job(env, handle, group, job_id, scripts, sink, ranks, grace=task.stop_grace)
+    job = RemoteJob(env, handle, group, job_id, scripts, sink, ranks, grace=task.stop_grace)
     try:
         res = _run_guarded(job, guard, detach=detach)
     except Interrupted:
@@ -491,7 +313,7 @@ def _run_task(env: Env, handle: Handle, group: Group, task: Task, *, detach: boo
         rank, code = first
         outcome.exit_code, outcome.failed_node = (code if code else 1), rank
         if task.train is not None:
-            worker = _read_worker_failures(group, handle, job_id)
+            worker = read_worker_failures(group, handle, job_id)
             if worker is not None:
                 outcome.failed_node, outcome.failed_rank, outcome.exit_code = worker
     # 4. outputs
@@ -502,7 +324,7 @@ def _run_task(env: Env, handle: Handle, group: Group, task: Task, *, detach: boo
     return outcome
 
 
-def _raise_if_lost(env: Env, job: _Job, job_id: str) -> None:
+def _raise_if_lost(env: Env, job: RemoteJob, job_id: str) -> None:
     """A node lost mid-run is reported as a lost connection to it (the job was already
     stopped on the other nodes), not as an exit code it never had."""
     lost = job.lost()
@@ -542,7 +364,7 @@ def run_command(env: Env, handle: Handle, group: Group, command: str,
     scripts = {n.rank: script(n, job_env(env, handle, n, envs, job_id, {}), command)
                for n in handle.nodes}
     sink = LogSink(env, env.logs_dir(handle.name) / job_id, "", echo=True, raw=len(ranks) == 1)
-    job = _Job(env, handle, group, job_id, scripts, sink, ranks, stop_on_failure=False)
+    job = RemoteJob(env, handle, group, job_id, scripts, sink, ranks, stop_on_failure=False)
     try:
         res = job.run()
     finally:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cloudtrain import budget as bg
+from cloudtrain import budget
 from cloudtrain.errors import UserError
 from cloudtrain.state import ClusterRow, open_state
 from cloudtrain.ui import UI
@@ -23,42 +23,42 @@ from conftest import CLI, assert_nothing_left, needs_sshd, processes_with, wait_
 
 
 def test_resolve_the_budget_in_force() -> None:
-    assert bg.resolve(None, 2.0, max_cost=None, hours=None, no_budget=False) is None
-    b = bg.resolve(10.0, 2.0, max_cost=None, hours=None, no_budget=False)
-    assert b == bg.Budget(10.0, 2.0, "max_hours")
-    b = bg.resolve(10.0, 2.0, max_cost=3.0, hours=0.5, no_budget=False)
-    assert b == bg.Budget(3.0, 0.5, "--hours")                      # the options win
-    assert bg.resolve(10.0, None, max_cost=None, hours=None, no_budget=False).hours is None  # type: ignore[union-attr]
-    assert bg.resolve(10.0, 2.0, max_cost=None, hours=None, no_budget=True) is None
+    assert budget.resolve(None, 2.0, max_cost=None, hours=None, no_budget=False) is None
+    b = budget.resolve(10.0, 2.0, max_cost=None, hours=None, no_budget=False)
+    assert b == budget.Budget(10.0, 2.0, "max_hours")
+    b = budget.resolve(10.0, 2.0, max_cost=3.0, hours=0.5, no_budget=False)
+    assert b == budget.Budget(3.0, 0.5, "--hours")                      # the options win
+    assert budget.resolve(10.0, None, max_cost=None, hours=None, no_budget=False).hours is None  # type: ignore[union-attr]
+    assert budget.resolve(10.0, 2.0, max_cost=None, hours=None, no_budget=True) is None
     with pytest.raises(UserError):
-        bg.resolve(10.0, 2.0, max_cost=1.0, hours=None, no_budget=True)
+        budget.resolve(10.0, 2.0, max_cost=1.0, hours=None, no_budget=True)
 
 
 def test_estimate_before_launch() -> None:
-    b = bg.Budget(10.0, 2.0, "max_hours")
+    b = budget.Budget(10.0, 2.0, "max_hours")
     # 2 nodes x $2/h x 2 h = $8, + $1.5 already spent on the cluster = $9.5 <= $10
-    assert bg.check_before_launch(b, cluster="c", price_per_node=2.0, num_nodes=2,
+    assert budget.check_before_launch(b, cluster="c", price_per_node=2.0, num_nodes=2,
                                   spent=1.5) == pytest.approx(9.5)
     with pytest.raises(UserError, match=r"estimate for 2 h .* \$10\.5000.*already cost"):
-        bg.check_before_launch(b, cluster="c", price_per_node=2.0, num_nodes=2, spent=2.5)
+        budget.check_before_launch(b, cluster="c", price_per_node=2.0, num_nodes=2, spent=2.5)
     with pytest.raises(UserError, match="more than the budget"):
-        bg.check_before_launch(b, cluster="c", price_per_node=3.0, num_nodes=2, spent=0.0)
+        budget.check_before_launch(b, cluster="c", price_per_node=3.0, num_nodes=2, spent=0.0)
     with pytest.raises(UserError, match="max_hours") as exc:
-        bg.check_before_launch(bg.Budget(10.0, None, ""), cluster="c", price_per_node=1.0,
+        budget.check_before_launch(budget.Budget(10.0, None, ""), cluster="c", price_per_node=1.0,
                                num_nodes=1, spent=0.0)
     assert "--hours" in exc.value.hint
     with pytest.raises(UserError, match="unknown"):
-        bg.check_before_launch(b, cluster="c", price_per_node=None, num_nodes=1, spent=0.0)
+        budget.check_before_launch(b, cluster="c", price_per_node=None, num_nodes=1, spent=0.0)
     # Free nodes fit any budget.
-    assert bg.check_before_launch(b, cluster="c", price_per_node=0.0, num_nodes=4, spent=0.0) == 0.0
+    assert budget.check_before_launch(b, cluster="c", price_per_node=0.0, num_nodes=4, spent=0.0) == 0.0
 
 
 def test_poll_interval_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CLOUDTRAIN_BUDGET_POLL", raising=False)
-    assert bg.poll_interval() == bg.DEFAULT_POLL
-    for raw, want in (("0.2", 0.2), ("0", bg.DEFAULT_POLL), ("x", bg.DEFAULT_POLL)):
+    assert budget.poll_interval() == budget.DEFAULT_POLL
+    for raw, want in (("0.2", 0.2), ("0", budget.DEFAULT_POLL), ("x", budget.DEFAULT_POLL)):
         monkeypatch.setenv("CLOUDTRAIN_BUDGET_POLL", raw)
-        assert bg.poll_interval() == want
+        assert budget.poll_interval() == want
 
 
 def test_watch_warns_once_at_80_percent_and_stops_at_100(tmp_path: Path) -> None:
@@ -71,7 +71,7 @@ def test_watch_warns_once_at_80_percent_and_stops_at_100(tmp_path: Path) -> None
     now = [t0 + 5]
     err = io.StringIO()
     stops: list[str] = []
-    w = bg.Watch(state, "w", 0.010, UI(err=err), poll=60, clock=lambda: now[0])
+    w = budget.Watch(state, "w", 0.010, UI(err=err), poll=60, clock=lambda: now[0])
     w.attach(stops.append)
     w.check()                                                        # $0.005: 50 %
     assert not w.warned and not stops and err.getvalue() == ""
@@ -89,9 +89,9 @@ def test_watch_warns_once_at_80_percent_and_stops_at_100(tmp_path: Path) -> None
     w.check()
     assert len(stops) == 2
     e = w.error()
-    assert e.exit_code == bg.EXIT_CODE == 3 and "$0.0102 of its $0.0100" in e.message
+    assert e.exit_code == budget.EXIT_CODE == 3 and "$0.0102 of its $0.0100" in e.message
     # The budget is recorded on the cluster and its open interval when the watch starts.
-    w2 = bg.Watch(state, "w", 0.5, UI(err=io.StringIO()), poll=60, clock=lambda: now[0])
+    w2 = budget.Watch(state, "w", 0.5, UI(err=io.StringIO()), poll=60, clock=lambda: now[0])
     w2.start()
     w2.stop()
     assert state.get_cluster("w").max_cost_usd == 0.5  # type: ignore[union-attr]
@@ -147,8 +147,8 @@ def test_budget_reached_stops_the_job_tears_down_and_records_why(cli: CLI, tmp_p
     assert r.returncode == 0, r.stderr
     started = open_state(cli.home).usage(cluster="bud")[0].started_at
     # The budget is for the cluster, the time since 'up' included: reached ~5 s into the job.
-    budget = RATE * (time.time() - started + 5.0)
-    proc = cli.popen("launch", str(task), "-y", "--max-cost", f"{budget:.6f}", "--hours", "0.0001",
+    max_cost = RATE * (time.time() - started + 5.0)
+    proc = cli.popen("launch", str(task), "-y", "--max-cost", f"{max_cost:.6f}", "--hours", "0.0001",
                      CLOUDTRAIN_BUDGET_POLL=str(POLL))
     lines: list[tuple[float, str]] = []
     reader = threading.Thread(target=lambda: lines.extend((time.time(), ln) for ln in proc.stderr),  # type: ignore[union-attr]
@@ -161,7 +161,7 @@ def test_budget_reached_stops_the_job_tears_down_and_records_why(cli: CLI, tmp_p
     exited = time.time()
     reader.join(timeout=10)
     err = "".join(ln for _, ln in lines)
-    assert proc.returncode == bg.EXIT_CODE == 3, err
+    assert proc.returncode == budget.EXIT_CODE == 3, err
     assert "started on 0" in out and "started on 1" in out
     assert "Traceback" not in err
     warn = next(i for i, (_, ln) in enumerate(lines) if "of its $" in ln and "at 100%" in ln)
@@ -183,11 +183,11 @@ def test_budget_reached_stops_the_job_tears_down_and_records_why(cli: CLI, tmp_p
     m = re.fullmatch(r"budget: \$([\d.]+) of \$([\d.]+)", c["end_reason"])
     assert m is not None, c["end_reason"]
     accrued, limit = float(m.group(1)), float(m.group(2))
-    assert limit == pytest.approx(budget, abs=1e-4)
-    assert budget - 1e-4 <= accrued <= budget + RATE * (POLL + 1.0) + 1e-4
+    assert limit == pytest.approx(max_cost, abs=1e-4)
+    assert max_cost - 1e-4 <= accrued <= max_cost + RATE * (POLL + 1.0) + 1e-4
     teardown = exited - lines[spent_at][0]
     assert accrued - 1e-4 <= c["cost_usd"] <= accrued + RATE * (teardown + 0.5) + 1e-4
-    assert c["max_cost_usd"] == pytest.approx(budget, abs=1e-6)
+    assert c["max_cost_usd"] == pytest.approx(max_cost, abs=1e-6)
     # ... and the launch row.
     with sqlite3.connect(cli.home / "state.db") as db:
         status, code, why = db.execute(

@@ -208,7 +208,8 @@ moto = pytest.importorskip("moto")
 pytest.importorskip("boto3")
 
 from cloudtrain.provider import registry  # noqa: E402
-from cloudtrain.cluster import open_env, provision  # noqa: E402
+from cloudtrain.context import open_env  # noqa: E402
+from cloudtrain.pipeline.provision import provision  # noqa: E402
 from cloudtrain.spec import parse_task  # noqa: E402
 from cloudtrain.ui import UI  # noqa: E402
 from aws_moto import Harness, add_images_to_moto, hermetic_env  # noqa: E402

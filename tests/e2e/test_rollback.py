@@ -8,7 +8,8 @@ from typing import ClassVar
 import pytest
 
 from cloudtrain.provider import registry
-from cloudtrain.cluster import open_env, provision
+from cloudtrain.context import open_env
+from cloudtrain.pipeline.provision import provision
 from cloudtrain.errors import CapacityError
 from cloudtrain.provider import ClusterRequest, NetworkRef, Node, Plan
 from cloudtrain.spec import parse_task
@@ -126,7 +127,7 @@ def test_up_json_reports_every_attempt_and_the_error_when_up_fails(
 def test_a_failed_spot_launch_is_named_an_interruption_when_the_provider_says_so() -> None:
     from types import SimpleNamespace
 
-    from cloudtrain.commands.main import _interruptions
+    from cloudtrain.pipeline.job import interruptions
     from cloudtrain.errors import TransientError
 
     class Spot:
@@ -137,7 +138,7 @@ def test_a_failed_spot_launch_is_named_an_interruption_when_the_provider_says_so
         def interruptions(self, cluster: str) -> list[str]:
             raise TransientError("throttled")
 
-    assert _interruptions(SimpleNamespace(provider=Spot()), "c") == \
+    assert interruptions(SimpleNamespace(provider=Spot()), "c") == \
         ["node 1 of c (i-0abc, spot) was interrupted by AWS"]
-    assert _interruptions(SimpleNamespace(provider=Broken()), "c") == []   # never hides the failure
-    assert _interruptions(SimpleNamespace(provider=object()), "c") == []   # providers without it
+    assert interruptions(SimpleNamespace(provider=Broken()), "c") == []   # never hides the failure
+    assert interruptions(SimpleNamespace(provider=object()), "c") == []   # providers without it

@@ -14,7 +14,8 @@ pytest.importorskip("boto3")
 
 from cloudtrain.provider import registry  # noqa: E402
 from cloudtrain.catalog.model import Offer  # noqa: E402
-from cloudtrain.cluster import open_env, provision  # noqa: E402
+from cloudtrain.context import open_env  # noqa: E402
+from cloudtrain.pipeline.provision import provision  # noqa: E402
 from cloudtrain.errors import (AuthError, CapacityError, ProviderError, QuotaError,  # noqa: E402
                                TransientError)
 from cloudtrain.spec import parse_task  # noqa: E402

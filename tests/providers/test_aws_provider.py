@@ -236,7 +236,8 @@ def test_image_override_and_disk_smaller_than_image(aws: Harness) -> None:
 
 
 def test_second_up_adopts_and_never_double_creates(aws: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
-    from cloudtrain.cluster import open_env, provision
+    from cloudtrain.context import open_env
+    from cloudtrain.pipeline.provision import provision
     from cloudtrain.spec import parse_task
     from cloudtrain.ui import UI
 
@@ -274,7 +275,8 @@ def test_second_up_adopts_and_never_double_creates(aws: Harness, monkeypatch: py
 
 
 def test_host_keys_read_from_the_console_are_pinned(aws: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
-    from cloudtrain.cluster import open_env, provision
+    from cloudtrain.context import open_env
+    from cloudtrain.pipeline.provision import provision
     from cloudtrain.spec import parse_task
     from cloudtrain.ui import UI
 

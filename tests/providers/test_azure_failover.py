@@ -15,7 +15,8 @@ from arm_fake import ArmFake, Harness, Req, hermetic_env  # noqa: E402
 
 from cloudtrain.provider import registry  # noqa: E402
 from cloudtrain.catalog.model import Offer  # noqa: E402
-from cloudtrain.cluster import open_env, provision  # noqa: E402
+from cloudtrain.context import open_env  # noqa: E402
+from cloudtrain.pipeline.provision import provision  # noqa: E402
 from cloudtrain.errors import AuthError, CapacityError, ProviderError, QuotaError  # noqa: E402
 from cloudtrain.spec import parse_task  # noqa: E402
 from cloudtrain.ui import UI  # noqa: E402

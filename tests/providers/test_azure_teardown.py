@@ -18,7 +18,9 @@ from arm_fake import ArmFake, Harness, hermetic_env  # noqa: E402
 from click.testing import CliRunner  # noqa: E402
 
 from cloudtrain.provider import registry  # noqa: E402
-from cloudtrain.cluster import down, open_env, provision  # noqa: E402
+from cloudtrain.context import open_env  # noqa: E402
+from cloudtrain.pipeline.provision import provision  # noqa: E402
+from cloudtrain.pipeline.teardown import down  # noqa: E402
 from cloudtrain.errors import ProviderError  # noqa: E402
 from cloudtrain.spec import parse_task  # noqa: E402
 from cloudtrain.ui import UI  # noqa: E402

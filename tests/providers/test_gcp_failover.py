@@ -13,7 +13,8 @@ import pytest
 pytest.importorskip("google.cloud.compute_v1")
 
 from cloudtrain.provider import registry  # noqa: E402
-from cloudtrain.cluster import open_env, provision  # noqa: E402
+from cloudtrain.context import open_env  # noqa: E402
+from cloudtrain.pipeline.provision import provision  # noqa: E402
 from cloudtrain.errors import AuthError, CapacityError, QuotaError, TransientError  # noqa: E402
 from cloudtrain.spec import parse_task  # noqa: E402
 from cloudtrain.ui import UI  # noqa: E402

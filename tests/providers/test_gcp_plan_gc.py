@@ -152,7 +152,8 @@ def test_gc_command_through_the_cli(gcp: Harness) -> None:
         cmd_gc.register(group)
     else:
         group = cli
-    from cloudtrain.cluster import open_env, provision
+    from cloudtrain.context import open_env
+    from cloudtrain.pipeline.provision import provision
     from cloudtrain.spec import parse_task
     from cloudtrain.ui import UI
 

@@ -15,7 +15,9 @@ pytest.importorskip("google.cloud.compute_v1")
 
 from cloudtrain.provider import registry  # noqa: E402
 from cloudtrain.provider.addrmap import AddressMap  # noqa: E402
-from cloudtrain.cluster import down, open_env, provision  # noqa: E402
+from cloudtrain.context import open_env  # noqa: E402
+from cloudtrain.pipeline.provision import provision  # noqa: E402
+from cloudtrain.pipeline.teardown import down  # noqa: E402
 from cloudtrain.errors import (AuthError, CapacityError, CloudtrainError, ProviderError,  # noqa: E402
                                QuotaError, UserError)
 from cloudtrain.spec import parse_task  # noqa: E402

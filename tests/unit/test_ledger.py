@@ -472,8 +472,10 @@ def _catalog(home: Path, scale: float) -> None:
 
 def test_report_over_clusters_launched_before_the_catalog_changed_keeps_launch_prices(
         fake_clouds: object, home: Path, state: State, monkeypatch: pytest.MonkeyPatch) -> None:
-    from cloudtrain import cluster as cl
-    from cloudtrain.cluster import Env
+    from cloudtrain.context import Env
+    from cloudtrain.pipeline.plan import plan
+    from cloudtrain.pipeline.provision import provision
+    from cloudtrain.pipeline.teardown import down
     from cloudtrain.spec import parse_task
     from cloudtrain.ui import UI
 
@@ -492,11 +494,11 @@ def test_report_over_clusters_launched_before_the_catalog_changed_keeps_launch_p
     }
     for name, (text, (prov, itype), price, nodes) in tasks.items():
         task = parse_task(f"name: {name}\n{text}run: x\n")
-        handle, fresh = cl.provision(env, task, name, planned=cl.plan(env, task, name))
+        handle, fresh = provision(env, task, name, planned=plan(env, task, name))
         assert fresh and (handle.row.provider, handle.row.instance_type) == (prov, itype)
         assert handle.row.hourly_price == price and handle.row.num_nodes == nodes
     for name in ("train", "spotty", "small"):
-        cl.down(env, name)
+        down(env, name)
     # Give the finished intervals known lengths: 3 h, 10 h, 0.5 h; "live" started 2 h ago.
     import time
 
@@ -535,7 +537,7 @@ def test_report_over_clusters_launched_before_the_catalog_changed_keeps_launch_p
 
     # The catalog is refreshed: every price is three times what it was.
     _catalog(home, 3.0)
-    replan = cl.plan(env, parse_task("name: t2\nnum_nodes: 2\nresources: {accelerators: A100:8}"
+    replan = plan(env, parse_task("name: t2\nnum_nodes: 2\nresources: {accelerators: A100:8}"
                                      "\nrun: x\n"), "t2")
     assert replan.hourly_price_per_node == pytest.approx(3 * 29.39)     # the new catalog is in use
     after = report()
@@ -546,7 +548,7 @@ def test_report_over_clusters_launched_before_the_catalog_changed_keeps_launch_p
     st = live_status()
     assert (st["price_hourly_usd"], st["cluster_hourly_usd"]) == (0.25, 1.0)
     assert st["cost_so_far_usd"] == pytest.approx(2 * 0.25 * 4, abs=0.01)
-    cl.down(env, "live")
+    down(env, "live")
 
 
 def test_status_shows_the_launch_price_and_the_cost_so_far_from_the_ledger(

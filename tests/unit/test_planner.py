@@ -503,7 +503,7 @@ def test_auto_pick_takes_the_cheapest_cloud_with_credentials(
 
 
 def _env(tmp_path: Path):  # type: ignore[no-untyped-def]
-    from cloudtrain.cluster import Env
+    from cloudtrain.context import Env
     from cloudtrain.state import open_state
     from cloudtrain.ui import UI
 
@@ -514,7 +514,8 @@ def _env(tmp_path: Path):  # type: ignore[no-untyped-def]
 
 def test_up_plan_and_failover_walk_the_ranked_list(clouds: dict[str, FakeCloud], tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    from cloudtrain import cluster as cl
+    from cloudtrain.pipeline.plan import plan
+    from cloudtrain.pipeline.provision import provision
 
     monkeypatch.setenv("AWS_PROFILE", "p")
     adc = Path(str(tmp_path / "userhome")) / ".config" / "gcloud" / "application_default_credentials.json"
@@ -523,7 +524,7 @@ def test_up_plan_and_failover_walk_the_ranked_list(clouds: dict[str, FakeCloud],
     env = _env(tmp_path)
     task = parse_task("name: job\nnum_nodes: 2\nresources: {accelerators: A100:8}\nrun: x\n")
 
-    p = cl.plan(env, task, "job", offers=OFFERS)
+    p = plan(env, task, "job", offers=OFFERS)
     assert (p.provider, p.region, p.instance_type) == ("gcp", "us-central1", "a2-highgpu-8g")
     assert p.hourly_price_per_node == 29.39 and p.accelerators == "A100:8"
     assert p.creates == ["2 x a2-highgpu-8g in us-central1"]
@@ -533,7 +534,7 @@ def test_up_plan_and_failover_walk_the_ranked_list(clouds: dict[str, FakeCloud],
 
     # gcp has no capacity: up rolls it back and takes the next offer of the same list
     clouds["gcp"].fail_with = CapacityError("no a2-highgpu-8g capacity in us-central1")
-    handle, fresh = cl.provision(env, task, "job", planned=p)
+    handle, fresh = provision(env, task, "job", planned=p)
     assert fresh and handle.row.provider == "aws"
     assert (handle.row.region, handle.row.instance_type) == ("us-east-1", "p4d.24xlarge")
     assert handle.row.hourly_price == 32.77
@@ -541,21 +542,22 @@ def test_up_plan_and_failover_walk_the_ranked_list(clouds: dict[str, FakeCloud],
     assert [n.instance_id for n in handle.nodes] == ["aws-0", "aws-1"]
 
     # the cluster exists now: a later plan keeps it where it is
-    again = cl.plan(env, task, "job", offers=OFFERS)
+    again = plan(env, task, "job", offers=OFFERS)
     assert (again.provider, again.instance_type) == ("aws", "p4d.24xlarge")
     assert again.alternatives == []
 
 
 def test_failover_stops_at_the_end_of_the_list(clouds: dict[str, FakeCloud], tmp_path: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    from cloudtrain import cluster as cl
+    from cloudtrain.pipeline.plan import plan
+    from cloudtrain.pipeline.provision import provision
 
     monkeypatch.setenv("AWS_PROFILE", "p")
     clouds["aws"].fail_with = CapacityError("none left")
     env = _env(tmp_path)
     task = parse_task("name: job\nresources: {accelerators: A100:8, region: us-east-1}\nrun: x\n")
     with pytest.raises(CapacityError):
-        cl.provision(env, task, "job", planned=cl.plan(env, task, "job", offers=OFFERS))
+        provision(env, task, "job", planned=plan(env, task, "job", offers=OFFERS))
     assert env.state.get_cluster("job") is None
 
 
@@ -587,13 +589,13 @@ def test_ranking_over_the_shipped_snapshot_agrees_with_the_catalog() -> None:
 
 def test_a_named_cloud_without_region_gets_its_cheapest_region(clouds: dict[str, FakeCloud],
                                                                tmp_path: Path) -> None:
-    from cloudtrain import cluster as cl
+    from cloudtrain.pipeline.plan import plan
 
     # aws is named: its own check speaks for credentials (none here); the planner picks the region
     env = _env(tmp_path)
     task = parse_task("name: job\nresources: {provider: aws, accelerators: A100:8}\nrun: x\n")
     assert planner.needs_pick(task)
-    p = cl.plan(env, task, "job", offers=OFFERS)
+    p = plan(env, task, "job", offers=OFFERS)
     assert (p.provider, p.region, p.instance_type, p.hourly_price_per_node) == \
         ("aws", "us-east-1", "p4d.24xlarge", 32.77)
     assert [(a.provider, a.region) for a in p.alternatives] == [("aws", "eu-west-1")]
@@ -601,4 +603,4 @@ def test_a_named_cloud_without_region_gets_its_cheapest_region(clouds: dict[str,
     pinned = parse_task("resources: {provider: aws, region: eu-west-1, accelerators: A100:8}\n"
                         "run: x\n")
     assert not planner.needs_pick(pinned)
-    assert cl.plan(env, pinned, "job2", offers=OFFERS).region == "eu-west-1"
+    assert plan(env, pinned, "job2", offers=OFFERS).region == "eu-west-1"

@@ -87,7 +87,8 @@ def test_changed_host_key_is_refused(tmp_path: Path) -> None:
 
     if shutil.which("sshd") is None and not Path("/usr/sbin/sshd").exists():
         pytest.skip("no sshd")
-    from cloudtrain.cluster import open_env, provision
+    from cloudtrain.context import open_env
+    from cloudtrain.pipeline.provision import provision
     from cloudtrain.cluster import connect as connect_cluster
     from cloudtrain.spec import parse_task
     from cloudtrain.ui import UI
@@ -107,7 +108,7 @@ def test_changed_host_key_is_refused(tmp_path: Path) -> None:
             connect_cluster(env, handle, timeout=10)
         assert "different from the one pinned" in str(e.value)
     finally:
-        from cloudtrain.cluster import down
+        from cloudtrain.pipeline.teardown import down
 
         down(env, "hk")
         del os.environ["CLOUDTRAIN_HOME"]

@@ -114,7 +114,8 @@ def test_auto_nproc_is_one_on_cpu_nodes() -> None:
 
 
 def test_job_env_has_every_contract_variable(tmp_path: Path) -> None:
-    from cloudtrain.cluster import Env, Handle
+    from cloudtrain.cluster import Handle
+    from cloudtrain.context import Env
     from cloudtrain.keys import ClusterKeys
     from cloudtrain.pipeline.run import job_env, script
     from cloudtrain.state import ClusterRow, NodeRow, open_state

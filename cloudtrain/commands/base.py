@@ -1,0 +1,95 @@
+"""What every command shares: the click context settings, the one guard (our errors become a
+one-paragraph message and their exit code, Ctrl-C becomes 130), the one way to open the
+:class:`~cloudtrain.context.Env`, and small option helpers.
+
+Only click is imported at module level (``cloudtrain --help`` stays fast).
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from typing import TYPE_CHECKING, Any, Callable, NoReturn
+
+import click
+
+if TYPE_CHECKING:
+    from cloudtrain.context import Env
+    from cloudtrain.provider.contract import Plan
+    from cloudtrain.spec import Task
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+def fail(exc: BaseException) -> NoReturn:
+    """Print our error (message and hint) and exit with its code; anything else propagates."""
+    from cloudtrain.errors import CloudtrainError
+
+    if isinstance(exc, CloudtrainError):
+        text = exc.message + (f"\n{exc.hint}" if exc.hint else "")
+        prefix = "error: " if exc.exit_code != 130 else ""
+        click.echo(prefix + text, err=True)
+        sys.exit(exc.exit_code)
+    raise exc
+
+
+def guard(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn our errors into a one-paragraph message and the right exit code; Ctrl-C into 130."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from cloudtrain.errors import CloudtrainError, Interrupted
+
+        try:
+            return fn(*args, **kwargs)
+        except CloudtrainError as exc:
+            fail(exc)
+        except KeyboardInterrupt:
+            fail(Interrupted("Interrupted."))
+
+    return wrapper
+
+
+def open_env(quiet: bool = False) -> Env:
+    """The Env a command hands to the pipeline."""
+    from cloudtrain.context import open_env as open_context
+    from cloudtrain.remote import node_timeout
+    from cloudtrain.ui import UI
+
+    node_timeout()   # a bad CLOUDTRAIN_NODE_TIMEOUT is refused before anything is created
+    return open_context(UI(quiet=quiet))
+
+
+def load_task(task_file: str) -> Task:
+    from cloudtrain.provider.options import load_checked
+
+    return load_checked(task_file)
+
+
+def finite(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    """Option callback: reject nan and inf, which click's FloatRange lets through."""
+    import math
+
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"{value} is not a finite number.", ctx, param)
+    return value
+
+
+def check_name(name: str, what: str = "CLUSTER_NAME") -> None:
+    """The one cluster-name rule, before the name reaches a path, a filter or a provider."""
+    from cloudtrain.names import check
+
+    check(name, what)
+
+
+def confirm_cost(plan: Plan, yes: bool) -> None:
+    """Ask before a new cluster is paid for (not with -y, a free plan, or no terminal)."""
+    from cloudtrain.errors import Interrupted
+
+    price = plan.hourly_price_per_node
+    if yes or not price or not sys.stdin.isatty():
+        return
+    total = price * plan.num_nodes
+    if not click.confirm(f"This cluster costs about ${total:.2f}/hour while it runs. Continue?",
+                         default=True, err=True):
+        raise Interrupted("Cancelled; nothing was created.")

@@ -1,0 +1,248 @@
+"""``cloudtrain up``, ``status`` and ``down``: a cluster's life outside of a job.
+
+Only click is imported at module level; each command imports what it needs when it runs.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from cloudtrain.commands.base import CONTEXT, check_name, confirm_cost, guard, load_task, open_env
+
+if TYPE_CHECKING:
+    from cloudtrain.cluster import Handle
+    from cloudtrain.context import Env
+    from cloudtrain.provider.contract import Plan
+    from cloudtrain.state import ClusterRow
+    from cloudtrain.ui import UI
+
+
+@click.command(context_settings=CONTEXT)
+@click.argument("task_file", type=click.Path(dir_okay=False))
+@click.option("-c", "--cluster", "cluster_name", help="Cluster name (default: the task's name).")
+@click.option("-y", "--yes", is_flag=True, help="Do not ask before spending money.")
+@click.option("--dry-run", is_flag=True, help="Print the plan; create nothing.")
+@click.option("--no-bootstrap", is_flag=True, help="Stop once the nodes run and accept SSH.")
+@click.option("--keep-on-failure", is_flag=True,
+              help="Keep a new cluster whose provisioning failed (default: roll it back).")
+@click.option("--json", "as_json", is_flag=True,
+              help="At the end print one JSON object on stdout: the cluster, its nodes and every "
+                   "placement attempt with its outcome and reason (also when up fails: then with "
+                   "'error', and the exit code is the failure's).")
+@guard
+def up(task_file: str, cluster_name: str | None, yes: bool, dry_run: bool, no_bootstrap: bool,
+       keep_on_failure: bool, as_json: bool) -> None:
+    """Provision a cluster for TASK_FILE (adopting what exists), wait for SSH, bootstrap."""
+    from cloudtrain.cluster import resolve_name
+    from cloudtrain.errors import CloudtrainError
+    from cloudtrain.pipeline import job, plan
+    from cloudtrain.pipeline.provision import attempts
+    from cloudtrain.pipeline.signals import stop_signals_as_interrupt
+
+    stop_signals_as_interrupt()
+    task = load_task(task_file)
+    env = open_env()
+    name = resolve_name(task, cluster_name, task_file)
+    planned = plan.plan(env, task, name)
+    if dry_run:
+        print_plan(env.ui, planned, name)
+        return
+    if env.state.get_cluster(name) is None:
+        confirm_cost(planned, yes)
+    try:
+        handle = job.up(env, task, name, bootstrap=not no_bootstrap,
+                        keep_on_failure=keep_on_failure, planned=planned)
+    except CloudtrainError as exc:
+        if as_json:
+            click.echo(json.dumps({"cluster": name, "ok": False, "error": exc.message,
+                                   "hint": exc.hint, "attempts": attempts(env, name, planned)},
+                                  indent=2))
+        raise
+    if as_json:
+        click.echo(json.dumps(up_json(handle, attempts(env, name, planned)), indent=2))
+        return
+    env.ui.ok(f"Cluster '{name}' is up: {len(handle.nodes)} node(s) on {handle.row.provider}. "
+              f"Next: cloudtrain launch {task_file} -c {name}")
+
+
+def up_json(handle: Handle, attempts: list[dict[str, Any]]) -> dict[str, Any]:
+    """``up --json`` when the cluster is up."""
+    r = handle.row
+    return {
+        "cluster": r.name, "ok": True, "provider": r.provider, "region": r.region,
+        "zone": r.zone, "instance_type": r.instance_type, "use_spot": r.use_spot,
+        "price_hourly_usd": r.hourly_price,
+        "nodes": [{"rank": n.rank, "instance_id": n.instance_id, "host": n.host,
+                   "internal_ip": n.internal_ip} for n in handle.nodes],
+        "attempts": attempts}
+
+
+def print_plan(ui: UI, plan: Plan, name: str) -> None:
+    ui.info(f"Plan for cluster '{name}' (dry run: nothing is created)")
+    rows = [("provider", plan.provider), ("region", plan.region or "-"), ("zone", plan.zone or "-"),
+            ("instance", plan.instance_type or "-"), ("accelerators", plan.accelerators or "none"),
+            ("nodes", str(plan.num_nodes)), ("spot", "yes" if plan.use_spot else "no")]
+    if plan.hourly_price_per_node is not None:
+        rows.append(("price", f"${plan.hourly_price_per_node:.2f}/h per node, "
+                              f"${plan.hourly_price_per_node * plan.num_nodes:.2f}/h for the cluster"))
+    for k, v in rows:
+        ui.info(f"  {k:<13}{v}")
+    ui.info("  would create:")
+    for c in plan.creates:
+        ui.info(f"    - {c}")
+    for n in plan.notes:
+        ui.info(f"  note: {n}")
+
+
+@click.command(context_settings=CONTEXT)
+@click.argument("cluster_name", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--refresh", is_flag=True, help="Ask every provider (cloud APIs included).")
+@guard
+def status(cluster_name: str | None, as_json: bool, refresh: bool) -> None:
+    """Show clusters and their nodes (local state, refreshed from cheap providers), with each
+    cluster's price per node-hour and for the cluster, as recorded at launch, and what it has
+    cost so far (from the spend ledger, as 'cost-report' counts it: never re-priced from the
+    catalog; a running cluster counts up to now).
+
+    --json: a list of clusters, each with name, provider, status, num_nodes, region,
+    instance_type, accelerators, use_spot, price_hourly_usd (per node), cluster_hourly_usd,
+    cost_so_far_usd (null: no price was recorded), created_at and nodes (each with host_key:
+    how its SSH host key was pinned: "pinned at creation", "the user's known_hosts" or
+    "learned on first contact")."""
+    import time
+
+    from cloudtrain import cluster
+    from cloudtrain.keys import pinning
+    from cloudtrain.ledger import spend_of
+
+    if cluster_name is not None:
+        check_name(cluster_name)
+    env = open_env(quiet=as_json)
+    rows = cluster.status(env, cluster_name, refresh_all=refresh)
+    cluster.probe_hosts(env, rows)
+    now = time.time()
+    usage = env.state.usage(cluster=cluster_name) if rows else []
+    spent = {r.name: spend_of(r.name, r.created_at, usage, now=now) for r in rows}
+    pins = {r.name: pinning(env.pctx.cluster_dir(r.name)) for r in rows}
+    if as_json:
+        click.echo(json.dumps(status_json(rows, spent, pins), indent=2))
+        return
+    if not rows:
+        click.echo("No clusters.")
+        return
+    status_table(rows, spent, pins)
+
+
+def cluster_price(r: ClusterRow) -> float | None:
+    return None if r.hourly_price is None else r.hourly_price * r.num_nodes
+
+
+def status_json(rows: list[ClusterRow], spent: dict[str, float | None],
+                pins: dict[str, dict[int, str]]) -> list[dict[str, Any]]:
+    return [{
+        "name": r.name, "provider": r.provider, "status": r.status, "num_nodes": r.num_nodes,
+        "region": r.region, "instance_type": r.instance_type, "accelerators": r.accelerators,
+        "use_spot": r.use_spot, "price_hourly_usd": r.hourly_price,
+        "cluster_hourly_usd": cluster_price(r),
+        "cost_so_far_usd": None if spent[r.name] is None else round(spent[r.name], 6),
+        "hourly_price_per_node": r.hourly_price,
+        "created_at": r.created_at,
+        "nodes": [{"rank": n.rank, "host": n.host, "port": n.port, "internal_ip": n.internal_ip,
+                   "instance_id": n.instance_id, "status": n.status,
+                   "host_key": pins[r.name].get(n.rank, "unknown")} for n in r.nodes],
+    } for r in rows]
+
+
+def status_table(rows: list[ClusterRow], spent: dict[str, float | None],
+                 pins: dict[str, dict[int, str]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from cloudtrain.ledger import money
+    from cloudtrain.ui import color_ok
+
+    table = Table(box=None, pad_edge=False)
+    for col in ("NAME", "PROVIDER", "STATUS", "NODES", "INSTANCE", "$/H NODE", "$/H CLUSTER",
+                "COST SO FAR", "HOST KEYS", "NODE ADDRESSES"):
+        table.add_column(col, justify="right" if col.startswith(("$", "COST")) else "left")
+    for r in rows:
+        node = "-" if r.hourly_price is None else f"{r.hourly_price:.2f}"
+        whole = cluster_price(r)
+        addrs = ", ".join(f"{n.rank}:{n.host}:{n.port}({n.status})" for n in r.nodes)
+        table.add_row(r.name, r.provider, r.status, str(r.num_nodes), r.instance_type or "-",
+                      node, "-" if whole is None else f"{whole:.2f}", money(spent[r.name]),
+                      ", ".join(sorted({pins[r.name].get(n.rank, "unknown") for n in r.nodes}))
+                      or "-", addrs)
+    Console(no_color=not color_ok(sys.stdout), highlight=False,
+            color_system="auto" if color_ok(sys.stdout) else None, width=200).print(table)
+
+
+@click.command(context_settings=CONTEXT)
+@click.argument("names", nargs=-1)
+@click.option("-a", "--all", "all_", is_flag=True, help="Every cluster.")
+@click.option("-y", "--yes", is_flag=True, help="Do not ask.")
+@click.option("--provider", "provider_name",
+              help="Tear down by tag on this provider even with no local state.")
+@guard
+def down(names: tuple[str, ...], all_: bool, yes: bool, provider_name: str | None) -> None:
+    """Tear clusters down and check with the provider that nothing is left."""
+    from cloudtrain.errors import CloudtrainError
+    from cloudtrain.pipeline import teardown
+    from cloudtrain.pipeline.signals import stop_signals_as_interrupt
+
+    stop_signals_as_interrupt()
+    for n in names:
+        check_name(n, "NAME")
+    env = open_env()
+    targets = down_targets(env, names, all_, provider_name)
+    if not targets:
+        env.ui.info("No clusters.")
+        return
+    if not yes:
+        if not sys.stdin.isatty():
+            if all_:
+                from cloudtrain.errors import UserError
+
+                raise UserError("'down -a' tears down every cluster.", "Add -y to confirm.")
+        elif not click.confirm(f"Tear down {', '.join(targets)}?", default=True, err=True):
+            return
+    failed: list[BaseException] = []
+    for n in targets:
+        try:
+            teardown.down(env, n, provider_name=provider_name, require_found=True)
+        except CloudtrainError as exc:
+            env.ui.error(f"{n}: {exc}")
+            failed.append(exc)
+    if failed:
+        sys.exit(max(getattr(e, "exit_code", 1) for e in failed))
+
+
+def down_targets(env: Env, names: tuple[str, ...], all_: bool,
+                 provider_name: str | None) -> list[str]:
+    """The clusters ``down`` tears down: every one with -a (maybe none), else the names, each
+    known here unless --provider looks for it by tag."""
+    from cloudtrain.cluster import lost_record_hint
+    from cloudtrain.errors import ClusterNotFound, UserError
+
+    if all_ and names:
+        raise UserError("Give cluster names or -a, not both.", "e.g. cloudtrain down my-job")
+    if all_:
+        return [c.name for c in env.state.list_clusters()]
+    if not names:
+        raise UserError("Name the cluster(s) to tear down, or -a for all.", "e.g. cloudtrain down my-job")
+    known = {c.name for c in env.state.list_clusters()}
+    for n in names:
+        if n not in known and provider_name is None:
+            raise lost_record_hint(ClusterNotFound(n, sorted(known)), n)
+    return list(names)
+
+
+def register(cli: click.Group) -> None:
+    """Add this module's commands to the top-level group."""
+    for command in (up, status, down):
+        cli.add_command(command)

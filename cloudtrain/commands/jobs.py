@@ -1,0 +1,170 @@
+"""``cloudtrain launch``, ``exec``, ``logs`` and ``ssh``: running things on a cluster.
+
+Only click is imported at module level; each command imports what it needs when it runs.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import TYPE_CHECKING
+
+import click
+
+from cloudtrain.commands.base import (CONTEXT, check_name, confirm_cost, finite, guard, load_task,
+                                      open_env)
+
+if TYPE_CHECKING:
+    from cloudtrain.cluster import Handle
+
+
+@click.command(context_settings=CONTEXT)
+@click.argument("task_file", type=click.Path(dir_okay=False))
+@click.option("-c", "--cluster", "cluster_name", help="Cluster name (default: the task's name).")
+@click.option("--down", "down_after", is_flag=True,
+              help="Tear the cluster down after the run, whatever happened.")
+@click.option("-d", "--detach", is_flag=True, help="Start the job and return; see 'logs --follow'.")
+@click.option("-y", "--yes", is_flag=True, help="Do not ask before spending money.")
+@click.option("--env", "envs", multiple=True, metavar="K=V", help="Extra environment (repeatable).")
+@click.option("--max-cost", "max_cost", type=click.FloatRange(min=0, min_open=True), metavar="USD",
+              callback=finite,
+              help="Budget for the cluster in USD (overrides the task's max_cost_usd).")
+@click.option("--hours", "hours", type=click.FloatRange(min=0, min_open=True), metavar="H",
+              callback=finite,
+              help="Hours the run may take, for the budget's estimate (overrides max_hours).")
+@click.option("--no-budget", is_flag=True, help="Ignore max_cost_usd: no estimate, no watch.")
+@guard
+def launch(task_file: str, cluster_name: str | None, down_after: bool, detach: bool, yes: bool,
+           envs: tuple[str, ...], max_cost: float | None, hours: float | None,
+           no_budget: bool) -> None:
+    """Run TASK_FILE on a cluster: up if needed, sync, setup, run on every node, stream logs.
+
+    With a budget (max_cost_usd, or --max-cost), launch refuses (exit 2, nothing created)
+    when what the cluster has cost so far plus its $/h x hours (--hours, or max_hours)
+    exceeds it, or when no hours are given. While the job runs it warns at 80% of the budget
+    and, at 100%, stops the job everywhere, tears the cluster down and exits 3. The budget
+    covers the whole cluster, earlier launches on it included. -d cannot be watched: it is
+    refused with a budget (use --no-budget to launch detached without one).
+
+    Exits with the job's exit code (the first failing node's), 3 when the budget was
+    reached, 130 on Ctrl-C."""
+    from cloudtrain.cluster import resolve_name
+    from cloudtrain.pipeline import job, plan
+    from cloudtrain.pipeline.signals import stop_signals_as_interrupt
+
+    stop_signals_as_interrupt()
+    task = load_task(task_file)
+    overrides = parse_env(envs)
+    limit = job.launch_budget(task, detach=detach, down_after=down_after, max_cost=max_cost,
+                              hours=hours, no_budget=no_budget)
+    env = open_env()
+    name = resolve_name(task, cluster_name, task_file)
+    outcome = job.launch(env, task, name, plan.plan(env, task, name), down_after=down_after,
+                         detach=detach, overrides=overrides, limit=limit,
+                         confirm=lambda planned: confirm_cost(planned, yes))
+    if outcome.detached:
+        env.ui.ok(f"Job {outcome.job_id} started on every node. Follow it: "
+                  f"cloudtrain logs {name} --follow")
+        return
+    env.ui.ok(f"Job {outcome.job_id} succeeded on every node")
+
+
+def parse_env(pairs: tuple[str, ...]) -> dict[str, str]:
+    """``--env K=V`` options, as a dict."""
+    from cloudtrain.errors import UserError
+
+    out = {}
+    for p in pairs:
+        k, sep, v = p.partition("=")
+        if not sep or not k.isidentifier():
+            raise UserError(f"--env '{p}' is not KEY=VALUE.", "Write e.g. --env LR=0.1")
+        out[k] = v
+    return out
+
+
+@click.command(name="exec", context_settings=CONTEXT)
+@click.argument("cluster_name")
+@click.argument("command", nargs=-1, required=True)
+@click.option("--node", "node", type=int, help="Only this node (rank); default: every node.")
+@guard
+def exec_(cluster_name: str, command: tuple[str, ...], node: int | None) -> None:
+    """Run COMMAND on the cluster's nodes (after '--'), with the job environment."""
+    from cloudtrain.cluster import connect, get_handle
+    from cloudtrain.pipeline import run
+    from cloudtrain.pipeline.signals import stop_signals_as_interrupt
+
+    stop_signals_as_interrupt()
+    check_name(cluster_name)
+    env = open_env()
+    handle = get_handle(env, cluster_name)
+    ranks = node_ranks(handle, node)
+    group = connect(env, handle, timeout=30)
+    try:
+        code, failed = run.run_command(env, handle, group, " ".join(command), ranks)
+    finally:
+        group.close()
+    if code != 0:
+        from cloudtrain.errors import JobFailed
+
+        raise JobFailed(code, failed, f"The command exited with code {code} on node {failed}.")
+
+
+def node_ranks(handle: Handle, node: int | None) -> list[int]:
+    """Every node's rank, or only ``node`` (which must be one of the cluster's)."""
+    from cloudtrain.errors import UserError
+
+    ranks = [n.rank for n in handle.nodes]
+    if node is None:
+        return ranks
+    if node not in ranks:
+        raise UserError(f"Cluster '{handle.name}' has no node {node}.",
+                        f"Its nodes are 0..{len(ranks) - 1}.")
+    return [node]
+
+
+@click.command(context_settings=CONTEXT)
+@click.argument("cluster_name")
+@click.option("--node", "node", type=int, help="Only this node (rank).")
+@click.option("-f", "--follow", is_flag=True, help="Keep streaming while the job runs.")
+@click.option("--job", "job_id", help="A job id (default: the latest).")
+@guard
+def logs(cluster_name: str, node: int | None, follow: bool, job_id: str | None) -> None:
+    """Replay the logs of the cluster's latest job (or --job), prefixed by node."""
+    from cloudtrain.pipeline.logs import show
+    from cloudtrain.pipeline.signals import stop_signals_as_interrupt
+
+    stop_signals_as_interrupt()
+    check_name(cluster_name)
+    env = open_env()
+    show(env, cluster_name, node=node, follow=follow, job_id=job_id)
+
+
+@click.command(context_settings=CONTEXT)
+@click.argument("cluster_name")
+@click.option("--node", "node", type=int, default=0, show_default=True, help="Node rank.")
+@guard
+def ssh(cluster_name: str, node: int) -> None:
+    """Open an SSH session on a node, with the cluster's key and pinned host key."""
+    import shutil
+
+    from cloudtrain.cluster import get_handle
+    from cloudtrain.errors import UserError
+    from cloudtrain.keys import ssh_command_options
+
+    check_name(cluster_name)
+    env = open_env(quiet=True)
+    handle = get_handle(env, cluster_name)
+    n = handle.nodes[node_ranks(handle, node)[0]]
+    exe = shutil.which("ssh")
+    if exe is None:
+        raise UserError("The 'ssh' client is not installed.", "Install OpenSSH's client.")
+    args = ["ssh", *ssh_command_options(handle.keys, n.port, n.identity_file), "-t",
+            f"{n.user}@{n.host}"]
+    sys.stdout.flush()
+    os.execv(exe, args)
+
+
+def register(cli: click.Group) -> None:
+    """Add this module's commands to the top-level group."""
+    for command in (launch, exec_, logs, ssh):
+        cli.add_command(command)

@@ -1,0 +1,159 @@
+"""The whole chain, for ``up`` and ``launch``: provision -> wait for SSH -> bootstrap, and for
+a launch then sync -> setup -> run on every node, under the budget watch, with the shielded
+teardown of ``--down`` (also when the budget is reached). A failed job is raised as
+:class:`~cloudtrain.errors.JobFailed`, in words (a spot interruption is named as such)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from cloudtrain import budget
+from cloudtrain.cluster import Handle
+from cloudtrain.context import Env
+from cloudtrain.errors import CloudtrainError, JobFailed, UserError
+from cloudtrain.pipeline import run
+from cloudtrain.pipeline.bootstrap import run_bootstrap
+from cloudtrain.pipeline.provision import opened, roll_back
+from cloudtrain.pipeline.signals import Shielded
+from cloudtrain.pipeline.teardown import down_shielded
+from cloudtrain.provider.contract import Plan
+from cloudtrain.remote import Group
+from cloudtrain.spec import Task
+
+
+def up(env: Env, task: Task, name: str, *, bootstrap: bool = True,
+       keep_on_failure: bool = False, planned: Plan | None = None) -> Handle:
+    """Provision (adopting what exists), wait for SSH on every node, bootstrap. A cluster this
+    call created is rolled back when a step fails (unless ``keep_on_failure``)."""
+    with opened(env, task, name, keep_on_failure=keep_on_failure, planned=planned) as (
+            handle, group, fresh):
+        env.ui.ok(f"SSH up on {len(handle.nodes)} node(s)")
+        if bootstrap:
+            env.ui.step("Bootstrapping")
+            try:
+                run_bootstrap(env, handle, group, task.bootstrap)
+            except BaseException:
+                if fresh and not keep_on_failure:
+                    roll_back(env, handle.provider, name)
+                raise
+    return handle
+
+
+def launch_budget(task: Task, *, detach: bool, down_after: bool, max_cost: float | None,
+                  hours: float | None, no_budget: bool) -> budget.Budget | None:
+    """The launch's budget (the task's, or the options'), checked against the options before
+    anything is opened or created."""
+    if detach and down_after:
+        raise UserError("--detach and --down do not go together: the job would be torn down "
+                        "right after it starts.", "Drop one of them.")
+    found = budget.resolve(task.max_cost_usd, task.max_hours, max_cost=max_cost, hours=hours,
+                           no_budget=no_budget)
+    if found is not None and detach:
+        raise UserError(
+            f"A budget of ${found.max_cost_usd:.2f} is set, and only a launch that stays in the "
+            "foreground can watch it (-d returns right away; nothing would stop the job at 100%).",
+            "Drop -d, or pass --no-budget to launch detached without the guard.")
+    return found
+
+
+def check_estimate(env: Env, name: str, plan: Plan, limit: budget.Budget) -> None:
+    """Refuse the launch when what the cluster has cost plus its price for the budget's hours
+    exceeds the budget; otherwise say how much of it the estimate takes."""
+    from cloudtrain.ledger import cluster_spend
+
+    existing = env.state.get_cluster(name)
+    estimate = budget.check_before_launch(
+        limit, cluster=name,
+        price_per_node=existing.hourly_price if existing else plan.hourly_price_per_node,
+        num_nodes=existing.num_nodes if existing else plan.num_nodes,
+        spent=cluster_spend(env.state, name) if existing else 0.0)
+    env.ui.info(f"Estimate for {limit.hours:g} h: ${estimate:.4f} of the "
+                f"${limit.max_cost_usd:.4f} budget.")
+
+
+def launch(env: Env, task: Task, name: str, plan: Plan, *, down_after: bool, detach: bool,
+           overrides: dict[str, str], limit: budget.Budget | None,
+           confirm: Callable[[Plan], None]) -> run.Outcome:
+    """Run ``task`` on cluster ``name``: up if needed (``confirm`` asks before a new cluster
+    is paid for), sync, setup, run on every node and follow it. With ``down_after``, or when
+    the budget ``limit`` is reached, the cluster is torn down at the end, whatever happened.
+    Returns the outcome of a job that succeeded (or was started detached); raises JobFailed
+    for one that failed, BudgetExceeded when the budget stopped it."""
+    if limit is not None:
+        check_estimate(env, name, plan, limit)
+    if env.state.get_cluster(name) is None:
+        confirm(plan)
+    over: budget.BudgetExceeded | None = None
+    interrupted: list[str] = []
+    try:
+        try:
+            with opened(env, task, name, planned=plan) as (handle, group, fresh):
+                if fresh:
+                    bootstrap_or_roll_back(env, handle, group, task, name)
+                guard = None if limit is None else budget.Watch(env.state, name,
+                                                                limit.max_cost_usd, env.ui)
+                outcome = run.run_task(env, handle, group, task, detach=detach,
+                                       overrides=overrides, guard=guard)
+                if outcome.exit_code != 0 and handle.row.use_spot:
+                    interrupted = interruptions(handle, name)
+        except budget.BudgetExceeded as exc:
+            over = exc
+            env.state.mark_usage_end(name, exc.reason)   # the ledger's reason, once it is down
+    finally:
+        if down_after or over is not None:
+            try:
+                down_shielded(env, name, plan.provider or task.resources.provider or "local")
+            except CloudtrainError:
+                if over is not None:
+                    env.ui.error(f"The budget was reached ({over.reason}) and the job stopped, "
+                                 f"but the cluster is still up: run 'cloudtrain down {name}'.")
+                raise
+    if over is not None:
+        raise over
+    if outcome.exit_code != 0:
+        raise job_failed(outcome, name, interrupted)
+    return outcome
+
+
+def bootstrap_or_roll_back(env: Env, handle: Handle, group: Group, task: Task, name: str) -> None:
+    """A cluster this launch created is bootstrapped here; when that fails or is interrupted,
+    what was created is removed again (as 'up' does), before the error is reported."""
+    env.ui.step("Bootstrapping")
+    try:
+        run_bootstrap(env, handle, group, task.bootstrap)
+    except BaseException:
+        with Shielded():
+            group.close()
+            roll_back(env, handle.provider, name)
+        raise
+
+
+def interruptions(handle: Any, name: str) -> list[str]:
+    """What the provider says it took back (spot interruptions), in words; [] when it cannot
+    tell."""
+    from cloudtrain.provider.contract import ReportsInterruptions
+
+    if not isinstance(handle.provider, ReportsInterruptions):
+        return []
+    try:
+        return [str(x) for x in handle.provider.interruptions(name)]
+    except CloudtrainError:
+        return []
+
+
+def job_failed(outcome: run.Outcome, name: str, interrupted: list[str]) -> JobFailed:
+    """The error for a job that exited non-zero: a spot interruption when the provider said
+    it took capacity back, else the first failing rank and node."""
+    if interrupted:
+        return JobFailed(outcome.exit_code, outcome.failed_node,
+                         "The job stopped because the cloud took back spot capacity: "
+                         + "; ".join(interrupted) + ". This is a spot interruption, not a "
+                         "crash in your code.",
+                         "Run the launch again: up replaces the missing node(s), and a job "
+                         "that checkpoints (like the template) resumes where it stopped.")
+    who = f"global rank {outcome.failed_rank} on node {outcome.failed_node}" \
+        if outcome.failed_rank is not None else f"node {outcome.failed_node}"
+    return JobFailed(outcome.exit_code, outcome.failed_node,
+                     f"The job failed: {who} exited with code {outcome.exit_code}; the other "
+                     "nodes were stopped.",
+                     f"See 'cloudtrain logs {name} --node {outcome.failed_node}'.")

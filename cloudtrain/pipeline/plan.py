@@ -1,0 +1,61 @@
+"""Plan: what ``up`` would do for a task, creating nothing anywhere: the provider, region,
+instance and price (the planner's pick when the task leaves them open), the request the
+provider is handed, and the checks a task must pass before anything is provisioned."""
+
+from __future__ import annotations
+
+from cloudtrain.catalog.model import Offer
+from cloudtrain.context import Env
+from cloudtrain.errors import UserError
+from cloudtrain.provider.contract import ClusterRequest, Plan, Provider
+from cloudtrain.provider.options import provider_options
+from cloudtrain.spec import Task
+
+
+def cluster_request(task: Task, name: str, public_key: str) -> ClusterRequest:
+    return ClusterRequest(name=name, num_nodes=task.num_nodes, resources=task.resources,
+                          options=provider_options(task), public_key=public_key)
+
+
+def plan(env: Env, task: Task, name: str, *, offers: list[Offer] | None = None) -> Plan:
+    """What ``up`` would do. Creates nothing, anywhere. A task with GPUs (or an instance type)
+    that names no provider, or a cloud but no region, gets the planner's cheapest feasible
+    offer (from ``offers``, or the catalog when None)."""
+    from cloudtrain import planner
+
+    existing = env.state.get_cluster(name)
+    picked = None
+    if planner.needs_pick(task):
+        picked = planner.pick_for_up(task, offers, existing,
+                                     load=lambda: planner.catalog_offers(env.home))
+        task = planner.resolved(task, picked[0])
+    provider = env.provider(str(task.resources.provider))
+    request = cluster_request(task, name, public_key="")
+    provider.check(request)
+    p = provider.plan(request)
+    if picked is not None:
+        planner.fill(p, *picked)
+    cap = task.resources.max_hourly_cost
+    if cap is not None and existing is None and p.hourly_price_per_node is not None \
+            and p.hourly_price_per_node * p.num_nodes > cap:
+        raise UserError(
+            f"{p.provider} {p.instance_type or ''} in {p.region or '-'} costs "
+            f"${p.hourly_price_per_node * p.num_nodes:.2f}/h for {p.num_nodes} node(s), over "
+            f"resources.max_hourly_cost ${cap:.2f}/h. Nothing was created.",
+            "Raise max_hourly_cost, use fewer or smaller nodes, or leave out the provider/region "
+            "so the planner can look for a cheaper offer ('cloudtrain cost TASK' lists them).")
+    if existing is not None:
+        p.notes.insert(0, f"cluster '{name}' exists ({existing.status}); up adopts its nodes")
+    return p
+
+
+def check_mounts(task: Task, provider: Provider) -> None:
+    if provider.allows_absolute_mounts:
+        return
+    for remote in task.file_mounts:
+        if remote.startswith("/") or remote.startswith("~"):
+            raise UserError(
+                f"file_mounts target '{remote}' is an absolute path, and provider "
+                f"'{provider.name}' nodes share this machine's file system.",
+                "Use a path relative to the workdir on the node (e.g. 'data: ./data'), which works "
+                "on every provider.")

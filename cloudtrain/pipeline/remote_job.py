@@ -1,0 +1,202 @@
+"""One script on every node at once: started detached (it outlives the SSH connection),
+followed through each node's log (a dropped connection is resumed, not an exit), stopped on
+every node when one fails or on Ctrl-C; the sink that writes each node's lines to its local
+log file and the terminal. Used by ``run`` (launch, exec) and ``logs``."""
+
+from __future__ import annotations
+
+import secrets
+import shlex
+import threading
+import time
+from pathlib import Path, PurePosixPath
+from typing import Callable, TextIO
+
+from cloudtrain import paths
+from cloudtrain.cluster import Handle
+from cloudtrain.context import Env
+from cloudtrain.errors import Interrupted
+from cloudtrain.pipeline import bootstrap
+from cloudtrain.pipeline.teardown import stop_processes
+from cloudtrain.remote import Group, NodeLost, Result, bash
+from cloudtrain.state import NodeRow
+
+# Seconds from SIGTERM to SIGKILL when a job is stopped, unless the task sets stop_grace.
+STOP_GRACE: float = 60
+
+
+def new_job_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
+
+
+def job_dir(node: NodeRow, job_id: str) -> str:
+    return str(PurePosixPath(node.root_dir) / "jobs" / job_id)
+
+
+# --- the log sink ----------------------------------------------------------------------------
+
+class LogSink:
+    """Writes each node's lines to its local log file and to the terminal."""
+
+    def __init__(self, env: Env, folder: Path, suffix: str, echo: bool, raw: bool = False) -> None:
+        self.env = env
+        self.raw = raw
+        self.folder = folder
+        paths.private_dir(folder)
+        self.suffix = suffix
+        self.echo = echo
+        self.files: dict[int, TextIO] = {}
+        self.lock = threading.Lock()
+
+    def __call__(self, rank: int, line: str) -> None:
+        with self.lock:
+            f = self.files.get(rank)
+            if f is None:
+                f = self.files[rank] = open(self.folder / f"node-{rank}{self.suffix}.log", "a",
+                                                 opener=paths.private_opener)
+            f.write(line + "\n")
+            f.flush()
+        if self.echo:
+            if self.raw:
+                self.env.ui.raw_line(line)
+            else:
+                self.env.ui.node_line(rank, line)
+
+    def close(self) -> None:
+        for f in self.files.values():
+            f.close()
+
+
+# --- the job on every node --------------------------------------------------------------------
+
+def start_command(jdir: str, detach: bool) -> str:
+    """ctjob.sh travels inline, so a job (or exec) needs nothing uploaded beforehand."""
+    return bootstrap.inline("ctjob.sh", jdir, *(["--detach"] if detach else []))
+
+
+def follow_command(jdir: str, offset: int) -> str:
+    """Stream a started job's node.log from byte ``offset``; exits with the job's exit code."""
+    return bootstrap.inline("ctjob.sh", jdir, "--follow", str(offset))
+
+
+class RemoteJob:
+    """One script on every node at once, stopped everywhere when one node fails."""
+
+    def __init__(self, env: Env, handle: Handle, group: Group, job_id: str,
+                 scripts: dict[int, str], sink: Callable[[int, str], None],
+                 ranks: list[int], stop_on_failure: bool = True,
+                 grace: float = STOP_GRACE) -> None:
+        self.env, self.handle, self.group = env, handle, group
+        self.grace = grace
+        self.stop_on_failure = stop_on_failure
+        self.job_id = job_id
+        self.scripts = scripts
+        self.sink = sink
+        self.ranks = ranks
+        self.order: list[tuple[int, int | None, float]] = []
+        self.errors: dict[int, BaseException] = {}
+        self.stopping = threading.Event()
+        self._stopper: threading.Thread | None = None
+        self.lock = threading.Lock()
+        self._last_stop = 0.0
+
+    def _jdirs(self) -> dict[int, str]:
+        return {n.rank: job_dir(n, self.job_id) for n in self.handle.nodes}
+
+    def _stop(self) -> None:
+        # Each node's processes by that node's job directory (CLOUDTRAIN_JOB_DIR): nodes that
+        # share a machine (local ones) must not signal each other's job, or a node's job could
+        # lose its child before it gets SIGTERM itself and never run its checkpoint trap.
+        jdirs = self._jdirs()
+        stop_processes(self.env, self.handle, f"CLOUDTRAIN_JOB_ID={self.job_id}", jdirs,
+                       grace=self.grace, group=self.group,
+                       node_markers={r: f"CLOUDTRAIN_JOB_DIR={d}" for r, d in jdirs.items()})
+
+    def stop_everywhere(self, reason: str) -> None:
+        if self.stopping.is_set():
+            return
+        self.stopping.set()
+        self.env.ui.warn(f"{reason} (SIGTERM, then SIGKILL after {self.grace:g} s: stop_grace)")
+        self._last_stop = time.monotonic()
+        self._stop()
+
+    def stop_for_budget(self, reason: str) -> None:
+        """Called by the budget watch at 100 %, and again on its later polls while this job
+        still runs: a node whose job started just after the first stop is stopped too."""
+        if not self.stopping.is_set():
+            self.stop_everywhere(f"{reason}: stopping job {self.job_id} on every node")
+        elif time.monotonic() - self._last_stop >= 1.0:
+            self._last_stop = time.monotonic()
+            self._stop()
+
+    def _on_done(self, r: Result) -> None:
+        code = r.exit_code if r.error is None else None
+        with self.lock:
+            self.order.append((r.rank, code, time.time()))
+            if r.error is not None:
+                self.errors[r.rank] = r.error
+        if code != 0 and self.stop_on_failure and not self.stopping.is_set():
+            what = f"exit code {code}" if code is not None else f"lost: {getattr(r.error, 'message', r.error)}"
+            t = threading.Thread(target=self.stop_everywhere, daemon=True,
+                                 args=(f"node {r.rank} failed ({what}): stopping the job on every node",))
+            self._stopper = t
+            t.start()
+
+    def run(self, detach: bool = False) -> dict[int, Result]:
+        """Start the job detached on every node, then (unless ``detach``) follow each node's
+        log until the job ends there: a dropped connection is resumed, not an exit."""
+        jdirs = self._jdirs()
+        try:
+            res = self.group.run(lambda n: start_command(jdirs[n.rank], True),
+                                 stdin=lambda n: self.scripts[n.rank].encode(),
+                                 combine=True, ranks=self.ranks)
+            if not detach:
+                started = [r for r in self.ranks if res[r].ok]
+                for r in self.ranks:
+                    if not res[r].ok:
+                        self._on_done(res[r])
+                res.update(self.group.follow_all(lambda n, off: follow_command(jdirs[n.rank], off),
+                                                 self.sink, started, on_done=self._on_done,
+                                                 on_note=self.env.ui.warn))
+        except KeyboardInterrupt:
+            self.env.ui.warn("Interrupted: stopping the job on every node...")
+            try:
+                self.stop_everywhere("Interrupted")
+            except KeyboardInterrupt:
+                self.stop_everywhere("Interrupted")
+            raise Interrupted("Interrupted; the job was stopped on every node.") from None
+        if self._stopper is not None:
+            self._stopper.join()
+        return res
+
+    def lost(self) -> NodeLost | None:
+        """The lost-node error of the node that failed first, when it was lost (not exited)."""
+        first = self.first_failure()
+        if first is None or first[1] is not None:
+            return None
+        err = self.errors.get(first[0])
+        return err if isinstance(err, NodeLost) else None
+
+    def first_failure(self) -> tuple[int, int | None] | None:
+        for rank, code, _ in sorted(self.order, key=lambda x: x[2]):
+            if code != 0:
+                return rank, code
+        return None
+
+
+def read_worker_failures(group: Group, handle: Handle, job_id: str) -> tuple[int, int, int] | None:
+    """The worker that failed first, across nodes: (node, global rank, exit code)."""
+    res = group.run(lambda n: bash(f"cat {shlex.quote(job_dir(n, job_id))}/worker-failures 2>/dev/null; true"))
+    best: tuple[float, int, int, int] | None = None
+    for rank, r in res.items():
+        for line in r.stdout.splitlines():
+            parts = line.split()
+            if len(parts) != 3:
+                continue
+            try:
+                grank, code, ts = int(parts[0]), int(parts[1]), float(parts[2])
+            except ValueError:
+                continue
+            if best is None or ts < best[0]:
+                best = (ts, rank, grank, code)
+    return None if best is None else (best[1], best[2], best[3])
