@@ -1,0 +1,197 @@
+"""The shape of the house (docs/architecture.md), checked by reading the source with ``ast``:
+no import cycle, no private name taken from another module, nothing but commands/ imports
+commands/, click commands stay short, modules stay small, no cryptic module aliases.
+
+Each rule names the offenders, so a failure says what to move where."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+ROOTS = {"cloudtrain": REPO / "cloudtrain",
+         "cloudtrain_provisioners": REPO / "provisioners" / "cloudtrain_provisioners"}
+MAX_LINES = 500
+MAX_COMMAND_LINES = 40
+
+
+def _modules() -> dict[str, Path]:
+    out: dict[str, Path] = {}
+    for pkg, root in ROOTS.items():
+        for path in root.rglob("*.py"):
+            if "templates" in path.relative_to(root).parts:
+                continue
+            rel = path.relative_to(root).with_suffix("")
+            parts = [pkg, *rel.parts]
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join(parts)] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _is_package(name: str) -> bool:
+    return MODULES[name].name == "__init__.py"
+
+
+def _imports(name: str) -> list[tuple[str, list[str], int, str | None]]:
+    """(module imported, names taken from it, line, alias) for every import statement in the
+    module, at any depth (a function-level import is an edge too). Relative imports are
+    resolved; only our own modules are kept."""
+    tree = ast.parse(MODULES[name].read_text(), str(MODULES[name]))
+    base = name.split(".") if _is_package(name) else name.split(".")[:-1]
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                found.append((a.name, [], node.lineno, a.asname))
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                mod = ".".join(base[:len(base) - node.level + 1] + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            names = [a.name for a in node.names]
+            for a in node.names:
+                sub = f"{mod}.{a.name}"
+                if sub in MODULES:   # `from pkg import submodule`
+                    found.append((sub, [], node.lineno, a.asname))
+            rest = [a for a in names if f"{mod}.{a}" not in MODULES]
+            if rest:
+                found.append((mod, rest, node.lineno, None))
+    return [f for f in found if f[0] in MODULES]
+
+
+GRAPH = {name: _imports(name) for name in MODULES}
+
+
+def _cycles() -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+    counter = [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in {e[0] for e in GRAPH[v]}:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(GRAPH):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_source_is_where_the_test_looks() -> None:
+    # A rule checked over nothing would pass for the wrong reason.
+    assert "cloudtrain.commands.main" in MODULES and "cloudtrain_provisioners.aws.provider" in MODULES
+    assert len(MODULES) > 60
+    assert any(GRAPH[m] for m in MODULES)
+
+
+def test_no_import_cycle() -> None:
+    cycles = _cycles()
+    assert not cycles, "import cycles (function-level imports count): " + "; ".join(
+        " <-> ".join(c) for c in cycles)
+
+
+def test_no_private_name_imported_from_another_module() -> None:
+    bad = [f"{m}:{line} imports {', '.join(n for n in names if n.startswith('_'))} from {target}"
+           for m in MODULES for target, names, line, _ in GRAPH[m]
+           if target != m and any(n.startswith("_") and not n.startswith("__") for n in names)]
+    assert not bad, "private names used across modules (make them public or move them): " \
+        + "; ".join(bad)
+
+
+def test_only_commands_import_commands() -> None:
+    bad = [f"{m}:{line} imports {target}" for m in MODULES for target, _, line, _ in GRAPH[m]
+           if target.startswith("cloudtrain.commands")
+           and not m.startswith("cloudtrain.commands") and m not in ("cloudtrain.__main__",)]
+    assert not bad, "only cloudtrain/commands may import cloudtrain.commands: " + "; ".join(bad)
+
+
+def test_pipeline_does_not_reach_up_and_cluster_record_does_not_run_the_pipeline() -> None:
+    bad = [f"{m}:{line} imports {target}" for m in MODULES for target, _, line, _ in GRAPH[m]
+           if (m.startswith("cloudtrain.pipeline") and target.startswith("cloudtrain.commands"))
+           or (m == "cloudtrain.cluster" and target.startswith("cloudtrain.pipeline"))
+           or (m == "cloudtrain.spec" and target.startswith("cloudtrain.provider"))]
+    assert not bad, "; ".join(bad)
+
+
+def test_no_module_is_over_500_lines() -> None:
+    big = {m: n for m, p in MODULES.items() if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not big, f"modules over {MAX_LINES} lines (split them along a seam): {big}"
+
+
+def _is_click_command(fn: ast.FunctionDef) -> bool:
+    for d in fn.decorator_list:
+        target = d.func if isinstance(d, ast.Call) else d
+        if isinstance(target, ast.Attribute) and target.attr in ("command", "group"):
+            return True
+    return False
+
+
+def test_click_commands_are_thin() -> None:
+    long = []
+    for m, path in MODULES.items():
+        if not m.startswith("cloudtrain.commands"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef) and _is_click_command(node):
+                n = (node.end_lineno or node.lineno) - node.lineno + 1
+                if n > MAX_COMMAND_LINES:
+                    long.append(f"{m}.{node.name}: {n} lines")
+    found = sum(1 for m, p in MODULES.items() if m.startswith("cloudtrain.commands")
+                for n in ast.walk(ast.parse(p.read_text()))
+                if isinstance(n, ast.FunctionDef) and _is_click_command(n))
+    assert found >= 12, "the command finder found too few click commands"
+    assert not long, "click commands over ~40 lines (move the work into pipeline/): " + "; ".join(long)
+
+
+def test_no_cryptic_module_aliases() -> None:
+    bad = [f"{m}:{line} imports {target} as {alias}" for m in MODULES
+           for target, _, line, alias in GRAPH[m]
+           if alias and len(alias) < 4 and target in MODULES]
+    assert not bad, "import our modules by their names (grep must find the calls): " + "; ".join(bad)
+
+
+def test_the_cli_module_is_gone() -> None:
+    assert not (REPO / "cloudtrain" / "cli.py").exists()
+    assert not list((REPO / "cloudtrain").glob("cmd_*.py"))
+
+
+def test_click_commands_live_only_in_commands() -> None:
+    elsewhere = [f"{m}.{node.name}" for m, path in MODULES.items()
+                 if not m.startswith("cloudtrain.commands")
+                 for node in ast.walk(ast.parse(path.read_text()))
+                 if isinstance(node, ast.FunctionDef) and _is_click_command(node)]
+    assert not elsewhere, "click commands outside cloudtrain/commands: " + ", ".join(elsewhere)
+
+
+def test_one_guard_and_one_click_context() -> None:
+    core = {m: p.read_text() for m, p in MODULES.items() if m.startswith("cloudtrain.")}
+    assert [m for m, s in core.items() if "help_option_names" in s] == ["cloudtrain.commands.base"]
+    assert [m for m, s in core.items() if "def _guard(" in s or "def guard(" in s] \
+        == ["cloudtrain.commands.base"]
