@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 if TYPE_CHECKING:
     from .model import CatalogInfo, Offer
     from .sources import SourceError, SourceResult
-    from .sources._http import Http
+    from .sources.httpfetch import Http
 
 PROVIDERS = ("aws", "azure", "gcp")
 LABEL = {"aws": "AWS", "azure": "Azure", "gcp": "GCP"}
@@ -157,7 +157,7 @@ def refresh(home: Path, providers: Sequence[str] = (), *, api_key: str | None = 
     from . import store
     from .model import CatalogInfo
     from .sources import SourceError
-    from .sources._http import Http
+    from .sources.httpfetch import Http
 
     say = progress or (lambda m: None)
     warn = warn or say
@@ -277,6 +277,6 @@ def summary(report: RefreshReport) -> str:
 def http_client(read_timeout: float | None = None) -> Http:
     """The HTTP client of a refresh: timeouts and retries from CLOUDTRAIN_HTTP_*, with
     ``read_timeout`` (seconds) instead of the environment's read timeout when given."""
-    from .sources._http import Http, HttpConfig
+    from .sources.httpfetch import Http, HttpConfig
 
     return Http(HttpConfig.from_env(read_timeout=read_timeout))

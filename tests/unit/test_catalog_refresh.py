@@ -414,7 +414,7 @@ def in_process(monkeypatch: pytest.MonkeyPatch, home: Path, server: PriceServer 
 def test_5xx_and_429_are_retried(tmp_path: Path, server: PriceServer,
                                  monkeypatch: pytest.MonkeyPatch) -> None:
     from cloudtrain.catalog.refresh import refresh
-    from cloudtrain.catalog.sources._http import Http, HttpConfig
+    from cloudtrain.catalog.sources.httpfetch import Http, HttpConfig
 
     home = tmp_path / "home"
     seed(home)
@@ -438,7 +438,7 @@ def test_5xx_and_429_are_retried(tmp_path: Path, server: PriceServer,
 
 def test_read_timeout(server: PriceServer) -> None:
     from cloudtrain.catalog.sources import SourceError
-    from cloudtrain.catalog.sources._http import Http, HttpConfig
+    from cloudtrain.catalog.sources.httpfetch import Http, HttpConfig
 
     server.hang.add("/slow")
     http = Http(HttpConfig(connect_timeout=2, read_timeout=0.3, retries=0, backoff=0))
@@ -553,7 +553,7 @@ def test_gcp_sku_names() -> None:
 def test_http_error_words() -> None:
     import urllib.error
 
-    from cloudtrain.catalog.sources._http import HttpConfig, _describe
+    from cloudtrain.catalog.sources.httpfetch import HttpConfig, _describe
 
     cfg = HttpConfig()
     dns = urllib.error.URLError(socket.gaierror(-3, "Temporary failure in name resolution"))

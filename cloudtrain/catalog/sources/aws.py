@@ -38,7 +38,7 @@ from typing import IO, Any, Callable, Iterable, Iterator
 
 from ..model import Offer
 from . import Progress, Quote, SourceError, SourceResult, noop, offer_key
-from ._http import Http
+from .httpfetch import Http
 
 DEFAULT_BASE = "https://pricing.us-east-1.amazonaws.com"
 INDEX_PATH = "/offers/v1.0/aws/AmazonEC2/current/region_index.json"

@@ -25,7 +25,7 @@ from typing import Any, Iterable
 
 from ..model import Offer
 from . import Progress, Quote, SourceError, SourceResult, noop, offer_key
-from ._http import Http
+from .httpfetch import Http
 
 DEFAULT_BASE = "https://prices.azure.com"
 PATH = "/api/retail/prices"

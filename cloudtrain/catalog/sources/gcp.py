@@ -38,7 +38,7 @@ from typing import Any, Iterable
 
 from ..model import Offer
 from . import Progress, Quote, SourceError, SourceResult, noop, offer_key
-from ._http import Http
+from .httpfetch import Http
 
 DEFAULT_BASE = "https://cloudbilling.googleapis.com"
 SERVICE = "6F81-5844-456A"
