@@ -16,6 +16,7 @@ from cloudtrain.errors import CapacityError, ProviderError, QuotaError, UserErro
 from cloudtrain.keys import (FIRST_CONTACT, PINNED_AT_CREATION, ensure_keys, is_pinned,
                              pin_host_keys, record_pinning)
 from cloudtrain.pipeline.plan import check_mounts, cluster_request, plan
+from cloudtrain.pipeline.signals import Shielded
 from cloudtrain.provider import registry
 from cloudtrain.provider.contract import (HasHostKeySource, HasMasterPort, Plan, Provider,
                                           ReportsAttempts)
@@ -135,14 +136,17 @@ def _provision_picked(env: Env, task: Task, name: str, *, keep_on_failure: bool,
 
 
 def roll_back(env: Env, provider: Provider, name: str) -> None:
-    env.ui.warn(f"Rolling back: removing what was created for '{name}'.")
-    try:
-        provider.terminate(name)
-        env.state.close_usage(name)
-        env.state.delete_cluster(name)
-        shutil.rmtree(env.pctx.cluster_dir(name), ignore_errors=True)
-    except Exception as exc:  # noqa: BLE001 - report, keep the original error
-        env.ui.error(f"Rollback of '{name}' failed: {exc}. Run 'cloudtrain down {name}'.")
+    """Remove what was created for a cluster this command created, when a later step failed
+    or was interrupted. No signal cuts it off half-way (the cluster would be left billing)."""
+    with Shielded():
+        env.ui.warn(f"Rolling back: removing what was created for '{name}'.")
+        try:
+            provider.terminate(name)
+            env.state.close_usage(name)
+            env.state.delete_cluster(name)
+            shutil.rmtree(env.pctx.cluster_dir(name), ignore_errors=True)
+        except Exception as exc:  # noqa: BLE001 - report, keep the original error
+            env.ui.error(f"Rollback of '{name}' failed: {exc}. Run 'cloudtrain down {name}'.")
 
 
 @contextmanager

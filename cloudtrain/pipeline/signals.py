@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
+from typing import Any
 
 # The signals that stop a command the way Ctrl-C does.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -40,12 +42,16 @@ def stop_signals_as_interrupt() -> None:
 
 class Shielded:
     """While inside, SIGINT/SIGTERM/SIGHUP are ignored: a teardown or rollback is not cut off
-    half-way (a SIGHUP still silences the lost terminal)."""
+    half-way (a SIGHUP still silences the lost terminal). Outside the main thread, where
+    signals are neither delivered nor handled, it does nothing."""
 
     def __enter__(self) -> None:
         def on_hup(signum: int, frame: object) -> None:
             silence_lost_terminal()
 
+        self.previous: dict[signal.Signals, Any] = {}
+        if threading.current_thread() is not threading.main_thread():
+            return
         self.previous = {s: signal.getsignal(s) for s in STOP_SIGNALS}
         for s in STOP_SIGNALS:
             signal.signal(s, on_hup if s == signal.SIGHUP else signal.SIG_IGN)
