@@ -5,7 +5,7 @@ can't) is ``ranking``; its names are importable from here too. This module adds 
 needs when a task names no provider (or a cloud but no region): the clouds that are
 installed and have credentials (``availability``), the pick among them (``choose``,
 ``pick_for_up``), the task with the choice written in (``resolved``) and the provider's plan
-filled from it (``fill``). ``cloudtrain cost`` and ``cluster.plan`` are its two users.
+filled from it (``fill``). ``cloudtrain cost`` and ``pipeline.plan.plan`` are its two users.
 """
 
 from __future__ import annotations
