@@ -129,6 +129,32 @@ def test_signal_in_each_phase_of_launch_down(cli: CLI, tmp_path: Path, phase: st
     assert_nothing_left(cli.home)
 
 
+@pytest.mark.parametrize("second", [signal.SIGINT, signal.SIGTERM])
+def test_a_second_signal_does_not_cut_off_the_rollback_of_up(cli: CLI, tmp_path: Path,
+                                                             second: signal.Signals) -> None:
+    """Ctrl-C while up creates the nodes rolls the new cluster back; a second Ctrl-C (or a
+    SIGTERM) while that rollback is terminating must not leave the nodes running."""
+    task, _ = _project(tmp_path)
+    hook, rollback = tmp_path / "reached", tmp_path / "rollback"
+    proc = _start(cli, "provision", hook, "up", str(task), CT_FAULT_ROLLBACK_MARKER=str(rollback))
+    try:
+        assert wait_until(lambda: hook.exists() or proc.poll() is not None, 120), "never provisioned"
+        assert proc.poll() is None, proc.communicate()[1]
+        _send(proc, signal.SIGINT)
+        assert wait_until(lambda: rollback.exists() or proc.poll() is not None, 60), \
+            "the rollback never started"
+        _send(proc, second)
+        out, err = _finish(proc, 90)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 130, f"exit {proc.returncode}:\n{err[-3000:]}"
+    assert "Rolling back" in err and "Traceback" not in err, err[-3000:]
+    assert cli.status() == []
+    assert_nothing_left(cli.home)
+
+
 def test_sigkill_of_the_cli_then_down(cli: CLI, tmp_path: Path) -> None:
     task, mark = _project(tmp_path)
     proc = _start(cli, "", tmp_path / "unused", "launch", str(task), "--down")

@@ -9,6 +9,9 @@ Environment:
                    own scripts and need no hook)
   CT_FAULT_MARKER  a file written when the phase is reached
   CT_FAULT_HOLD    how long the phase is held, in seconds (default 120)
+  CT_FAULT_ROLLBACK_MARKER  with provision: a file written when the provider's terminate
+                   starts, which then waits CT_FAULT_ROLLBACK_HOLD seconds (default 3) before
+                   the real terminate, so a signal can land inside a rollback
 
 provision: the provider has created the nodes; create_nodes then holds (any provider).
 ssh:       local provider only: the nodes' sshd comes up only after the hold, so the CLI waits
@@ -58,6 +61,17 @@ def _hold_provision() -> None:
 
             p.create_nodes = create_nodes
             p._ct_fault_held = True
+            if os.environ.get("CT_FAULT_ROLLBACK_MARKER"):
+                terminate = p.terminate
+
+                def held_terminate(cluster: str) -> Any:
+                    Path(os.environ["CT_FAULT_ROLLBACK_MARKER"]).write_text(str(os.getpid()))
+                    end = time.monotonic() + float(os.environ.get("CT_FAULT_ROLLBACK_HOLD", "3"))
+                    while time.monotonic() < end:
+                        time.sleep(0.05)
+                    return terminate(cluster)
+
+                p.terminate = held_terminate
         return p
 
     registry.get = get  # type: ignore[assignment]
