@@ -38,7 +38,8 @@ from cloudtrain.ownership import (CLUSTER, CREATED, OWNER, RANK, SHARED_RANK, de
 from cloudtrain.provider.contract import (ClusterRequest, CollectsOrphans, HasHostKeySource,
                                           HasMasterPort, HasNodeEnv, MarksOwner, NetworkRef,
                                           Node, NodeStatus, Plan, Provider, ProviderContext,
-                                          ReportsAttempts, ReportsInterruptions)
+                                          ReportsAttempts, ReportsInterruptions, SelfStop,
+                                          SelfStops)
 
 if TYPE_CHECKING:   # what the lazy names below are, for type checkers
     from cloudtrain import planner
@@ -80,7 +81,7 @@ __all__ = [
     "CLUSTER", "CREATED", "OWNER", "RANK", "SHARED_RANK", "USER_KNOWN_HOSTS", "ClusterRequest",
     "CollectsOrphans", "HasHostKeySource", "HasMasterPort", "HasNodeEnv", "MarksOwner",
     "NetworkRef", "Node", "NodeStatus", "Plan", "Provider", "ProviderContext", "ReportsAttempts",
-    "ReportsInterruptions", "check_name", "default_owner", "generate_host_key",
+    "ReportsInterruptions", "SelfStop", "SelfStops", "check_name", "default_owner", "generate_host_key",
     "host_entry_name", "host_key_cloud_config", "now", "owner_hash", "owner_of_cluster",
     "split_owner", *_LAZY, *_MODULES,
 ]

@@ -217,3 +217,43 @@ class MarksOwner(Protocol):
     the owner string: what gc compares resources' marks with."""
 
     def owner_mark(self, owner: str) -> str: ...
+
+
+@dataclass(frozen=True)
+class SelfStop:
+    """What the cloud shows of a node that ended its own billing (the node guard's last act):
+    when it stopped (the cloud's own record where it has one, e.g. a state-transition time),
+    and why, when the node could leave a reason where the provider reads it without
+    credentials on the node (e.g. a serial-console line ``cloudtrain-guard: stop: idle``),
+    else ``None``."""
+
+    rank: int
+    instance_id: str
+    stopped_at: float
+    reason: str | None = None
+
+
+@runtime_checkable
+class SelfStops(Protocol):
+    """Nodes of this provider can end their own billing for compute with NO user credential
+    on the node. The node guard (``cloudtrain/node/guard.py``) runs
+    :meth:`self_stop_command` as its last act, when a policy fires (idle, job end, budget,
+    lifetime); at the next CLI contact :meth:`self_stopped` tells what it did, and
+    ``terminate`` removes what a self-stop leaves behind (security group, key pair, disks)."""
+
+    def self_stop_command(self, cluster: str, node: Node) -> str:
+        """A POSIX shell command, run on ``node`` as its login user by the guard, that stops
+        this node's compute billing (e.g. ``sudo shutdown -h now`` where the cloud terminates
+        an instance on guest shutdown). ``$CT_GUARD_REASON`` holds the reason (idle, job-end,
+        budget, lifetime) when it runs. It may not return (the machine goes away)."""
+        ...
+
+    def what_still_bills(self) -> str:
+        """One sentence for ``up``/docs: what may still bill after a self-stop until the next
+        CLI contact (or ``gc``) removes it."""
+        ...
+
+    def self_stopped(self, cluster: str) -> list[SelfStop]:
+        """The cluster's nodes that stopped themselves, from the cloud (or, for local nodes,
+        their files). [] when none did."""
+        ...
