@@ -103,12 +103,16 @@ def running_jobs(root: str) -> list[tuple[str, int]]:
     return found
 
 
-def job_ended(root: str, job_id: str) -> bool:
+def job_ended(root: str, job_id: str) -> float | None:
+    """When the job ended (its rc file's time; now for one killed before writing it), or
+    None while it runs or before it started."""
     d = os.path.join(root, "jobs", job_id)
-    if os.path.exists(os.path.join(d, "rc")):
-        return True
+    try:
+        return os.stat(os.path.join(d, "rc")).st_mtime
+    except OSError:
+        pass
     pid = read_pid(os.path.join(d, "pid"))
-    return pid is not None and not alive(pid)
+    return time.time() if pid is not None and not alive(pid) else None
 
 
 def _proc_env(pid: str) -> list[bytes]:
@@ -117,20 +121,6 @@ def _proc_env(pid: str) -> list[bytes]:
             return f.read().split(b"\0")
     except OSError:
         return []
-
-
-def followers(job_dir: str) -> bool:
-    """A CLI still follows this job (ctjob.sh --follow for it runs): it reads the exit code."""
-    needle = job_dir.encode()
-    for pid in _pids():
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().split(b"\0")
-        except OSError:
-            continue
-        if b"--follow" in cmd and needle in cmd:
-            return True
-    return False
 
 
 def _pids() -> list[str]:
@@ -185,14 +175,19 @@ def decide(root: str, pol: dict, now: float, busy_at: float, lease: float,
             return "lifetime", seen
     cap, hourly = num(pol, "max_cost_usd"), num(pol, "cluster_hourly_usd")
     if cap is not None and hourly is not None:
-        spent = (num(pol, "spent_usd") or 0.0) + hourly * max(0.0, now - (num(pol, "spent_at") or now)) / 3600
+        spent0, at0 = num(pol, "spent_usd") or 0.0, num(pol, "spent_at") or now
+        spent = spent0 + hourly * max(0.0, now - at0) / 3600
         seen["spent_usd"] = round(spent, 6)
-        if spent >= cap:
+        # An attached CLI watches the budget itself: the node acts budget_grace_s later.
+        reached = at0 + (cap - spent0) / hourly * 3600 if hourly > 0 else None
+        if spent >= cap and (reached is None or now >= reached + (num(pol, "budget_grace_s") or 0)):
             return "budget", seen
     for job_id in pol.get("down_on_end") or []:
-        if isinstance(job_id, str) and "/" not in job_id and job_ended(root, job_id):
-            if followers(os.path.join(root, "jobs", job_id)) and now - busy_at < 60:
-                continue   # an attached CLI still reads the exit code; it tears down itself
+        if not isinstance(job_id, str) or "/" in job_id:
+            continue
+        ended = job_ended(root, job_id)
+        # An attached CLI tears down itself (after pulling outputs): job_end_grace_s later.
+        if ended is not None and now >= ended + (num(pol, "job_end_grace_s") or 0):
             return "job-end", seen
     idle = num(pol, "idle_minutes")
     since = max(busy_at, lease, num(pol, "lease_at") or 0.0)
