@@ -8,6 +8,7 @@ that died, read what the guards see, and reconcile a cluster whose nodes stopped
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -75,6 +76,9 @@ def desired(env: Env, handle: Handle, task: Task | None, *, base: dict[str, Any]
         pol["max_hours"], pol["grace_s"] = task.max_hours, task.stop_grace
     pol.setdefault("down_on_end", [])
     pol.update(changes)
+    poll = os.environ.get("CLOUDTRAIN_GUARD_POLL")     # tests: a faster loop on the nodes
+    if poll:
+        pol["poll_s"] = float(poll)
     now = time.time()
     pol.update(cluster=row.name, started_at=row.created_at or now, lease_at=now,
                cluster_hourly_usd=None if row.hourly_price is None
