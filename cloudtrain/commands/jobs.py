@@ -5,7 +5,6 @@ Only click is imported at module level; each command imports what it needs when 
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import TYPE_CHECKING
 
@@ -155,12 +154,16 @@ def logs(cluster_name: str, node: int | None, follow: bool, job_id: str | None,
 @click.option("--node", "node", type=int, default=0, show_default=True, help="Node rank.")
 @guard
 def ssh(cluster_name: str, node: int) -> None:
-    """Open an SSH session on a node, with the cluster's key and pinned host key."""
+    """Open an SSH session on a node, with the cluster's key and pinned host key. While it
+    lasts, the cluster's idle stop waits (the session keeps every node alive)."""
     import shutil
+    import signal
+    import subprocess
 
     from cloudtrain.cluster import get_handle
     from cloudtrain.errors import UserError
     from cloudtrain.keys import ssh_command_options
+    from cloudtrain.pipeline import guard as node_guard
 
     check_name(cluster_name)
     env = open_env(quiet=True)
@@ -172,7 +175,13 @@ def ssh(cluster_name: str, node: int) -> None:
     args = ["ssh", *ssh_command_options(handle.keys, n.port, n.identity_file), "-t",
             f"{n.user}@{n.host}"]
     sys.stdout.flush()
-    os.execv(exe, args)
+    stop = node_guard.keep_alive(env, cluster_name)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)     # Ctrl-C is the remote shell's
+    try:
+        code = subprocess.call(args, executable=exe)
+    finally:
+        stop()
+    sys.exit(code)
 
 
 def register(cli: click.Group) -> None:

@@ -353,3 +353,33 @@ def reconcile_all(env: Env, name: str | None, refresh: bool) -> list[dict[str, A
         if done is not None:
             out.append(done)
     return out
+
+
+def keep_alive(env: Env, name: str):  # type: ignore[no-untyped-def]
+    """For ``cloudtrain ssh``: a session on one node keeps every node of the cluster alive
+    (the other guards see no session of their own): while the session lasts, renew the lease
+    on every node at a third of the idle limit (at most every 30 s). Returns a function that
+    ends the renewals; a no-op when the cluster has no idle stop."""
+    import threading
+
+    idle = saved(env, name).get("idle_minutes")
+    if not idle:
+        return lambda: None
+    every = max(1.0, min(30.0, float(idle) * 60 / 3))
+    done = threading.Event()
+
+    def loop() -> None:
+        try:
+            handle, group = _connected(env, name, timeout=15)
+        except Exception:  # noqa: BLE001 - the session itself still counts on its node
+            return
+        try:
+            while not done.wait(every):
+                push(env, handle, group, "touch")
+        except Exception:  # noqa: BLE001
+            pass
+        finally:
+            group.close()
+
+    threading.Thread(target=loop, daemon=True).start()
+    return done.set

@@ -14,6 +14,7 @@ import sys
 import time
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -45,18 +46,23 @@ def _gone(cli: CLI, name: str, timeout: float = 60) -> dict[str, object]:
     assert gone and gone[0]["status"] == "GONE", entries
     assert cli.status() == []           # forgotten: the next status lists nothing
     # The ledger stops counting when the nodes stopped, not when the CLI noticed.
-    (c,) = [c for c in json.loads(cli.run("cost-report", "--json").stdout)["clusters"]
-            if c["name"] == name]
+    c = _ledger(cli, name)
     ended = datetime.fromisoformat(c["ended_at"]).timestamp()
     assert abs(ended - float(gone[0]["stopped_at"])) < 1.5, (c, gone)
     assert noticed - ended > 2.5, (c, noticed)
     return gone[0]
 
 
-def _ledger_reason(cli: CLI, name: str) -> tuple[str, float, float]:
+def _ledger(cli: CLI, name: str) -> dict[str, Any]:
+    """The cost report's entry for the latest cluster called ``name``."""
     rep = cli.run("cost-report", "--json")
     assert rep.returncode == 0, rep.stderr
-    (c,) = [c for c in json.loads(rep.stdout)["clusters"] if c["name"] == name]
+    return max((c for c in json.loads(rep.stdout)["clusters"] if c["name"] == name),
+               key=lambda c: c["started_at"])
+
+
+def _ledger_reason(cli: CLI, name: str) -> tuple[str, str, dict[str, Any]]:
+    c = _ledger(cli, name)
     return c["end_reason"], c["status"], c
 
 
@@ -149,8 +155,18 @@ def test_idle_stop_and_what_keeps_a_cluster_alive(cli: CLI, tmp_path: Path) -> N
 
 
 def _guard_pids(cli: CLI, what: str) -> list[int]:
-    return [p for p in processes_with(f"guard.py {what}")
-            if str(cli.home).encode() in Path(f"/proc/{p}/cmdline").read_bytes()]
+    """The node guard's processes of this home: ``what`` is run (the guard) or
+    ctguard-supervisor (the loop that restarts it)."""
+    found = []
+    for p in processes_with(str(cli.home)):
+        try:
+            words = Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if (what == "run" and any(w.endswith(b"guard.py") for w in words) and b"run" in words) \
+                or (what != "run" and what.encode() in words):
+            found.append(p)
+    return found
 
 
 def test_a_sigkilled_guard_comes_back_and_the_lifetime_fires_without_it(
@@ -165,9 +181,8 @@ def test_a_sigkilled_guard_comes_back_and_the_lifetime_fires_without_it(
     os.kill(first, signal.SIGKILL)
     assert wait_until(lambda: _guard_pids(cli, "run") and _guard_pids(cli, "run") != [first], 10)
     # Now the guard and its supervisor both die: the deadman still ends the cluster.
-    for p in _guard_pids(cli, "run") + processes_with("ctguard-supervisor"):
-        if str(cli.home).encode() in Path(f"/proc/{p}/cmdline").read_bytes():
-            os.kill(p, signal.SIGKILL)
+    for p in _guard_pids(cli, "ctguard-supervisor") + _guard_pids(cli, "run"):
+        os.kill(p, signal.SIGKILL)
     time.sleep(2)
     assert not _guard_pids(cli, "run")
     assert _gone(cli, "life", timeout=40)["reason"] == "lifetime"
