@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 @click.argument("task_file", type=click.Path(dir_okay=False))
 @click.option("-c", "--cluster", "cluster_name", help="Cluster name (default: the task's name).")
 @click.option("--down", "down_after", is_flag=True,
-              help="Tear the cluster down after the run, whatever happened.")
+              help="Tear the cluster down after the run, whatever happened (the nodes do it "
+                   "themselves if this CLI is gone, and with -d).")
 @click.option("-d", "--detach", is_flag=True, help="Start the job and return; see 'logs --follow'.")
 @click.option("-y", "--yes", is_flag=True, help="Do not ask before spending money.")
 @click.option("--env", "envs", multiple=True, metavar="K=V", help="Extra environment (repeatable).")
@@ -42,8 +43,8 @@ def launch(task_file: str, cluster_name: str | None, down_after: bool, detach: b
     when what the cluster has cost so far plus its $/h x hours (--hours, or max_hours)
     exceeds it, or when no hours are given. While the job runs it warns at 80% of the budget
     and, at 100%, stops the job everywhere, tears the cluster down and exits 3. The budget
-    covers the whole cluster, earlier launches on it included. -d cannot be watched: it is
-    refused with a budget (use --no-budget to launch detached without one).
+    covers the whole cluster, earlier launches on it included. The node guards enforce
+    the budget and --down too, so they hold with -d and when this CLI is gone (docs/guard.md).
 
     Exits with the job's exit code (the first failing node's), 3 when the budget was
     reached, 130 on Ctrl-C."""
