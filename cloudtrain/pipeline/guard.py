@@ -107,7 +107,11 @@ def _command(env: Env, handle: Handle, mode: str, pol: dict[str, Any] | None):  
         args = [n.root_dir, python, uid, str(n.rank), mode]
         if pol is not None:
             args.append(node_policy(handle, pol, n))
-        return bootstrap.inline("ctguard.sh", *args)
+        line = bootstrap.inline("ctguard.sh", *args)
+        # A systemd unit only on machines cloudtrain owns (clouds), never on this machine
+        # (local nodes) or the user's own hosts (ssh).
+        return f"CT_GUARD_NO_SYSTEMD=1 {line}" if owned_by_user else line
+    owned_by_user = handle.row.provider in OFF_BY_DEFAULT
     return cmd
 
 

@@ -90,7 +90,7 @@ def launch(env: Env, task: Task, name: str, plan: Plan, *, down_after: bool, det
     try:
         try:
             with opened(env, task, name, planned=plan) as (handle, group, fresh):
-                job_id = on_nodes(env, handle, group, task, fresh=fresh, down_after=down_after,
+                job_id = on_nodes(env, handle, group, task, down_after=down_after,
                                   detach=detach, limit=limit)
                 if fresh:
                     bootstrap_or_roll_back(env, handle, group, task, name)
@@ -122,7 +122,7 @@ def launch(env: Env, task: Task, name: str, plan: Plan, *, down_after: bool, det
     return outcome
 
 
-def on_nodes(env: Env, handle: Handle, group: Group, task: Task, *, fresh: bool,
+def on_nodes(env: Env, handle: Handle, group: Group, task: Task, *,
              down_after: bool, detach: bool, limit: budget.Budget | None) -> str:
     """The launch's rules on the node guards (job-end stop for --down, the budget), before the
     job starts: they hold when this CLI is gone. Returns the job's id."""
@@ -130,7 +130,7 @@ def on_nodes(env: Env, handle: Handle, group: Group, task: Task, *, fresh: bool,
 
     job_id = new_job_id()
     job_end, over = (0.0, 0.0) if detach else attached_grace()
-    guard.update(env, handle, group, task, mode="install" if fresh else "policy",
+    guard.update(env, handle, group, task, mode="install",
                  down_on_end=[job_id] if down_after else [],
                  max_cost_usd=None if limit is None else limit.max_cost_usd,
                  job_end_grace_s=job_end, budget_grace_s=over)
