@@ -79,7 +79,7 @@ def serial_reason(api: Api, project: str, zone: str, name: str) -> str | None:
     it cannot be read or holds none."""
     try:
         out = api.get("instances", "get_serial_port_output", project=project, zone=zone,
-                      instance=name, port=1)
+                      instance=name)   # port 1 (ttyS0) by default
     except (NotFound, ProviderError):
         return None
     return reason_in(str(out.get("contents") or ""))
