@@ -193,3 +193,118 @@ def test_times_and_reasons_are_read_from_the_clouds_own_words() -> None:
     assert gcp_stop.reason_in("cloudtrain-guard: stop: unknown\n") is None
     assert gcp_stop.run_seconds(None) is None and gcp_stop.run_seconds(0.001) == 30
     assert gcp_stop.run_seconds(2) == 7200
+
+
+# --- end to end through the CLI, on mapped local sshd nodes ------------------------------------
+
+import os  # noqa: E402
+import shutil  # noqa: E402
+import socket  # noqa: E402
+import sys  # noqa: E402
+import threading  # noqa: E402
+
+from conftest import DEMO, needs_sshd, needs_torch, wait_until  # noqa: E402
+from test_aws_cli import (TASK as AWS_TASK, LocalNodes, _cloudtrain, _map_when_running,  # noqa: E402,F401
+                          _moto, _tagged, guarded, moto_server)
+from test_gcp_e2e import NAT, world  # noqa: E402,F401
+
+FAKES = Path(__file__).resolve().parents[1] / "fakes"
+HELPER = FAKES / "guest_shutdown.py"
+EMPTY = {"instances": 0, "security_groups": 0, "key_pairs": 0, "placement_groups": 0,
+         "volumes": 0}
+
+
+def _add_shutdown(map_file: Path, command_for: dict[str, str]) -> None:
+    """The address map's "shutdown" for each public address: the fake's guest shutdown."""
+    data = json.loads(map_file.read_text())
+    for address, cmd in command_for.items():
+        data["addresses"][address]["shutdown"] = cmd
+    map_file.write_text(json.dumps(data))
+
+
+def _listening(host: str, port: int) -> bool:
+    try:
+        socket.create_connection((host, port), 1).close()
+        return True
+    except OSError:
+        return False
+
+
+def _self_stop_over_exec(run, provider, cluster: str, node: Node, reason: str):  # type: ignore[no-untyped-def]
+    """What the node guard does as its last act, here over ``cloudtrain exec``: the
+    provider's self-stop command with $CT_GUARD_REASON set. The node goes away under it."""
+    cmd = provider.self_stop_command(cluster, node)
+    return run("exec", cluster, "--node", str(node.rank), "--",
+               f"CT_GUARD_REASON={reason}; export CT_GUARD_REASON; {cmd}")
+
+
+@needs_sshd
+@needs_torch
+@pytest.mark.e2e
+def test_aws_node_stops_itself_through_the_cli(guarded: dict[str, str], moto_server: str,
+                                               tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from cloudtrain.provider import ProviderContext
+    from cloudtrain_provisioners.aws import AWSProvider
+
+    proj = tmp_path / "proj"
+    shutil.copytree(DEMO, proj, ignore=shutil.ignore_patterns("cloudtrain-outputs", "__pycache__"))
+    task = proj / "task.yaml"
+    task.write_text(AWS_TASK.format(name="awsstop", region="  region: us-east-1\n"))
+    map_file = tmp_path / "address-map.json"
+    env = {**guarded, "AWS_ENDPOINT_URL": moto_server, "AWS_ACCESS_KEY_ID": "testing",
+           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+           "CLOUDTRAIN_AWS_ADDRESS_MAP": str(map_file), "CLOUDTRAIN_AWS_ADDRESS_MAP_WAIT": "60"}
+    ec2 = _moto(moto_server)
+    nodes = LocalNodes(tmp_path / "nodes")
+    nodes.start()
+    seen: dict[str, object] = {}
+    stop = threading.Event()
+    mapper = threading.Thread(target=_map_when_running,
+                              args=(ec2, nodes, "awsstop", map_file, seen, stop), daemon=True)
+    mapper.start()
+    try:
+        r = _cloudtrain(env, "up", str(task), "-y", timeout=300)
+        assert r.returncode == 0, r.stderr[-4000:] + r.stdout[-2000:]
+        insts = {int({t["Key"]: t["Value"] for t in i["Tags"]}["cloudtrain:node-rank"]): i
+                 for i in _tagged(ec2, "awsstop")["instances"]}
+        _add_shutdown(map_file, {
+            insts[k]["PublicIpAddress"]:
+                f"{sys.executable} {HELPER} aws --endpoint {moto_server} --region us-east-1 "
+                f"--instance {{instance_id}} --node-dir {nodes.nodes[k]['dir']}"
+            for k in insts})
+        for k, v in {"AWS_ENDPOINT_URL": moto_server, "AWS_ACCESS_KEY_ID": "testing",
+                     "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+                     "AWS_CONFIG_FILE": "/nonexistent", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
+                     "CLOUDTRAIN_AWS_ADDRESS_MAP": str(map_file)}.items():
+            monkeypatch.setenv(k, v)
+        p = AWSProvider(ProviderContext(Path(env["CLOUDTRAIN_HOME"])))
+        node0 = next(n for n in p.list_nodes("awsstop") if n.rank == 0)
+        assert node0.instance_id == insts[0]["InstanceId"]
+        before = time.time()
+        _self_stop_over_exec(lambda *a: _cloudtrain(env, *a, timeout=120), p, "awsstop",
+                             node0, "job-end")
+
+        # EC2's answer to a guest shutdown: the instance is terminated (by the instance)
+        def state(rank: int) -> dict:  # type: ignore[type-arg]
+            (res,) = ec2.describe_instances(InstanceIds=[insts[rank]["InstanceId"]])["Reservations"]
+            return res["Instances"][0]  # type: ignore[no-any-return]
+        assert wait_until(lambda: state(0)["State"]["Name"] == "terminated", 20)
+        assert state(0)["StateReason"]["Code"] == "Client.InstanceInitiatedShutdown"
+        assert state(1)["State"]["Name"] == "running"
+        # ...and the node is gone: its sshd no longer listens, node 1's still does
+        n0, n1 = nodes.nodes
+        assert wait_until(lambda: not _listening(n0["address"], n0["port"]), 10)
+        assert _listening(n1["address"], n1["port"])
+        (s,) = p.self_stopped("awsstop")
+        assert (s.rank, s.instance_id, s.reason) == (0, insts[0]["InstanceId"], "job-end")
+        assert before - 2 <= s.stopped_at <= time.time() + 1
+        # the next contact removes everything, the survivor included
+        r = _cloudtrain(env, "down", "awsstop", "-y", timeout=300)
+        assert r.returncode == 0, r.stderr[-4000:] + r.stdout[-2000:]
+        assert {k: len(v) for k, v in _tagged(ec2, "awsstop").items()} == EMPTY
+        assert json.loads(_cloudtrain(env, "status", "--json").stdout) == []
+    finally:
+        stop.set()
+        mapper.join(timeout=10)
+        nodes.stop()
