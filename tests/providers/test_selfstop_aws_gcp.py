@@ -308,3 +308,54 @@ def test_aws_node_stops_itself_through_the_cli(guarded: dict[str, str], moto_ser
         stop.set()
         mapper.join(timeout=10)
         nodes.stop()
+
+
+@needs_sshd
+@needs_torch
+@pytest.mark.e2e
+def test_gcp_node_stops_itself_through_the_cli(world, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from cloudtrain.provider import ProviderContext
+    from cloudtrain_provisioners.gcp import GCPProvider
+
+    cli, env, fake, nodes, _ = world
+    task = tmp_path / "task.yaml"
+    task.write_text("name: gcpstop\nnum_nodes: 2\nrun: echo hi\n"
+                    "resources:\n  provider: gcp\n  region: us-central1\n  accelerators: T4:1\n"
+                    "  ssh_cidr: 198.51.100.7/32\n")
+    r = cli.run("up", str(task), "-y", timeout=300, **env)
+    assert r.returncode == 0, r.stderr[-4000:] + r.stdout[-2000:]
+    insts = {int(i["labels"]["cloudtrain-node-rank"]): i for i in fake.instances.values()}
+    # which local node each rank's external address maps to
+    local = {r: NAT.index(i["networkInterfaces"][0]["accessConfigs"][0]["natIP"])
+             for r, i in insts.items()}
+    map_file = Path(env["CLOUDTRAIN_GCP_ADDRESS_MAP"])
+    _add_shutdown(map_file, {
+        NAT[local[r]]: f"{sys.executable} {HELPER} gce --url {fake.url} --zone "
+                       f"{i['zone'].rsplit('/', 1)[-1]} --name {i['name']} "
+                       f"--node-dir {nodes.dirs[local[r]]}"
+        for r, i in insts.items()})
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("CLOUDTRAIN_HOME", str(cli.home))
+    p = GCPProvider(ProviderContext(cli.home))
+    node0 = next(n for n in p.list_nodes("gcpstop") if n.rank == 0)
+    before = time.time()
+    _self_stop_over_exec(lambda *a: cli.run(*a, timeout=120, **env), p, "gcpstop", node0, "idle")
+
+    # GCE's answer to a guest shutdown: the VM is stopped (TERMINATED), its boot disk kept
+    key0 = (insts[0]["zone"].rsplit("/", 1)[-1], insts[0]["name"])
+    assert wait_until(lambda: fake.instances[key0]["status"] == "TERMINATED", 20)
+    assert len(fake.disks) == 2
+    rank1 = (insts[1]["zone"].rsplit("/", 1)[-1], insts[1]["name"])
+    assert fake.instances[rank1]["status"] == "RUNNING"
+    assert "natIP" not in fake.instances[key0]["networkInterfaces"][0]["accessConfigs"][0]
+    assert wait_until(lambda: not _listening(*nodes.addrs[local[0]]), 10)
+    assert _listening(*nodes.addrs[local[1]])
+    (s,) = p.self_stopped("gcpstop")
+    assert (s.rank, s.reason) == (0, "idle") and before - 2 <= s.stopped_at <= time.time() + 1
+    # the next contact removes everything: both instances, the disks, the rules, the network
+    r = cli.run("down", "gcpstop", "-y", timeout=300, **env)
+    assert r.returncode == 0, r.stderr[-4000:] + r.stdout[-2000:]
+    assert fake.empty(), fake.ours()
+    assert cli.run("status", "--json", **env).stdout.strip() == "[]"
