@@ -433,9 +433,10 @@ class GCEFake:
         try:
             with self.lock:
                 self._expire()
-            m = re.fullmatch(r"/_fake/zones/([^/]+)/instances/([^/]+)/guest-shutdown", path)
+            m = re.fullmatch(r"/_fake(?:/zones/([^/]+))?/instances/([^/]+)/guest-shutdown", path)
             if m and method == "POST":
-                self.guest_shutdown(m.group(1), m.group(2), str((body or {}).get("reason", "")))
+                zone = m.group(1) or next((z for z, n in self.instances if n == m.group(2)), "")
+                self.guest_shutdown(zone, m.group(2), str((body or {}).get("reason", "")))
                 return 200, {}
             if path == "/token" and method == "POST":
                 return 200, self._token(body or {})

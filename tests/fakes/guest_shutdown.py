@@ -16,7 +16,8 @@ on the node, as the node guard would run ``sudo shutdown -P now`` on a real inst
 The reason is ``$CT_GUARD_REASON`` (as the guard sets it). Usage::
 
     python guest_shutdown.py aws --endpoint URL --region R --instance ID --node-dir DIR
-    python guest_shutdown.py gce --url URL --zone Z --name NAME --node-dir DIR
+    python guest_shutdown.py gce --url URL [--zone Z] --name NAME --node-dir DIR
+    python guest_shutdown.py gce --url URL --instance NAME/ID --node-dir DIR
 """
 
 from __future__ import annotations
@@ -46,8 +47,9 @@ def aws(endpoint: str, region: str, instance: str, reason: str) -> None:
     ec2.terminate_instances(InstanceIds=[instance])
 
 
-def gce(url: str, zone: str, name: str, reason: str) -> None:
-    req = urllib.request.Request(f"{url}/_fake/zones/{zone}/instances/{name}/guest-shutdown",
+def gce(url: str, zone: str | None, name: str, reason: str) -> None:
+    where = f"/zones/{zone}" if zone else ""
+    req = urllib.request.Request(f"{url}/_fake{where}/instances/{name}/guest-shutdown",
                                  data=json.dumps({"reason": reason}).encode(), method="POST",
                                  headers={"Content-Type": "application/json"})
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -102,7 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.cloud == "aws":
         aws(a.endpoint, a.region, a.instance, reason)
     else:
-        gce(a.url, a.zone, a.name, reason)
+        # the name, or cloudtrain's instance id for a GCE node ("name/id"); the fake finds the
+        # zone by name when none is given
+        gce(a.url, a.zone, (a.name or a.instance).split("/")[0], reason)
     stop_node(Path(a.node_dir))
     return 0
 

@@ -219,7 +219,9 @@ def _add_shutdown(map_file: Path, command_for: dict[str, str]) -> None:
     data = json.loads(map_file.read_text())
     for address, cmd in command_for.items():
         data["addresses"][address]["shutdown"] = cmd
-    map_file.write_text(json.dumps(data))
+    tmp = map_file.with_suffix(".shutdown.tmp")   # the CLI may be reading it: replace it whole
+    tmp.write_text(json.dumps(data))
+    tmp.replace(map_file)
 
 
 def _listening(host: str, port: int) -> bool:
@@ -357,5 +359,127 @@ def test_gcp_node_stops_itself_through_the_cli(world, tmp_path: Path,  # type: i
     # the next contact removes everything: both instances, the disks, the rules, the network
     r = cli.run("down", "gcpstop", "-y", timeout=300, **env)
     assert r.returncode == 0, r.stderr[-4000:] + r.stdout[-2000:]
+    assert fake.empty(), fake.ours()
+    assert cli.run("status", "--json", **env).stdout.strip() == "[]"
+
+
+# --- lost laptop: launch --down, the CLI SIGKILLed, the cluster ends itself ---------------------
+
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+
+from conftest import processes_with  # noqa: E402
+
+FAST = {"CLOUDTRAIN_GUARD_POLL": "0.3", "CLOUDTRAIN_GUARD_ATTACHED_GRACE": "2"}
+JOB = "  sleep 6\n  touch {marks}/done-$CLOUDTRAIN_NODE_RANK\n"
+
+
+def _lost_laptop(proc: subprocess.Popen[str], cluster: str, marks: Path) -> None:
+    """Once the job runs on both nodes, SIGKILL the CLI; the job still completes."""
+    try:
+        assert wait_until(lambda: len(processes_with(f"CLOUDTRAIN_CLUSTER={cluster}")) >= 2,
+                          240), "the job did not start"
+    finally:
+        proc.send_signal(signal.SIGKILL)       # the laptop is gone
+        proc.wait(timeout=10)
+    assert wait_until(lambda: len(list(marks.iterdir())) == 2, 60), "the job did not complete"
+
+
+def _aws_map_with_shutdown(ec2, nodes: LocalNodes, cluster: str, map_file: Path,  # type: ignore[no-untyped-def]
+                           endpoint: str, seen: dict[str, object], stop: threading.Event) -> None:
+    """The test's mapper, then each public address gets the moto guest shutdown of its node
+    (before bootstrap installs the guard, which asks the provider for the command)."""
+    _map_when_running(ec2, nodes, cluster, map_file, seen, stop)
+    if stop.is_set():
+        return
+    insts = _tagged(ec2, cluster)["instances"]
+    _add_shutdown(map_file, {
+        i["PublicIpAddress"]:
+            f"{sys.executable} {HELPER} aws --endpoint {endpoint} --region us-east-1 "
+            f"--instance {{instance_id}} --node-dir "
+            f"{nodes.nodes[int({t['Key']: t['Value'] for t in i['Tags']}['cloudtrain:node-rank'])]['dir']}"
+        for i in insts})
+
+
+@needs_sshd
+@pytest.mark.e2e
+def test_aws_lost_laptop_the_cluster_ends_itself(guarded: dict[str, str], moto_server: str,
+                                                 tmp_path: Path) -> None:
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    task = tmp_path / "lost.yaml"
+    task.write_text("name: lostaws\nnum_nodes: 2\nstop_grace: 5\n"
+                    "resources:\n  provider: aws\n  region: us-east-1\n"
+                    "  instance_type: g4dn.xlarge\n  ssh_cidr: 127.0.0.1/32\n"
+                    "  aws: {host_key_wait: 0}\n"
+                    "run: |\n" + JOB.format(marks=marks))
+    map_file = tmp_path / "address-map.json"
+    env = {**guarded, **FAST, "AWS_ENDPOINT_URL": moto_server, "AWS_ACCESS_KEY_ID": "testing",
+           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+           "CLOUDTRAIN_AWS_ADDRESS_MAP": str(map_file), "CLOUDTRAIN_AWS_ADDRESS_MAP_WAIT": "60"}
+    ec2 = _moto(moto_server)
+    nodes = LocalNodes(tmp_path / "nodes")
+    nodes.start()
+    seen: dict[str, object] = {}
+    stop = threading.Event()
+    mapper = threading.Thread(target=_aws_map_with_shutdown, daemon=True,
+                              args=(ec2, nodes, "lostaws", map_file, moto_server, seen, stop))
+    mapper.start()
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "cloudtrain", "launch", str(task), "-y",
+                                 "--down"], env=env, text=True, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        _lost_laptop(proc, "lostaws", marks)
+
+        # no further command: each node's guard powers it off, EC2 terminates it
+        def states() -> set[str]:
+            return {i["State"]["Name"] for r in ec2.describe_instances(Filters=[
+                {"Name": "tag:cloudtrain:cluster", "Values": ["lostaws"]}])["Reservations"]
+                for i in r["Instances"]}
+        assert wait_until(lambda: states() == {"terminated"}, 60), states()
+        assert wait_until(lambda: not any(_listening(n["address"], n["port"])
+                                          for n in nodes.nodes), 10)
+        left = {k: len(v) for k, v in _tagged(ec2, "lostaws").items()}
+        assert left["instances"] == 0 and left["security_groups"] == 1   # free, until contact
+        # the next contact: status --refresh sees the self-stop and removes what is left
+        r = _cloudtrain(env, "status", "--refresh", "--json", timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        (entry,) = [e for e in json.loads(r.stdout) if e["name"] == "lostaws"]
+        assert entry["status"] == "GONE" and entry["reason"] == "job-end", entry
+        assert {k: len(v) for k, v in _tagged(ec2, "lostaws").items()} == EMPTY
+        assert json.loads(_cloudtrain(env, "status", "--json").stdout) == []
+    finally:
+        stop.set()
+        mapper.join(timeout=10)
+        nodes.stop()
+
+
+@needs_sshd
+@pytest.mark.e2e
+def test_gcp_lost_laptop_the_cluster_ends_itself(world, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    cli, env, fake, nodes, _ = world
+    map_file = Path(env["CLOUDTRAIN_GCP_ADDRESS_MAP"])
+    _add_shutdown(map_file, {NAT[k]: f"{sys.executable} {HELPER} gce --url {fake.url} "
+                                     f"--instance {{instance_id}} --node-dir {nodes.dirs[k]}"
+                             for k in range(2)})
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    task = tmp_path / "lost.yaml"
+    task.write_text("name: lostgcp\nnum_nodes: 2\nstop_grace: 5\n"
+                    "resources:\n  provider: gcp\n  region: us-central1\n  accelerators: T4:1\n"
+                    "  ssh_cidr: 198.51.100.7/32\n"
+                    "run: |\n" + JOB.format(marks=marks))
+    proc = cli.popen("launch", str(task), "-y", "--down", **env, **FAST)
+    _lost_laptop(proc, "lostgcp", marks)
+    # no further command: each node's guard powers it off, GCE stops it (disks still there)
+    assert wait_until(lambda: {i["status"] for i in fake.instances.values()} == {"TERMINATED"},
+                      60), {i["name"]: i["status"] for i in fake.instances.values()}
+    assert len(fake.disks) == 2
+    assert wait_until(lambda: not any(_listening(*a) for a in nodes.addrs), 10)
+    # the next contact deletes the stopped VMs, their disks, the rules and the network
+    r = cli.run("status", "--refresh", "--json", timeout=300, **env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    (entry,) = [e for e in json.loads(r.stdout) if e["name"] == "lostgcp"]
+    assert entry["status"] == "GONE" and entry["reason"] == "job-end", entry
     assert fake.empty(), fake.ours()
     assert cli.run("status", "--json", **env).stdout.strip() == "[]"
