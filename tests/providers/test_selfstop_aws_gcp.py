@@ -9,16 +9,27 @@ maxRunDuration with termination action DELETE, which the fake enforces on its cl
 
 End to end through the real CLI (tests further down): ``up`` of two mapped local sshd nodes,
 the provider's self-stop command run on node 0 over ``cloudtrain exec``, the fake's view,
-``self_stopped``, and ``down`` leaving nothing."""
+``self_stopped``, and ``down`` leaving nothing. And the lost laptop on both fakes (with the
+node guard): ``launch --down`` of a 2-node job, the CLI SIGKILLed mid-run; the job completes,
+each node's guard powers it off, the cloud ends it its own way, and the next contact
+(``status --refresh``) shows the cluster gone and leaves nothing."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
+
+from conftest import DEMO, needs_sshd, needs_torch, processes_with, wait_until
 
 pytest.importorskip("moto")
 pytest.importorskip("google.cloud.compute_v1")
@@ -29,6 +40,9 @@ from aws_moto import MOTO_ACCOUNT, Harness as AWSHarness, add_images_to_moto, gu
 from aws_moto import hermetic_env as aws_env  # noqa: E402
 from gce_fake import GCEFake, Harness as GCPHarness  # noqa: E402
 from gce_fake import hermetic_env as gcp_env  # noqa: E402
+from test_aws_cli import (TASK as AWS_TASK, LocalNodes, _cloudtrain, _map_when_running,  # noqa: E402,F401
+                          _moto, _tagged, guarded, moto_server)
+from test_gcp_e2e import NAT, world  # noqa: E402,F401
 
 REGION = "us-east-1"
 
@@ -197,16 +211,6 @@ def test_times_and_reasons_are_read_from_the_clouds_own_words() -> None:
 
 # --- end to end through the CLI, on mapped local sshd nodes ------------------------------------
 
-import os  # noqa: E402
-import shutil  # noqa: E402
-import socket  # noqa: E402
-import sys  # noqa: E402
-import threading  # noqa: E402
-
-from conftest import DEMO, needs_sshd, needs_torch, wait_until  # noqa: E402
-from test_aws_cli import (TASK as AWS_TASK, LocalNodes, _cloudtrain, _map_when_running,  # noqa: E402,F401
-                          _moto, _tagged, guarded, moto_server)
-from test_gcp_e2e import NAT, world  # noqa: E402,F401
 
 FAKES = Path(__file__).resolve().parents[1] / "fakes"
 HELPER = FAKES / "guest_shutdown.py"
@@ -365,10 +369,6 @@ def test_gcp_node_stops_itself_through_the_cli(world, tmp_path: Path,  # type: i
 
 # --- lost laptop: launch --down, the CLI SIGKILLed, the cluster ends itself ---------------------
 
-import signal  # noqa: E402
-import subprocess  # noqa: E402
-
-from conftest import processes_with  # noqa: E402
 
 FAST = {"CLOUDTRAIN_GUARD_POLL": "0.3", "CLOUDTRAIN_GUARD_ATTACHED_GRACE": "2"}
 JOB = "  sleep 6\n  touch {marks}/done-$CLOUDTRAIN_NODE_RANK\n"
