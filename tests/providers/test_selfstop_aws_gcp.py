@@ -130,6 +130,21 @@ def test_aws_a_user_termination_is_not_a_self_stop(aws: AWSHarness) -> None:
     assert p.self_stopped("demo") == []
 
 
+def test_aws_a_replaced_node_is_no_longer_reported(aws: AWSHarness) -> None:
+    """After ``up`` replaced a node that stopped itself, the cluster has it again."""
+    from moto.ec2.models import ec2_backends
+
+    p = aws.provider()
+    req = aws.request(num_nodes=2)
+    nodes = p.create_nodes(req, p.ensure_network(req))
+    guest_shutdown(ec2_backends[MOTO_ACCOUNT][REGION], [nodes[0].instance_id], "idle")
+    assert [s.rank for s in p.self_stopped("demo")] == [0]
+    again = p.create_nodes(req, p.ensure_network(req))
+    assert sorted(n.rank for n in again) == [0, 1]
+    assert p.self_stopped("demo") == []
+    p.terminate("demo")
+
+
 # --- GCP --------------------------------------------------------------------------------------
 
 def test_gcp_guest_shutdown_stops_the_vm_its_disk_bills_until_the_next_contact(
@@ -150,6 +165,9 @@ def test_gcp_guest_shutdown_stops_the_vm_its_disk_bills_until_the_next_contact(
     (stop,) = p.self_stopped("demo")
     assert (stop.rank, stop.reason) == (0, "idle")
     assert stop.instance_id.startswith(inst["name"] + "/")
+    (other,) = [i for i in gcp.fake.instances.values() if i["name"].endswith("-1")]
+    gcp.fake.guest_shutdown(zone, other["name"])          # nothing on its serial port
+    assert [(s.rank, s.reason) for s in p.self_stopped("demo")] == [(0, "idle"), (1, None)]
     assert before - 2 <= stop.stopped_at <= time.time() + 1
     p.terminate("demo")                       # the next contact
     assert gcp.fake.empty(), gcp.fake.ours()
