@@ -473,6 +473,20 @@ class CloudProvider:
             return int(self.amap.setting("master_port"))
         return 29500
 
+    def guest_shutdown(self, node: Node, real: str) -> str:
+        """The self-stop command for ``node``: ``real`` (a guest shutdown), or with an address
+        map (tests) the ``shutdown`` of the map entry that reaches the node (else the map's
+        own), ``{instance_id}`` filled in; never a real shutdown of the test machine."""
+        if self.amap is None:
+            return real
+        cmd = next((e["shutdown"] for e in (self.amap.setting("addresses") or {}).values()
+                    if isinstance(e, dict) and e.get("shutdown") and str(e.get("host")) ==
+                    node.host and int(e.get("port", 22)) == node.port),
+                   self.amap.setting("shutdown"))
+        if not cmd:
+            return "echo 'cloudtrain: the address map gives no shutdown command' >&2; exit 1"
+        return str(cmd).replace("{instance_id}", node.instance_id)
+
     def node_env(self, cluster: str) -> dict[str, str]:
         if self.amap is not None and self.amap.setting("python"):
             return {"CLOUDTRAIN_PYTHON": str(self.amap.setting("python"))}

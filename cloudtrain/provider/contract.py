@@ -87,6 +87,8 @@ class ClusterRequest:
     options: BaseModel | None
     public_key: str
     """The cluster's SSH public key (OpenSSH format), to be authorised on every node."""
+    max_hours: float | None = None
+    """The task's hard lifetime (``max_hours``), for clouds that can enforce it natively."""
 
 
 @dataclass(frozen=True)

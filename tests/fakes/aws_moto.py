@@ -562,7 +562,71 @@ def patch_moto_server(run_latency: float = 0.0) -> PlacementGroups:
             return original(self)
 
     EC2Response.run_instances = run_instances
+    patch_guest_shutdown()
     return store
+
+
+# --- guest shutdown (what EC2 does when a node powers itself off) --------------------------------
+
+GUEST_SHUTDOWN_HEADER = "X-Ct-Guest-Shutdown"
+"""On a TerminateInstances call to a patched moto server: this is not the API terminating the
+instances but each one's guest powering off; the value is the reason the guard wrote to the
+serial console (tests/fakes/guest_shutdown.py sends it)."""
+CONSOLE: dict[str, str] = {}
+"""Serial console text by instance id, in a patched moto server."""
+
+
+def guest_shutdown(backend: Any, instance_ids: list[str], reason: str = "") -> list[Any]:
+    """Do to moto's instances what EC2 does on a guest shutdown: terminate (or stop, as the
+    instance's InstanceInitiatedShutdownBehavior says) with the state reason
+    Client.InstanceInitiatedShutdown; the guard's line goes to the console first. Returns
+    [(instance, previous state)]."""
+    from moto.ec2.models.instances import StateReason
+
+    out = []
+    for iid in instance_ids:
+        inst = backend.get_instance(iid)
+        if reason:
+            CONSOLE[iid] = CONSOLE.get(iid, "") + f"cloudtrain-guard: stop: {reason}\n"
+        behaviour = getattr(inst, "instance_initiated_shutdown_behavior", "stop")
+        previous = inst.terminate() if behaviour == "terminate" else inst.stop()
+        inst.state_reason = StateReason("Client.InstanceInitiatedShutdown: Instance initiated "
+                                        "shutdown", "Client.InstanceInitiatedShutdown")
+        out.append((inst, previous))
+    return out
+
+
+def patch_guest_shutdown() -> None:
+    """Teach moto's server the guest shutdown (a TerminateInstances carrying
+    :data:`GUEST_SHUTDOWN_HEADER`) and a console that shows what the guests wrote."""
+    from moto.core.responses import ActionResult
+    from moto.core.utils import utcnow
+    from moto.ec2.responses.general import General
+    from moto.ec2.responses.instances import InstanceResponse
+    from moto.ec2.utils import Base64EncodedString  # type: ignore[attr-defined]
+
+    terminate, console = InstanceResponse.terminate_instances, General.get_console_output
+
+    def terminate_instances(self: Any) -> Any:
+        reason = self.headers.get(GUEST_SHUTDOWN_HEADER)
+        if reason is None:
+            return terminate(self)
+        done = guest_shutdown(self.ec2_backend, self._get_param("InstanceIds", []),
+                              reason.strip())
+        return ActionResult({"TerminatingInstances": [
+            {"InstanceId": i.id, "CurrentState": {"Code": i._state.code, "Name": i._state.name},
+             "PreviousState": {"Code": p.code, "Name": p.name}} for i, p in done]})
+
+    def get_console_output(self: Any) -> Any:
+        iid = self._get_param("InstanceId")
+        if iid not in CONSOLE:
+            return console(self)
+        self.ec2_backend.get_instance(iid)
+        return ActionResult({"InstanceId": iid, "Timestamp": utcnow(),
+                             "Output": Base64EncodedString.from_raw_string(CONSOLE[iid])})
+
+    InstanceResponse.terminate_instances = terminate_instances
+    General.get_console_output = get_console_output
 
 
 def serve_moto(host: str, port: int, run_latency: float = 0.0) -> None:

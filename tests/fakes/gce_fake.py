@@ -28,6 +28,14 @@ enforces that matter to cloudtrain):
   ``default-allow-ssh`` (tcp:22 from 0.0.0.0/0), ``default-allow-rdp``,
   ``default-allow-icmp`` and ``default-allow-internal`` (all tcp/udp/icmp from
   10.128.0.0/9), none with target tags.
+- guest shutdown (:meth:`GCEFake.guest_shutdown`, or ``POST /_fake/zones/Z/instances/N/
+  guest-shutdown`` with ``{"reason": ...}`` from tests/fakes/guest_shutdown.py on a node): the
+  instance is TERMINATED as GCE stops a VM whose guest powered off (boot disk kept, ephemeral
+  external IP released, ``lastStopTimestamp`` set) and the guard's line is on serial port 1
+  (instances.getSerialPortOutput).
+- ``scheduling.maxRunDuration`` with ``instanceTerminationAction`` (DELETE or STOP): counted
+  from when the instance runs, on the fake's clock (:meth:`GCEFake.advance` moves it on); at
+  the deadline the instance is deleted (with its auto-delete disk) or TERMINATED.
 - HTTP errors injected per method/path (:meth:`GCEFake.fail_http`), e.g. 403 permission.
 - an OAuth token endpoint (``/token``) for service-account key files whose ``token_uri``
   points here; with ``require_auth`` every API call must carry a token it issued.
@@ -179,6 +187,10 @@ class GCEFake:
         self.outside: list[str] = []
         self.on_running: list[Callable[[dict[str, Any]], None]] = []
         self.guest_attributes: dict[tuple[str, str], dict[str, str]] = {}
+        self.serial: dict[tuple[str, str], str] = {}
+        self.run_deadlines: dict[tuple[str, str], float] = {}
+        self.clock_offset = 0.0
+        self._released_nat: dict[tuple[str, str], str] = {}
         self._op_faults: list[dict[str, Any]] = []
         self._take_back: list[dict[str, Any]] = []
         self._http_faults: list[dict[str, Any]] = []
@@ -320,6 +332,51 @@ class GCEFake:
         with self.lock:
             self._remove_instance(zone, name)
 
+    def now(self) -> float:
+        """The fake's clock (epoch seconds): real time plus what :meth:`advance` added."""
+        return time.time() + self.clock_offset
+
+    def advance(self, seconds: float) -> None:
+        """Move the fake's clock on (run-duration limits fire on the next request)."""
+        with self.lock:
+            self.clock_offset += seconds
+            self._expire()
+
+    def guest_shutdown(self, zone: str, name: str, reason: str = "") -> None:
+        """The instance's guest powered off: GCE stops the VM (TERMINATED). Its boot disk
+        stays (and bills); its ephemeral external IP is released."""
+        with self.lock:
+            inst = self.instances.get((zone, name))
+            if inst is None:
+                raise _not_found(f"projects/{self.project}/zones/{zone}/instances/{name}")
+            if reason:
+                self.serial[(zone, name)] = (self.serial.get((zone, name), "")
+                                             + f"cloudtrain-guard: stop: {reason}\n")
+            inst["status"] = "TERMINATED"
+            inst["lastStopTimestamp"] = time.strftime("%Y-%m-%dT%H:%M:%S.000+00:00",
+                                                      time.gmtime(self.now()))
+            for nic in inst.get("networkInterfaces") or []:
+                for ac in nic.get("accessConfigs") or []:
+                    if "natIP" in ac:   # released; the same one comes back on start (the fake
+                        self._released_nat[(zone, name)] = ac.pop("natIP")  # keeps maps valid)
+            self.run_deadlines.pop((zone, name), None)
+
+    def _expire(self) -> None:
+        """Instances past their maxRunDuration: deleted or stopped, as their
+        instanceTerminationAction says."""
+        now = self.now()
+        for key, deadline in list(self.run_deadlines.items()):
+            if deadline > now:
+                continue
+            self.run_deadlines.pop(key, None)
+            inst = self.instances.get(key)
+            if inst is None:
+                continue
+            if (inst.get("scheduling") or {}).get("instanceTerminationAction") == "DELETE":
+                self._remove_instance(*key)
+            else:
+                inst["status"] = "TERMINATED"
+
     def calls(self, method: str | None = None, path: str | None = None) -> list[dict[str, Any]]:
         with self.lock:
             return [r for r in self.requests if (method is None or r["method"] == method)
@@ -374,6 +431,13 @@ class GCEFake:
             self.requests.append({"method": method, "path": path, "query": query,
                                   "body": copy.deepcopy(body), "at": time.monotonic()})
         try:
+            with self.lock:
+                self._expire()
+            m = re.fullmatch(r"/_fake(?:/zones/([^/]+))?/instances/([^/]+)/guest-shutdown", path)
+            if m and method == "POST":
+                zone = m.group(1) or next((z for z, n in self.instances if n == m.group(2)), "")
+                self.guest_shutdown(zone, m.group(2), str((body or {}).get("reason", "")))
+                return 200, {}
             if path == "/token" and method == "POST":
                 return 200, self._token(body or {})
             if self.require_auth:
@@ -420,6 +484,7 @@ class GCEFake:
             ("POST", z + r"/instances/(?P<name>[^/]+)/start", self._start_instance),
             ("GET", z + r"/instances/(?P<name>[^/]+)/getGuestAttributes",
              self._guest_attrs),
+            ("GET", z + r"/instances/(?P<name>[^/]+)/serialPort", self._serial_port),
             ("GET", p + r"/aggregated/instances", self._aggregated_instances),
             ("GET", z + r"/disks", self._list_disks),
             ("GET", p + r"/aggregated/disks", self._aggregated_disks),
@@ -613,6 +678,14 @@ class GCEFake:
             if sched.get("instanceTerminationAction") not in ("STOP", "DELETE"):
                 raise ApiError(400, "invalid", "Spot VMs need instanceTerminationAction STOP or "
                                                "DELETE.")
+        if "maxRunDuration" in sched:
+            secs = int((sched["maxRunDuration"] or {}).get("seconds") or 0)
+            if not 30 <= secs <= 120 * 86400:
+                raise ApiError(400, "invalid", "Invalid value for field 'resource.scheduling."
+                                               f"maxRunDuration.seconds': '{secs}'.")
+            if sched.get("instanceTerminationAction") not in ("STOP", "DELETE"):
+                raise ApiError(400, "invalid", "maxRunDuration needs instanceTerminationAction "
+                                               "STOP or DELETE.")
         keys = [i.get("key") for i in (b.get("metadata") or {}).get("items", [])]
         if len(keys) != len(set(keys)):
             raise ApiError(400, "invalid", "Duplicate metadata keys.")
@@ -665,6 +738,8 @@ class GCEFake:
     def _remove_instance(self, zone: str, name: str) -> None:
         inst = self.instances.pop((zone, name), None)
         self.guest_attributes.pop((zone, name), None)
+        self.serial.pop((zone, name), None)
+        self.run_deadlines.pop((zone, name), None)
         if inst is None:
             return
         for d in inst.get("disks", []):
@@ -679,6 +754,10 @@ class GCEFake:
         """A read of an instance: STAGING becomes RUNNING (and the running hooks fire)."""
         if inst["status"] == "STAGING":
             inst["status"] = "RUNNING"
+            run = (inst.get("scheduling") or {}).get("maxRunDuration")
+            if run:
+                key = (_last(str(inst["zone"])), str(inst["name"]))
+                self.run_deadlines[key] = self.now() + int(run.get("seconds") or 0)
             for hook in self.on_running:
                 hook(copy.deepcopy(inst))
         return copy.deepcopy(inst)
@@ -719,6 +798,16 @@ class GCEFake:
                              f"guestAttributes/{path}")
         return {"kind": "compute#guestAttributes", "queryPath": path,
                 "queryValue": {"items": items}}
+
+    def _serial_port(self, project: str, zone: str, name: str, query: dict[str, str],
+                     **_: Any) -> dict[str, Any]:
+        zone = self._zone(project, zone)
+        if (zone, name) not in self.instances:
+            raise _not_found(f"projects/{project}/zones/{zone}/instances/{name}")
+        text = self.serial.get((zone, name), "")
+        start = min(int(query.get("start") or 0), len(text))
+        return {"kind": "compute#serialPortOutput", "contents": text[start:],
+                "start": str(start), "next": str(len(text)), "selfLink": ""}
 
     def _instances_in(self, zone: str, flt: str | None) -> list[dict[str, Any]]:
         return [self._read(i) for (z, n), i in sorted(self.instances.items())
@@ -785,6 +874,11 @@ class GCEFake:
                 return fault
             if (zone, name) in self.instances:
                 self.instances[(zone, name)]["status"] = "STAGING"
+                nat = self._released_nat.pop((zone, name), None)
+                for nic in self.instances[(zone, name)].get("networkInterfaces") or []:
+                    for ac in nic.get("accessConfigs") or []:
+                        if nat:
+                            ac["natIP"] = nat
             return None
 
         return self._operation(project, zone, "start", inst["selfLink"], effect)

@@ -49,6 +49,8 @@ class Inst:
     cluster: str = ""
     owner: str = ""
     created_at: str = ""
+    transition: str = ""
+    """EC2's state transition reason, e.g. "User initiated (2026-11-24 01:02:03 GMT)"."""
 
     @property
     def interrupted(self) -> bool:
@@ -70,7 +72,8 @@ def parse(d: dict[str, Any], region: str) -> Inst:
         reason=(d.get("StateReason") or {}).get("Code", ""),
         instance_type=d.get("InstanceType", ""), key_name=d.get("KeyName") or "",
         cluster=marks.get(tags.CLUSTER, ""), owner=marks.get(tags.OWNER, ""),
-        created_at=marks.get(tags.CREATED, ""))
+        created_at=marks.get(tags.CREATED, ""),
+        transition=str(d.get("StateTransitionReason") or ""))
 
 
 def describe(api: Api, region: str, cluster: str | None, owner: str | None,

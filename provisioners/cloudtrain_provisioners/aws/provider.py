@@ -23,11 +23,11 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
 
 from cloudtrain.errors import CapacityError, ProviderError, QuotaError, UserError
-from cloudtrain.provider import (ClusterRequest, NetworkRef, Node, Plan, generate_host_key,
-                                 host_key_cloud_config)
+from cloudtrain.provider import (ClusterRequest, NetworkRef, Node, Plan, SelfStop,
+                                 generate_host_key, host_key_cloud_config)
 from cloudtrain.provider.cloud import CloudProvider, Existing, Pin, Target, Unavailable, worst
 
-from . import images, instances, network, tags, teardown
+from . import images, instances, network, selfstop, tags, teardown
 from .api import Api, BotoClients, ClientFactory
 from .options import AWSOptions
 
@@ -357,6 +357,31 @@ class AWSProvider(CloudProvider):
         keys = self._record(cluster).get("host_keys") or {}
         return [self._node(i, tuple(keys.get(i.instance_id) or ()), user, public)
                 for i in self._scan(cluster)[0]]
+
+    # --- self-stop: the node guard's last act (SelfStops) -----------------------------------
+
+    def self_stop_command(self, cluster: str, node: Node) -> str:
+        """A guest power-off: EC2 terminates the instance (see :mod:`.selfstop`)."""
+        return self.guest_shutdown(node, selfstop.COMMAND)
+
+    def what_still_bills(self) -> str:
+        return selfstop.STILL_BILLS
+
+    def self_stopped(self, cluster: str) -> list[SelfStop]:
+        """The ranks whose latest instance EC2 terminated on a guest shutdown, with no live
+        replacement: when (EC2's transition time) and why (the guard's console line)."""
+        live, _, ended = self._scan(cluster)
+        seen = {i.rank for i in live}
+        out = []
+        for i in sorted(ended, key=lambda i: (i.launch_time, i.instance_id), reverse=True):
+            if i.rank is None or i.rank in seen or i.reason != selfstop.GUEST_SHUTDOWN:
+                continue
+            seen.add(i.rank)
+            out.append(SelfStop(rank=i.rank, instance_id=i.instance_id,
+                                stopped_at=selfstop.stopped_at(i.transition) or time.time(),
+                                reason=selfstop.console_reason(self.api, i.region,
+                                                               i.instance_id)))
+        return sorted(out, key=lambda s: s.rank)
 
     # --- contract: terminate ---------------------------------------------------------------
 

@@ -8,6 +8,9 @@ owner, tagged with the cluster's network tag, with:
 - ``scheduling.onHostMaintenance: TERMINATE`` (GPUs cannot live-migrate), and for spot
   ``provisioningModel: SPOT``, ``instanceTerminationAction: DELETE`` and no automatic
   restart (a preempted node is gone, and ``up`` replaces it);
+- with the task's ``max_hours``: ``scheduling.maxRunDuration`` of that many hours (at least
+  GCE's 30 s) and ``instanceTerminationAction: DELETE``, so GCE itself deletes the node and
+  its boot disk when the hard lifetime is up, whatever happens to the node guard;
 - a boot disk from the chosen image, of ``disk_size_gb``, labelled like the instance, with
   ``autoDelete`` (it goes when the instance goes);
 - the cluster's SSH public key in the instance metadata (``ssh-keys``: ``user:key``), OS Login
@@ -49,6 +52,9 @@ class Inst:
     spot: bool
     created_at: str
     id: str
+    last_stop: str = ""
+    """``lastStopTimestamp`` (RFC 3339): when the instance last stopped, e.g. on a guest
+    shutdown."""
 
     @property
     def region(self) -> str:
@@ -69,7 +75,8 @@ def parse(i: dict[str, Any]) -> Inst:
                 nat_ip=str(nat), internal_ip=str(nics[0].get("networkIP", "")),
                 machine_type=str(i.get("machineType", "")).rsplit("/", 1)[-1],
                 spot=sched.get("provisioningModel") == "SPOT",
-                created_at=str(i.get("creationTimestamp", "")), id=str(i.get("id", "")))
+                created_at=str(i.get("creationTimestamp", "")), id=str(i.get("id", "")),
+                last_stop=str(i.get("lastStopTimestamp", "")))
 
 
 @dataclass(frozen=True)
@@ -93,6 +100,8 @@ class LaunchSpec:
     public_key: str
     service_account: str | None
     install_driver: bool
+    max_run_seconds: int | None = None
+    """GCE deletes the instance this long after it starts running (the hard lifetime)."""
 
 
 def instance_name(base: str, rank: int) -> str:
@@ -117,6 +126,9 @@ def body(spec: LaunchSpec, rank: int) -> dict[str, Any]:
                       "automaticRestart": False, "onHostMaintenance": "TERMINATE"})
     else:
         sched.update({"provisioningModel": "STANDARD", "automaticRestart": True})
+    if spec.max_run_seconds:
+        sched.update({"maxRunDuration": {"seconds": str(max(30, int(spec.max_run_seconds)))},
+                      "instanceTerminationAction": "DELETE"})
     items = [{"key": "ssh-keys", "value": f"{spec.ssh_user}:{spec.public_key.strip()}"},
              {"key": "enable-oslogin", "value": "FALSE"},
              # the guest agent publishes the host's SSH public keys there (hostkeys/), so

@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from cloudtrain.errors import AuthError, ProviderError, UserError, code_of
-from cloudtrain.provider import ClusterRequest, NetworkRef, Node, Plan
+from cloudtrain.provider import ClusterRequest, NetworkRef, Node, Plan, SelfStop
 from cloudtrain.provider.cloud import CloudProvider, Existing, Pin, Target, Unavailable, worst
 
-from . import images, instances, network, tags, teardown
+from . import images, instances, network, selfstop, tags, teardown
 from .api import Api, GoogleClients
 from .options import REGION_RE, ZONE_RE, GCPOptions
 
@@ -181,7 +181,8 @@ class GCPProvider(CloudProvider):
             f"{base}-0..{request.num_nodes - 1}, one zone: {image}; {res.disk_size_gb} GB "
             f"{disk} boot disk, deleted with the instance; onHostMaintenance {maint}; "
             f"network tag {base}; the cluster's SSH key in instance metadata (user "
-            f"{opts.ssh_user})" + ("; no external IP" if not opts.public_ip else ""))
+            f"{opts.ssh_user})" + ("; no external IP" if not opts.public_ip else "")
+            + selfstop.lifetime_text(request.max_hours))
         notes = [f"project: {project}",
                  f"every instance and boot disk is labelled {tags.CLUSTER}={request.name}, "
                  f"{tags.OWNER}={tags.owner_value(owner)}, {tags.RANK}; the firewall "
@@ -307,7 +308,8 @@ class GCPProvider(CloudProvider):
                 network=opts.network or network.dedicated_name(base),
                 subnetwork=opts.subnetwork, public_ip=opts.public_ip,
                 ssh_user=opts.ssh_user, public_key=request.public_key,
-                service_account=opts.service_account, install_driver=opts.install_nvidia_driver)
+                service_account=opts.service_account, install_driver=opts.install_nvidia_driver,
+                max_run_seconds=selfstop.run_seconds(request.max_hours))
             new, errors = instances.launch(api, spec, missing)
             if errors:
                 self._rollback(api, project, zone, list(new.values()))
@@ -398,6 +400,25 @@ class GCPProvider(CloudProvider):
                 return []
             raise
         return [self._node(i, user, public) for i in live]
+
+    # --- self-stop: the node guard's last act (SelfStops) -----------------------------------
+
+    def self_stop_command(self, cluster: str, node: Node) -> str:
+        """A guest power-off: GCE stops the VM (see :mod:`.selfstop`)."""
+        return self.guest_shutdown(node, selfstop.COMMAND)
+
+    def what_still_bills(self) -> str:
+        return selfstop.STILL_BILLS
+
+    def self_stopped(self, cluster: str) -> list[SelfStop]:
+        """The ranks whose instance is stopped (TERMINATED) after its guest powered off:
+        when (lastStopTimestamp) and why (the guard's line on serial port 1)."""
+        api, project = self._cluster_api(cluster)
+        live, _ = self._scan(api, project, cluster)
+        return [SelfStop(rank=int(i.rank or 0), instance_id=f"{i.name}/{i.id}" if i.id else i.name,
+                         stopped_at=selfstop.stopped_at(i.last_stop),
+                         reason=selfstop.serial_reason(api, project, i.zone, i.name))
+                for i in live if i.status in selfstop.STOPPED]
 
     # --- contract: terminate ---------------------------------------------------------------
 
