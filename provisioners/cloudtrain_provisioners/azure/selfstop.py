@@ -77,13 +77,15 @@ def can_assign(api: Api) -> bool | None:
 
 
 def permission_error(subscription: str, detail: str = "") -> UserError:
+    """``detail``: ARM's refusal, when the assignment itself was refused (``up`` then rolls
+    back what it made); without it, ``up`` asked before creating anything."""
+    done = "what up created is being removed" if detail else "nothing was created"
     return UserError(
         f"Azure: your identity may not create role assignments "
         f"({WRITE}) in subscription {subscription}{detail}. cloudtrain gives each VM a "
         f"managed identity with the {ROLE_NAME} role on the cluster's own resource group, so "
         "that the node guard can deallocate the VM when autostop, a job's end, the budget or "
-        "the lifetime says so (a guest shutdown alone keeps an Azure VM billing); nothing was "
-        "created.",
+        f"the lifetime says so (a guest shutdown alone keeps an Azure VM billing); {done}.",
         "Ask for the User Access Administrator (or Owner, or Role Based Access Control "
         "Administrator) role on the subscription, or turn the self-stop off with "
         "'autostop: false' in the task (or resources.azure.self_stop: false), accepting that "
