@@ -158,7 +158,7 @@ def _on_node(env: dict[str, str], node: Any, command: str, reason: str = "idle"
              ) -> subprocess.CompletedProcess[str]:
     """Run ``command`` on ``node`` over SSH with the cluster's key, as the guard would (its
     reason in CT_GUARD_REASON)."""
-    key = Path(env["CLOUDTRAIN_HOME"]) / "clusters" / "azstop" / "id_ed25519"
+    key = Path(env["CLOUDTRAIN_HOME"]) / "clusters" / "azstop" / "ssh" / "id_ed25519"
     ssh = shutil.which("ssh") or "/usr/bin/ssh"
     remote = f"CT_GUARD_REASON={reason}; export CT_GUARD_REASON; {command}"
     return subprocess.run([ssh, "-i", str(key), "-p", str(node.port), "-o", "BatchMode=yes",
@@ -203,8 +203,8 @@ def test_self_stop_deallocates_guest_shutdown_alone_keeps_billing(world, tmp_pat
                           )["addresses"]
     guest = next(e["shutdown"] for e in shutdown.values()
                  if e.get("host") == n0.host and "shutdown" in e)
-    _on_node(env, n0, guest)
-    assert _until(lambda: ("azstop-0", "guest-shutdown") in stops)
+    r0 = _on_node(env, n0, guest)
+    assert _until(lambda: ("azstop-0", "guest-shutdown") in stops), (r0.returncode, r0.stderr[-2000:])
     assert fake.power_of("azstop-0") == "stopped" and fake.billing("azstop-0")
     assert p.self_stopped("azstop") == []
 
