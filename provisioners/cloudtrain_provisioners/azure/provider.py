@@ -135,6 +135,8 @@ class AzureProvider(CloudProvider):
         creates.append(f"{request.num_nodes} x {first.instance_type} VM, {market}, one zone: "
                        f"image {image}; {res.disk_size_gb} GiB OS disk; user {opts.ssh_user}, "
                        "SSH key only (passwords disabled)")
+        if self._self_stop(request):
+            creates.append(selfstop.plan_line(group))
         notes = [f"every resource is tagged {tags.CLUSTER}={request.name}, "
                  f"{tags.OWNER}={self._owner(request.name)}, {tags.RANK}, {tags.CREATED}"]
         return self.plan_of(request, targets, creates, notes)
@@ -439,8 +441,7 @@ class AzureProvider(CloudProvider):
 
     def self_stopped(self, cluster: str) -> list[SelfStop]:
         sub = self._record(cluster).get("subscription_id") or self.clients.default_subscription()
-        return selfstop.stopped(instances.list_vms(self._api(str(sub)), self.group(cluster))) \
-            if sub else []
+        return selfstop.stopped(instances.list_vms(self._api(str(sub)), self.group(cluster)) if sub else [])
 
     # --- contract: terminate ---------------------------------------------------------------------
 

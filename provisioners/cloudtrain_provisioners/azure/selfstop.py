@@ -53,6 +53,12 @@ WHAT_STILL_BILLS = (
     "network security group and virtual network stay (free).")
 
 
+def plan_line(group: str) -> str:
+    return (f"per VM: a system-assigned managed identity with the {ROLE_NAME} role on {group} "
+            "only, so the node guard can deallocate the VM (needs the right to create role "
+            "assignments; resources.azure.self_stop: false turns it off)")
+
+
 def allowed(permissions: list[dict[str, Any]], action: str) -> bool:
     """Whether ARM's permission list (``actions``/``notActions`` with wildcards, any entry)
     allows ``action``."""
