@@ -238,7 +238,7 @@ def test_missing_role_assignment_permission_fails_before_anything_exists(world, 
     r = _cloudtrain(env, "up", str(_task(tmp_path)), "-y", "--no-bootstrap", timeout=120)
     out = r.stderr + r.stdout
     assert r.returncode == 2, out[-3000:]
-    assert WRITE in out and "User Access Administrator" in out and "autostop: false" in out
+    assert WRITE in out and "User Access Administrator" in out and "self_stop: false" in out
     assert "Traceback" not in out
     assert fake.everything() == []
     assert not [q for q in fake.requests if q.method in ("PUT", "POST", "PATCH", "DELETE")]
@@ -248,6 +248,11 @@ def test_missing_role_assignment_permission_fails_before_anything_exists(world, 
                     "--no-bootstrap", timeout=300)
     assert r.returncode == 0, r.stderr[-4000:]
     assert "identity" not in fake.vm("azstop-0") and fake.role_assignments == {}
+    p = _provider(fake, env)
+    n0 = p.list_nodes("azstop")[0]
+    r0 = _on_node(env, n0, p.self_stop_command("azstop", n0))
+    assert r0.returncode == 1 and "self_stop: false" in r0.stderr
+    assert fake.power_of("azstop-0") == "running" and not stops   # left as it was
     r = _cloudtrain(env, "down", "azstop", "-y", timeout=200)
     assert r.returncode == 0 and fake.everything() == []
 

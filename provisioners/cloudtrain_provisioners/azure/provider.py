@@ -135,7 +135,7 @@ class AzureProvider(CloudProvider):
         creates.append(f"{request.num_nodes} x {first.instance_type} VM, {market}, one zone: "
                        f"image {image}; {res.disk_size_gb} GiB OS disk; user {opts.ssh_user}, "
                        "SSH key only (passwords disabled)")
-        if self._self_stop(request):
+        if opts.self_stop:
             creates.append(selfstop.plan_line(group))
         notes = [f"every resource is tagged {tags.CLUSTER}={request.name}, "
                  f"{tags.OWNER}={self._owner(request.name)}, {tags.RANK}, {tags.CREATED}"]
@@ -188,7 +188,7 @@ class AzureProvider(CloudProvider):
         name = request.name
         self.begin_attempts(name)
         api = self._api(self._subscription(name, request))
-        if self._self_stop(request) and selfstop.can_assign(api) is False:
+        if self._opts(request).self_stop and selfstop.can_assign(api) is False:
             raise selfstop.permission_error(api.subscription_id)   # before anything exists
         region = self._existing_region(api, name) or self.targets(request)[0].region
         net = self._region_net(request, api, region)
@@ -260,12 +260,12 @@ class AzureProvider(CloudProvider):
                         disk_gb=res.disk_size_gb, premium_disk=info.premium_io,
                         user=opts.ssh_user, public_key=request.public_key, cluster=name,
                         owner=self._owner(name), spot=res.use_spot, spot_max_price=opts.spot_max_price,
-                        identity=self._self_stop(request))
+                        identity=opts.self_stop)
 
         def launch(zone: str | None) -> list[Node]:
             nodes = self._launch_zone(request, api, spec, zone, nics, have)
             self._save(name, region=region, zone=zone, size=size, user=opts.ssh_user,
-                       public_ip=opts.public_ip)
+                       public_ip=opts.public_ip, self_stop=opts.self_stop)
             return nodes
 
         return self.each_zone(request, target, zones, launch)
@@ -422,11 +422,10 @@ class AzureProvider(CloudProvider):
 
     # --- the node guard's self-stop (SelfStops; see selfstop.py) ----------------------------------
 
-    def _self_stop(self, request: ClusterRequest) -> bool:
-        return bool(self._opts(request).self_stop) and getattr(request, "autostop", None) is not False
-
     def self_stop_command(self, cluster: str, node: Node) -> str:
         arm, ca = self.clients.endpoint, self.clients.ca_bundle or ""
+        if self._record(cluster).get("self_stop") is False:
+            return selfstop.NO_IDENTITY     # resources.azure.self_stop: false
         if self.amap is None:
             return selfstop.command(node.instance_id, arm=arm, ca=ca)
         at = selfstop.map_entry(self.amap.setting("addresses"), node)   # tests: the fakes

@@ -46,6 +46,11 @@ COMPUTE_API = "2024-03-01"
 IMDS = "http://169.254.169.254"
 GUEST_SHUTDOWN = "sudo -n shutdown -h now || shutdown -h now"
 
+NO_IDENTITY = ("echo 'cloudtrain-guard: azure: this cluster was made with resources.azure."
+               "self_stop: false; its VMs have no identity and cannot deallocate themselves (a "
+               "guest shutdown would keep them billing): left running until cloudtrain down' >&2;"
+               " exit 1")
+
 WHAT_STILL_BILLS = (
     "On Azure a node's guard deallocates its VM (compute stops billing); until the next "
     "cloudtrain contact (status --refresh, down, gc) deletes the cluster's resource group, "
@@ -94,8 +99,9 @@ def permission_error(subscription: str, detail: str = "") -> UserError:
         f"the lifetime says so (a guest shutdown alone keeps an Azure VM billing); {done}.",
         "Ask for the User Access Administrator (or Owner, or Role Based Access Control "
         "Administrator) role on the subscription, or turn the self-stop off with "
-        "'autostop: false' in the task (or resources.azure.self_stop: false), accepting that "
-        "the cluster then stops only when you run 'cloudtrain down'.")
+        "'resources.azure.self_stop: false' in the task, accepting that the nodes can then "
+        "never end their own billing (no autostop, job-end, budget or lifetime stop: the "
+        "cluster bills until you run 'cloudtrain down').")
 
 
 def grant(api: Api, group: str, vms: list[Any], sleep: Callable[[float], None],
