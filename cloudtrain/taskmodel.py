@@ -226,6 +226,14 @@ class BootstrapSpec(_Strict):
         return v
 
 
+class Autostop(_Strict):
+    """``autostop:`` the node guard's idle stop (docs/guard.md)."""
+
+    idle_minutes: float | None = Field(60, gt=0, le=MAX_HOURS * 60, allow_inf_nan=False)
+    """None: off (``autostop: false``)."""
+    down: bool = True     # tear down (True) or only stop (False) when the nodes stop themselves
+
+
 class Task(_Strict):
     name: str | None = None
     num_nodes: int = Field(1, ge=1, le=512)
@@ -247,6 +255,16 @@ class Task(_Strict):
     # Seconds from SIGTERM to SIGKILL when a job is stopped (a failure elsewhere, Ctrl-C, the
     # budget): the time the job has to write its checkpoint.
     stop_grace: float = Field(60, gt=0, le=3600, allow_inf_nan=False)
+    # The node guard's idle stop: {idle_minutes, down}, false (off), or unset (the provider's
+    # default: on for clouds, off for local and ssh).
+    autostop: Autostop | None = None
+
+    @field_validator("autostop", mode="before")
+    @classmethod
+    def _autostop_flag(cls, v: Any) -> Any:
+        if v is False:
+            return {"idle_minutes": None}
+        return {} if v is True else v
 
     # Set by load_task, not by the user: where relative paths start.
     base_dir: Path = Field(default=Path("."), exclude=True)

@@ -114,28 +114,48 @@ def status(cluster_name: str | None, as_json: bool, refresh: bool) -> None:
     cost_so_far_usd (null: no price was recorded), created_at and nodes (each with host_key:
     how its SSH host key was pinned: "pinned at creation", "the user's known_hosts" or
     "learned on first contact")."""
+    if cluster_name is not None:
+        check_name(cluster_name)
+    env = open_env(quiet=as_json)
+    rows, spent, pins, gone, guards = gather(env, cluster_name, refresh)
+    if as_json:
+        click.echo(json.dumps(status_json(rows, spent, pins, guards) + gone, indent=2))
+        return
+    for g in gone:
+        click.echo(f"{g['name']}: {g['status']} (its nodes stopped themselves: {g['reason']})")
+    if not rows:
+        if not gone:
+            click.echo("No clusters.")
+        return
+    status_table(rows, spent, pins)
+    for r in rows:
+        if guards.get(r.name):
+            g = guards[r.name]
+            words = g.get("guard", {}).get("words")
+            click.echo(f"{r.name}: {g['policy']}" + (f"; {words}" if words else ""))
+
+
+def gather(env: Env, name: str | None, refresh: bool) -> tuple[Any, ...]:
+    """What ``status`` shows: reconcile clusters that stopped themselves, then the rows, their
+    spend, host-key pinning, and the node guards' policy and idle time."""
     import time
 
     from cloudtrain import cluster
     from cloudtrain.keys import pinning
     from cloudtrain.ledger import spend_of
+    from cloudtrain.pipeline import guard
 
-    if cluster_name is not None:
-        check_name(cluster_name)
-    env = open_env(quiet=as_json)
-    rows = cluster.status(env, cluster_name, refresh_all=refresh)
+    gone = guard.reconcile_all(env, name, refresh)
+    if name is not None and any(g["name"] == name and g["status"] == "GONE" for g in gone):
+        return [], {}, {}, gone, {}
+    rows = cluster.status(env, name, refresh_all=refresh)
     cluster.probe_hosts(env, rows)
     now = time.time()
-    usage = env.state.usage(cluster=cluster_name) if rows else []
+    usage = env.state.usage(cluster=name) if rows else []
     spent = {r.name: spend_of(r.name, r.created_at, usage, now=now) for r in rows}
     pins = {r.name: pinning(env.pctx.cluster_dir(r.name)) for r in rows}
-    if as_json:
-        click.echo(json.dumps(status_json(rows, spent, pins), indent=2))
-        return
-    if not rows:
-        click.echo("No clusters.")
-        return
-    status_table(rows, spent, pins)
+    guards = {r.name: guard.live(env, r.name, refresh) for r in rows}
+    return rows, spent, pins, gone, guards
 
 
 def cluster_price(r: ClusterRow) -> float | None:
@@ -143,7 +163,8 @@ def cluster_price(r: ClusterRow) -> float | None:
 
 
 def status_json(rows: list[ClusterRow], spent: dict[str, float | None],
-                pins: dict[str, dict[int, str]]) -> list[dict[str, Any]]:
+                pins: dict[str, dict[int, str]],
+                guards: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     return [{
         "name": r.name, "provider": r.provider, "status": r.status, "num_nodes": r.num_nodes,
         "region": r.region, "instance_type": r.instance_type, "accelerators": r.accelerators,
@@ -155,6 +176,8 @@ def status_json(rows: list[ClusterRow], spent: dict[str, float | None],
         "nodes": [{"rank": n.rank, "host": n.host, "port": n.port, "internal_ip": n.internal_ip,
                    "instance_id": n.instance_id, "status": n.status,
                    "host_key": pins[r.name].get(n.rank, "unknown")} for n in r.nodes],
+        "autostop": guards.get(r.name, {}).get("autostop"),
+        "guard": guards.get(r.name, {}).get("guard"),
     } for r in rows]
 
 
@@ -242,7 +265,48 @@ def down_targets(env: Env, names: tuple[str, ...], all_: bool,
     return list(names)
 
 
+@click.command(context_settings=CONTEXT)
+@click.argument("cluster_name")
+@click.option("--idle-minutes", "idle_minutes", type=float, metavar="N",
+              help="Stop after N minutes with no job and no SSH session (fractions allowed).")
+@click.option("--down/--stop", "down", default=None,
+              help="When it stops: tear the cluster down (default) or only stop it.")
+@click.option("--off", is_flag=True, help="No idle stop.")
+@guard
+def autostop(cluster_name: str, idle_minutes: float | None, down: bool | None, off: bool) -> None:
+    """Change the idle stop of a live cluster: the node guards read the new policy at once.
+
+    The other guard rules (job end, budget, lifetime) come from launch and the task; see
+    'cloudtrain status NAME' for the policy and how long the cluster has been idle."""
+    from cloudtrain.pipeline import guard as node_guard
+
+    check_name(cluster_name)
+    check_autostop(idle_minutes, down, off)
+    env = open_env()
+    pol = node_guard.set_autostop(env, cluster_name, idle_minutes, down, off)
+    env.ui.ok(f"'{cluster_name}': {node_guard.describe(pol)}")
+
+
+def check_autostop(idle_minutes: float | None, down: bool | None, off: bool) -> None:
+    import math
+
+    from cloudtrain.errors import UserError
+    from cloudtrain.taskmodel import MAX_HOURS
+
+    if off and (idle_minutes is not None or down is not None):
+        raise UserError("--off turns the idle stop off; it does not go with --idle-minutes, "
+                        "--down or --stop.", "Give --off alone, or --idle-minutes N [--down|--stop].")
+    if not off and idle_minutes is None and down is None:
+        raise UserError("autostop needs --idle-minutes N, --down/--stop, or --off.",
+                        "e.g. cloudtrain autostop NAME --idle-minutes 30 --down")
+    if idle_minutes is not None and not (math.isfinite(idle_minutes)
+                                         and 0 < idle_minutes <= MAX_HOURS * 60):
+        raise UserError(f"--idle-minutes {idle_minutes:g} is not a number of minutes above 0 "
+                        f"(at most {MAX_HOURS * 60}).",
+                        "Give e.g. --idle-minutes 30 (0.25 is 15 s), or --off for no idle stop.")
+
+
 def register(cli: click.Group) -> None:
     """Add this module's commands to the top-level group."""
-    for command in (up, status, down):
+    for command in (up, status, down, autostop):
         cli.add_command(command)

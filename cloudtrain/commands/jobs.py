@@ -90,6 +90,7 @@ def parse_env(pairs: tuple[str, ...]) -> dict[str, str]:
 def exec_(cluster_name: str, command: tuple[str, ...], node: int | None) -> None:
     """Run COMMAND on the cluster's nodes (after '--'), with the job environment."""
     from cloudtrain.cluster import connect, get_handle
+    from cloudtrain.pipeline import guard as node_guard
     from cloudtrain.pipeline import run
     from cloudtrain.pipeline.signals import stop_signals_as_interrupt
 
@@ -100,6 +101,7 @@ def exec_(cluster_name: str, command: tuple[str, ...], node: int | None) -> None
     ranks = node_ranks(handle, node)
     group = connect(env, handle, timeout=30)
     try:
+        node_guard.touch(env, handle, group)
         code, failed = run.run_command(env, handle, group, " ".join(command), ranks)
     finally:
         group.close()
@@ -127,15 +129,24 @@ def node_ranks(handle: Handle, node: int | None) -> list[int]:
 @click.option("--node", "node", type=int, help="Only this node (rank).")
 @click.option("-f", "--follow", is_flag=True, help="Keep streaming while the job runs.")
 @click.option("--job", "job_id", help="A job id (default: the latest).")
+@click.option("--guard", "guard_log", is_flag=True,
+              help="Show each node's guard log (its autostop decisions) instead.")
 @guard
-def logs(cluster_name: str, node: int | None, follow: bool, job_id: str | None) -> None:
+def logs(cluster_name: str, node: int | None, follow: bool, job_id: str | None,
+         guard_log: bool) -> None:
     """Replay the logs of the cluster's latest job (or --job), prefixed by node."""
+    from cloudtrain.pipeline import guard as node_guard
     from cloudtrain.pipeline.logs import show
     from cloudtrain.pipeline.signals import stop_signals_as_interrupt
 
     stop_signals_as_interrupt()
     check_name(cluster_name)
     env = open_env()
+    if guard_log:
+        node_guard.show_log(env, cluster_name, node)
+        return
+    if env.state.get_cluster(cluster_name) is not None:
+        node_guard.contact(env, cluster_name)
     show(env, cluster_name, node=node, follow=follow, job_id=job_id)
 
 

@@ -11,7 +11,7 @@ from cloudtrain import budget
 from cloudtrain.cluster import Handle
 from cloudtrain.context import Env
 from cloudtrain.errors import CloudtrainError, JobFailed, UserError
-from cloudtrain.pipeline import run
+from cloudtrain.pipeline import guard, run
 from cloudtrain.pipeline.bootstrap import run_bootstrap
 from cloudtrain.pipeline.provision import opened, roll_back
 from cloudtrain.pipeline.signals import Shielded
@@ -28,6 +28,7 @@ def up(env: Env, task: Task, name: str, *, bootstrap: bool = True,
     with opened(env, task, name, keep_on_failure=keep_on_failure, planned=planned) as (
             handle, group, fresh):
         env.ui.ok(f"SSH up on {len(handle.nodes)} node(s)")
+        guard.install(env, handle, group, task)
         if bootstrap:
             env.ui.step("Bootstrapping")
             try:
@@ -42,18 +43,18 @@ def up(env: Env, task: Task, name: str, *, bootstrap: bool = True,
 def launch_budget(task: Task, *, detach: bool, down_after: bool, max_cost: float | None,
                   hours: float | None, no_budget: bool) -> budget.Budget | None:
     """The launch's budget (the task's, or the options'), checked against the options before
-    anything is opened or created."""
-    if detach and down_after:
-        raise UserError("--detach and --down do not go together: the job would be torn down "
-                        "right after it starts.", "Drop one of them.")
-    found = budget.resolve(task.max_cost_usd, task.max_hours, max_cost=max_cost, hours=hours,
-                           no_budget=no_budget)
-    if found is not None and detach:
-        raise UserError(
-            f"A budget of ${found.max_cost_usd:.2f} is set, and only a launch that stays in the "
-            "foreground can watch it (-d returns right away; nothing would stop the job at 100%).",
-            "Drop -d, or pass --no-budget to launch detached without the guard.")
-    return found
+    anything is opened or created. With -d the nodes' guards enforce it (and --down)."""
+    return budget.resolve(task.max_cost_usd, task.max_hours, max_cost=max_cost, hours=hours,
+                          no_budget=no_budget)
+
+
+def attached_grace() -> tuple[float, float]:
+    """Seconds the node guards leave an attached launch to end the job itself (pull outputs,
+    tear down) after the job ended / the budget was reached, before acting on their own."""
+    import os
+
+    v = os.environ.get("CLOUDTRAIN_GUARD_ATTACHED_GRACE")
+    return (float(v), float(v)) if v else (300.0, 60.0)
 
 
 def check_estimate(env: Env, name: str, plan: Plan, limit: budget.Budget) -> None:
@@ -85,22 +86,28 @@ def launch(env: Env, task: Task, name: str, plan: Plan, *, down_after: bool, det
         confirm(plan)
     over: budget.BudgetExceeded | None = None
     interrupted: list[str] = []
+    started = False
     try:
         try:
             with opened(env, task, name, planned=plan) as (handle, group, fresh):
+                job_id = on_nodes(env, handle, group, task, fresh=fresh, down_after=down_after,
+                                  detach=detach, limit=limit)
                 if fresh:
                     bootstrap_or_roll_back(env, handle, group, task, name)
-                guard = None if limit is None else budget.Watch(env.state, name,
-                                                                limit.max_cost_usd, env.ui)
+                watch = None if limit is None or detach else budget.Watch(
+                    env.state, name, limit.max_cost_usd, env.ui)
                 outcome = run.run_task(env, handle, group, task, detach=detach,
-                                       overrides=overrides, guard=guard)
+                                       overrides=overrides, guard=watch, job_id=job_id)
+                started = True
                 if outcome.exit_code != 0 and handle.row.use_spot:
                     interrupted = interruptions(handle, name)
         except budget.BudgetExceeded as exc:
             over = exc
             env.state.mark_usage_end(name, exc.reason)   # the ledger's reason, once it is down
     finally:
-        if down_after or over is not None:
+        # A detached job's --down is the nodes' (job end); the CLI tears down only when the
+        # job never started.
+        if (down_after and not (detach and started)) or over is not None:
             try:
                 down_shielded(env, name, plan.provider or task.resources.provider or "local")
             except CloudtrainError:
@@ -113,6 +120,21 @@ def launch(env: Env, task: Task, name: str, plan: Plan, *, down_after: bool, det
     if outcome.exit_code != 0:
         raise job_failed(outcome, name, interrupted)
     return outcome
+
+
+def on_nodes(env: Env, handle: Handle, group: Group, task: Task, *, fresh: bool,
+             down_after: bool, detach: bool, limit: budget.Budget | None) -> str:
+    """The launch's rules on the node guards (job-end stop for --down, the budget), before the
+    job starts: they hold when this CLI is gone. Returns the job's id."""
+    from cloudtrain.pipeline.remote_job import new_job_id
+
+    job_id = new_job_id()
+    job_end, over = (0.0, 0.0) if detach else attached_grace()
+    guard.update(env, handle, group, task, mode="install" if fresh else "policy",
+                 down_on_end=[job_id] if down_after else [],
+                 max_cost_usd=None if limit is None else limit.max_cost_usd,
+                 job_end_grace_s=job_end, budget_grace_s=over)
+    return job_id
 
 
 def bootstrap_or_roll_back(env: Env, handle: Handle, group: Group, task: Task, name: str) -> None:

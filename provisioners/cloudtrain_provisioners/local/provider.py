@@ -15,7 +15,7 @@ from typing import ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from cloudtrain.errors import ProviderError, UserError
-from cloudtrain.provider import ClusterRequest, NetworkRef, Node, Plan, ProviderContext
+from cloudtrain.provider import ClusterRequest, NetworkRef, Node, Plan, ProviderContext, SelfStop
 
 from . import netns, sshd
 
@@ -207,6 +207,34 @@ class LocalProvider:
         """Hints for bootstrap: local nodes use an existing Python environment."""
         layout = self._read_layout(cluster) or {}
         return {"CLOUDTRAIN_PYTHON": str(layout.get("python") or sys.executable)}
+
+    # --- self-stop (the node guard's last act) ----------------------------------------------
+
+    def self_stop_command(self, cluster: str, node: Node) -> str:
+        """A local node 'powers off': every process of the cluster on that node (found by the
+        cluster's marker and the node's HOME in their environment) and the node's sshd end."""
+        layout = self._read_layout(cluster) or {}
+        node_dir = Path(node.root_dir).parent
+        return sshd.stop_node_command(str(layout.get("marker", f"{self._tag(cluster)}-{cluster}")),
+                                      node_dir)
+
+    def what_still_bills(self) -> str:
+        return ("Nothing: local nodes cost nothing; their folders under CLOUDTRAIN_HOME are "
+                "removed at the next CLI contact.")
+
+    def self_stopped(self, cluster: str) -> list[SelfStop]:
+        out = []
+        for n in self.list_nodes(cluster):
+            try:
+                data = json.loads((Path(n.root_dir) / ".cloudtrain" / "guard" / "stopped.json")
+                                  .read_text())
+                at = float(data["at"])
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            reason = data.get("reason")
+            out.append(SelfStop(rank=n.rank, instance_id=n.instance_id, stopped_at=at,
+                                reason=reason if isinstance(reason, str) else None))
+        return out
 
     def terminate(self, cluster: str) -> None:
         d = self._dir(cluster)

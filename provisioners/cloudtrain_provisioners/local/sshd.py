@@ -105,6 +105,23 @@ def start(node_dir: Path, netns: str | None = None) -> None:
                             "Check that the address and port are free and that sshd is installed.")
 
 
+def stop_node_command(marker: str, node_dir: Path) -> str:
+    """A shell command, run on the node, that ends the node's sshd and every process of the
+    cluster on that node (the cluster's marker and the node's HOME in its environment),
+    itself last."""
+    import shlex
+
+    mark = shlex.quote(f"{MARKER}={marker}")
+    home = shlex.quote(f"HOME={node_dir / 'root'}")
+    pidfile = shlex.quote(str(node_dir / "sshd.pid"))
+    return (f"p=$(cat {pidfile} 2>/dev/null) && kill -TERM \"$p\" 2>/dev/null; "
+            "mine() { for e in /proc/[0-9]*/environ; do q=${e#/proc/}; q=${q%/environ}; "
+            f"[ \"$q\" = $$ ] && continue; grep -qzxF {mark} \"$e\" 2>/dev/null && "
+            f"grep -qzxF {home} \"$e\" 2>/dev/null && echo \"$q\"; done; }}; "
+            "for s in TERM KILL; do l=$(mine); [ -n \"$l\" ] && kill -$s $l 2>/dev/null; "
+            "sleep 0.5; done; exit 0")
+
+
 def pid(node_dir: Path) -> int | None:
     try:
         p = int((node_dir / "sshd.pid").read_text().strip())

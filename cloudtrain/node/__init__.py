@@ -1,0 +1,1 @@
+"""Code that runs on the nodes (standard library only)."""

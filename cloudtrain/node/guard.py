@@ -1,0 +1,329 @@
+"""The node guard: one small daemon per node (Python standard library only) that ends the
+node's billing when a policy fires, with no user credential on the node.
+
+    python3 guard.py run ROOT        the loop (the supervisor restarts it when it dies)
+    python3 guard.py deadman ROOT    the hard lifetime alone, in a separate process
+    python3 guard.py state ROOT      print what the guard last saw (for ``status``)
+
+ROOT is the node's root_dir; the guard's files live in ROOT/.cloudtrain/guard:
+``policy.json`` (written by the CLI, read on every loop, so changes apply live), ``lease``
+(the epoch of the last CLI contact), ``guard.log`` (its decisions), ``state.json`` (what it
+last saw), ``stopped.json`` ({"reason", "at"}: written just before the self-stop).
+
+Policies (each off when its field is null): idle (``idle_minutes``: no cloudtrain job and no
+interactive SSH session, counted from the last busy moment or CLI contact), job end
+(``down_on_end``: job ids whose end stops the node), budget (``max_cost_usd`` against
+``spent_usd`` at ``spent_at`` plus ``cluster_hourly_usd`` since then), lifetime
+(``max_hours`` from ``started_at``; also watched by the deadman process). A stop: write
+stopped.json, log, SIGTERM the running jobs (``grace_s``, then SIGKILL), then run
+``self_stop`` with CT_GUARD_REASON set. Without a ``self_stop`` (machines cloudtrain does not
+own) only cloudtrain's own processes are stopped, and idle does nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+POLL_S = float(os.environ.get("CT_GUARD_POLL", "2"))
+
+
+def gdir(root: str) -> str:
+    return os.path.join(root, ".cloudtrain", "guard")
+
+
+def read_json(path: str) -> dict | None:
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        return data if isinstance(data, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+def write_json(path: str, data: dict) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f)
+    os.replace(tmp, path)
+
+
+def log(root: str, line: str) -> None:
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime())
+    try:
+        with open(os.path.join(gdir(root), "guard.log"), "a") as f:
+            f.write(f"{stamp} rank={os.environ.get('CT_GUARD_RANK', '?')} {line}\n")
+    except OSError:
+        pass
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+
+
+def read_pid(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+# --- what the node is doing --------------------------------------------------------------------
+
+def running_jobs(root: str) -> list[tuple[str, int]]:
+    """Job folders of ctjob.sh (ROOT/jobs/ID) whose job still runs: (folder, pid)."""
+    jobs_dir = os.path.join(root, "jobs")
+    found = []
+    try:
+        names = os.listdir(jobs_dir)
+    except OSError:
+        return []
+    for name in names:
+        d = os.path.join(jobs_dir, name)
+        if os.path.exists(os.path.join(d, "rc")):
+            continue
+        pid = read_pid(os.path.join(d, "pid"))
+        if pid is not None and alive(pid):
+            found.append((d, pid))
+    return found
+
+
+def job_ended(root: str, job_id: str) -> float | None:
+    """When the job ended (its rc file's time; now for one killed before writing it), or
+    None while it runs or before it started."""
+    d = os.path.join(root, "jobs", job_id)
+    try:
+        return os.stat(os.path.join(d, "rc")).st_mtime
+    except OSError:
+        pass
+    pid = read_pid(os.path.join(d, "pid"))
+    return time.time() if pid is not None and not alive(pid) else None
+
+
+def _proc_env(pid: str) -> list[bytes]:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f.read().split(b"\0")
+    except OSError:
+        return []
+
+
+def _pids() -> list[str]:
+    try:
+        return [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return []
+
+
+def ssh_sessions() -> int:
+    """Interactive SSH sessions of this node's user: processes with a terminal (tty_nr != 0)
+    and SSH_TTY in their environment, with this node's HOME (local nodes share a machine)."""
+    home = f"HOME={os.environ.get('HOME', '')}".encode()
+    uid = os.getuid()
+    count = 0
+    for pid in _pids():
+        try:
+            if os.stat(f"/proc/{pid}").st_uid != uid:
+                continue
+            with open(f"/proc/{pid}/stat") as f:
+                tty = int(f.read().rsplit(")", 1)[1].split()[4])
+        except (OSError, IndexError, ValueError):
+            continue
+        if tty == 0:
+            continue
+        env = _proc_env(pid)
+        if home in env and any(e.startswith(b"SSH_TTY=") for e in env):
+            count += 1
+    return count
+
+
+# --- the policies ---------------------------------------------------------------------------------
+
+def num(pol: dict, key: str) -> float | None:
+    v = pol.get(key)
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def lifetime_end(pol: dict) -> float | None:
+    hours, start = num(pol, "max_hours"), num(pol, "started_at")
+    return None if hours is None or start is None else start + hours * 3600
+
+
+def decide(root: str, pol: dict, now: float, busy_at: float, lease: float,
+           busy: bool) -> tuple[str | None, dict]:
+    """The reason to stop now (or None), and what the guard sees (state.json)."""
+    seen: dict = {"at": now, "busy": busy, "busy_at": busy_at, "lease_at": lease}
+    end = lifetime_end(pol)
+    if end is not None:
+        seen["lifetime_stop_at"] = end
+        if now >= end:
+            return "lifetime", seen
+    cap, hourly = num(pol, "max_cost_usd"), num(pol, "cluster_hourly_usd")
+    if cap is not None and hourly is not None:
+        spent0, at0 = num(pol, "spent_usd") or 0.0, num(pol, "spent_at") or now
+        spent = spent0 + hourly * max(0.0, now - at0) / 3600
+        seen["spent_usd"] = round(spent, 6)
+        # An attached CLI watches the budget itself: the node acts budget_grace_s later.
+        reached = at0 + (cap - spent0) / hourly * 3600 if hourly > 0 else None
+        if spent >= cap and (reached is None or now >= reached + (num(pol, "budget_grace_s") or 0)):
+            return "budget", seen
+    for job_id in pol.get("down_on_end") or []:
+        if not isinstance(job_id, str) or "/" in job_id:
+            continue
+        ended = job_ended(root, job_id)
+        # An attached CLI tears down itself (after pulling outputs): job_end_grace_s later.
+        if ended is not None and now >= ended + (num(pol, "job_end_grace_s") or 0):
+            return "job-end", seen
+    idle = num(pol, "idle_minutes")
+    since = max(busy_at, lease, num(pol, "lease_at") or 0.0)
+    seen["idle_for_s"] = 0.0 if busy else round(now - since, 1)
+    if idle is not None and pol.get("self_stop"):
+        seen["idle_stop_at"] = None if busy else since + idle * 60
+        if not busy and now - since >= idle * 60:
+            return "idle", seen
+    return None, seen
+
+
+def stop_jobs(root: str, grace: float) -> None:
+    """SIGTERM every running job's process group (and what carries its job folder in its
+    environment), SIGKILL what is left after ``grace`` seconds."""
+    def targets() -> tuple[list[int], list[int]]:
+        groups = [pid for _, pid in running_jobs(root)]
+        marks = {f"CLOUDTRAIN_JOB_DIR={d}".encode() for d, _ in running_jobs(root)}
+        pids = [int(p) for p in _pids() if int(p) != os.getpid()
+                and marks & set(_proc_env(p))] if marks else []
+        return groups, pids
+
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        groups, pids = targets()
+        if not groups and not pids:
+            return
+        for g in groups:
+            try:
+                os.killpg(g, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        for p in pids:
+            try:
+                os.kill(p, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        end = time.time() + (grace if sig == signal.SIGTERM else 2)
+        while time.time() < end and any(targets()):
+            time.sleep(0.2)
+
+
+def stop(root: str, pol: dict, reason: str, detail: str = "") -> None:
+    """The guard's last act."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    d = gdir(root)
+    if os.path.exists(os.path.join(d, "stopped.json")):
+        return
+    write_json(os.path.join(d, "stopped.json"), {"reason": reason, "at": time.time(),
+                                                 "rank": pol.get("rank")})
+    log(root, f"stop: {reason} {detail}".rstrip())
+    grace = num(pol, "grace_s") or 60.0
+    if running_jobs(root):
+        log(root, f"SIGTERM to running jobs (grace {grace:g} s)")
+        stop_jobs(root, grace)
+    cmd = pol.get("self_stop")
+    if not cmd:
+        log(root, "no self-stop on this provider: cloudtrain's processes stopped, host left on")
+        return
+    log(root, "self-stop: running the provider's command")
+    env = dict(os.environ, CT_GUARD_REASON=reason)
+    try:
+        subprocess.run(["/bin/sh", "-c", cmd], env=env, timeout=600,
+                       stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError) as exc:
+        log(root, f"self-stop failed: {exc}")
+
+
+def run(root: str) -> int:
+    d = gdir(root)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "guard.pid"), "w") as f:
+        f.write(str(os.getpid()))
+    state = read_json(os.path.join(d, "state.json")) or {}
+    busy_at = float(state.get("busy_at") or 0.0)
+    pol: dict = {}
+    last_write = 0.0
+    last_rules = None
+    log(root, f"guard started (pid {os.getpid()})")
+    while True:
+        if os.path.exists(os.path.join(d, "stopped.json")):
+            return 0
+        pol = read_json(os.path.join(d, "policy.json")) or pol
+        now = time.time()
+        jobs = running_jobs(root)
+        ttys = ssh_sessions()
+        busy = bool(jobs or ttys)
+        if busy:
+            busy_at = now
+        lease = num(read_json(os.path.join(d, "lease")) or {}, "at") or 0.0
+        reason, seen = decide(root, pol, now, busy_at, lease, busy)
+        seen.update(jobs=len(jobs), ssh_sessions=ttys, pid=os.getpid())
+        rules = {k: pol.get(k) for k in ("idle_minutes", "down", "down_on_end", "max_cost_usd",
+                                         "max_hours")}
+        if rules != last_rules:
+            log(root, "policy: " + json.dumps(rules, sort_keys=True))
+            last_rules = rules
+        if reason is not None or now - last_write >= 10 or busy != state.get("busy"):
+            write_json(os.path.join(d, "state.json"), seen)
+            state, last_write = seen, now
+        if reason is not None:
+            stop(root, pol, reason, json.dumps({k: v for k, v in seen.items()
+                                                if k in ("idle_for_s", "spent_usd")}))
+            return 0
+        time.sleep(num(pol, "poll_s") or POLL_S)
+
+
+def deadman(root: str) -> int:
+    """The hard lifetime, in a process of its own: it fires even when the guard is dead."""
+    d = gdir(root)
+    with open(os.path.join(d, "deadman.pid"), "w") as f:
+        f.write(str(os.getpid()))
+    while not os.path.exists(os.path.join(d, "stopped.json")):
+        pol = read_json(os.path.join(d, "policy.json")) or {}
+        end = lifetime_end(pol)
+        if end is not None and time.time() >= end:
+            stop(root, pol, "lifetime", "(deadman)")
+            return 0
+        time.sleep(max(1.0, min(10.0, (end - time.time()) if end else 10.0)))
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 3 or argv[1] not in ("run", "deadman", "state"):
+        print(__doc__, file=sys.stderr)
+        return 2
+    root = argv[2]
+    if argv[1] == "state":
+        d = gdir(root)
+        out = {"state": read_json(os.path.join(d, "state.json")),
+               "stopped": read_json(os.path.join(d, "stopped.json")),
+               "guard_alive": any(alive(p) for p in [read_pid(os.path.join(d, "guard.pid"))]
+                                  if p is not None)}
+        print(json.dumps(out))
+        return 0
+    return run(root) if argv[1] == "run" else deadman(root)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,355 @@
+"""The node guard from the CLI's side (docs/guard.md): install and start it on every node at
+``up`` (bootstrap/ctguard.sh ships ``cloudtrain/node/guard.py``), write its policy (the
+task's autostop, the launch's job-end stop and budget, the lifetime from ``max_hours``, and
+the provider's self-stop command), renew the lease on every CLI contact and restart a guard
+that died, read what the guards see, and reconcile a cluster whose nodes stopped themselves
+(torn down at the next contact, the ledger closed when the nodes stopped)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from cloudtrain import paths
+from cloudtrain.cluster import Handle, cluster_uid
+from cloudtrain.context import Env
+from cloudtrain.errors import CloudtrainError
+from cloudtrain.pipeline import bootstrap
+from cloudtrain.provider.contract import Node, SelfStops
+from cloudtrain.remote import Group
+from cloudtrain.spec import Task
+from cloudtrain.state import NodeRow
+
+# The idle stop's default where cloudtrain owns the machines and they bill (the clouds).
+CLOUD_IDLE_MINUTES = 60.0
+OFF_BY_DEFAULT = ("local", "ssh")
+RULES = ("idle_minutes", "down", "down_on_end", "max_cost_usd", "max_hours")
+
+
+def guard_source() -> bytes:
+    return (Path(__file__).resolve().parent.parent / "node" / "guard.py").read_bytes()
+
+
+def policy_file(env: Env, name: str) -> Path:
+    return env.pctx.cluster_dir(name) / "guard-policy.json"
+
+
+def saved(env: Env, name: str) -> dict[str, Any]:
+    """The policy the CLI last wrote to the nodes ({} when none: no guard installed)."""
+    try:
+        data = json.loads(policy_file(env, name).read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def save(env: Env, name: str, pol: dict[str, Any]) -> None:
+    f = policy_file(env, name)
+    paths.private_dir(f.parent)
+    tmp = f.with_suffix(".tmp")
+    with open(tmp, "w", opener=paths.private_opener) as out:
+        json.dump(pol, out, indent=1)
+    tmp.replace(f)
+
+
+def autostop_of(task: Task | None, provider: str) -> tuple[float | None, bool]:
+    """(idle minutes or None for off, down) from the task, or the provider's default."""
+    if task is None or task.autostop is None:
+        return (None if provider in OFF_BY_DEFAULT else CLOUD_IDLE_MINUTES), True
+    return task.autostop.idle_minutes, task.autostop.down
+
+
+def desired(env: Env, handle: Handle, task: Task | None, *, base: dict[str, Any] | None = None,
+            **changes: Any) -> dict[str, Any]:
+    """The cluster's policy: what was saved, the task's rules (autostop only when the task
+    sets it, or when nothing was saved yet), then ``changes``."""
+    from cloudtrain.ledger import cluster_spend
+
+    row = handle.row
+    pol = dict(saved(env, row.name) if base is None else base)
+    if not pol or (task is not None and task.autostop is not None):
+        pol["idle_minutes"], pol["down"] = autostop_of(task, row.provider)
+    if task is not None:
+        pol["max_hours"], pol["grace_s"] = task.max_hours, task.stop_grace
+    pol.setdefault("down_on_end", [])
+    pol.update(changes)
+    poll = os.environ.get("CLOUDTRAIN_GUARD_POLL")     # tests: a faster loop on the nodes
+    if poll:
+        pol["poll_s"] = float(poll)
+    now = time.time()
+    pol.update(cluster=row.name, started_at=row.created_at or now, lease_at=now,
+               cluster_hourly_usd=None if row.hourly_price is None
+               else row.hourly_price * row.num_nodes,
+               spent_usd=cluster_spend(env.state, row.name, now=now) or 0.0, spent_at=now)
+    return pol
+
+
+def as_node(n: NodeRow) -> Node:
+    return Node(rank=n.rank, instance_id=n.instance_id, host=n.host, port=n.port, user=n.user,
+                internal_ip=n.internal_ip, status="running", root_dir=n.root_dir,
+                identity_file=n.identity_file)
+
+
+def node_policy(handle: Handle, pol: dict[str, Any], n: NodeRow) -> str:
+    stop = handle.provider.self_stop_command(handle.name, as_node(n)) \
+        if isinstance(handle.provider, SelfStops) else None
+    return json.dumps(dict(pol, rank=n.rank, self_stop=stop))
+
+
+def _command(env: Env, handle: Handle, mode: str, pol: dict[str, Any] | None):  # type: ignore[no-untyped-def]
+    python = bootstrap.provider_node_env(handle).get("CLOUDTRAIN_PYTHON", "python3")
+    uid = cluster_uid(env, handle.name)
+
+    def cmd(n: NodeRow) -> str:
+        args = [n.root_dir, python, uid, str(n.rank), mode]
+        if pol is not None:
+            args.append(node_policy(handle, pol, n))
+        return bootstrap.inline("ctguard.sh", *args)
+    return cmd
+
+
+def push(env: Env, handle: Handle, group: Group, mode: str,
+         pol: dict[str, Any] | None = None) -> dict[int, str]:
+    """Run ctguard.sh MODE on every node (guard.py on stdin); save ``pol`` locally. Returns
+    what each node said ("::guard process|systemd|stopped") or the error."""
+    src = guard_source()
+    res = group.run(_command(env, handle, mode, pol), stdin=lambda n: src, timeout=60)
+    if pol is not None:
+        save(env, handle.name, pol)
+    out = {}
+    for rank, r in res.items():
+        said = [ln for ln in r.stdout.splitlines() if ln.startswith("::guard")]
+        out[rank] = said[-1][2:] if r.ok and said else f"failed: {(r.stderr or r.stdout).strip()[-300:]}"
+    return out
+
+
+def install(env: Env, handle: Handle, group: Group, task: Task | None) -> None:
+    """At up: the guard on every node, with the task's policy; ``up`` says what it is."""
+    pol = desired(env, handle, task)
+    said = push(env, handle, group, "install", pol)
+    bad = {r: s for r, s in said.items() if s.startswith("failed")}
+    for rank, s in bad.items():
+        env.ui.warn(f"node guard on node {rank} did not start ({s}); the CLI retries at its "
+                    "next contact")
+    env.ui.info("Node guard: " + describe(pol) + self_stop_note(handle))
+
+
+def self_stop_note(handle: Handle) -> str:
+    if not isinstance(handle.provider, SelfStops):
+        return " (this provider's nodes are never powered off: only cloudtrain's processes stop)"
+    return f". After a self-stop: {handle.provider.what_still_bills()}"
+
+
+def update(env: Env, handle: Handle, group: Group, task: Task | None = None, *,
+           mode: str = "policy", **changes: Any) -> dict[str, Any]:
+    """A CLI contact that changes the policy (launch, autostop): write it on every node, renew
+    the lease, restart a guard that is gone (``mode`` "install": also clear an old stop)."""
+    pol = desired(env, handle, task, **changes)
+    said = push(env, handle, group, mode, pol)
+    for rank, s in said.items():
+        if s.startswith("failed"):
+            env.ui.warn(f"node guard on node {rank}: {s}")
+    return pol
+
+
+def touch(env: Env, handle: Handle, group: Group) -> None:
+    """A CLI contact (exec, logs, status --refresh): renew the lease, restart a dead guard.
+    Never fails the command it is part of."""
+    try:
+        push(env, handle, group, "touch")
+    except CloudtrainError as exc:
+        env.ui.warn(f"could not renew the node guard's lease: {exc}")
+
+
+def states(env: Env, handle: Handle, group: Group) -> dict[int, dict[str, Any]]:
+    """What each node's guard last saw (state.json), stopped.json, and whether it runs."""
+    res = group.run(_command(env, handle, "state", None), timeout=30)
+    out = {}
+    for rank, r in res.items():
+        try:
+            out[rank] = json.loads(r.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            out[rank] = {}
+    return out
+
+
+def describe(pol: dict[str, Any]) -> str:
+    """The policy in words."""
+    parts = []
+    idle = pol.get("idle_minutes")
+    what = "tear down" if pol.get("down", True) else "stop"
+    parts.append(f"autostop: {what} after {idle:g} min idle" if idle else "autostop: off")
+    if pol.get("down_on_end"):
+        parts.append("tear down when job " + ", ".join(pol["down_on_end"]) + " ends")
+    if pol.get("max_cost_usd"):
+        parts.append(f"budget ${pol['max_cost_usd']:.4f}")
+    if pol.get("max_hours"):
+        parts.append(f"lifetime {pol['max_hours']:g} h")
+    return "; ".join(parts)
+
+
+def idle_words(pol: dict[str, Any], seen: dict[int, dict[str, Any]], now: float) -> dict[str, Any]:
+    """'idle for X min, stops in Y min' from the guards' states (the head's, else any)."""
+    states_ = [s.get("state") or {} for _, s in sorted(seen.items())]
+    alive = all(s.get("guard_alive") for s in seen.values()) if seen else False
+    st = next((s for s in states_ if s), {})
+    idle_s = float(st.get("idle_for_s") or 0.0) + max(0.0, now - float(st.get("at") or now))
+    out: dict[str, Any] = {"guard_running": alive, "busy": bool(st.get("busy"))}
+    if st.get("busy"):
+        out.update(idle_for_min=0.0, stops_in_min=None, words="busy (a job or an SSH session)")
+        return out
+    out["idle_for_min"] = round(idle_s / 60, 2)
+    idle = pol.get("idle_minutes")
+    if idle:
+        left = max(0.0, idle - idle_s / 60)
+        out["stops_in_min"] = round(left, 2)
+        out["words"] = f"idle for {idle_s / 60:.1f} min, stops in {left:.1f} min"
+    else:
+        out["stops_in_min"] = None
+        out["words"] = f"idle for {idle_s / 60:.1f} min (no idle stop)"
+    return out
+
+
+def reconcile(env: Env, name: str) -> dict[str, Any] | None:
+    """A cluster whose nodes all stopped themselves: close the ledger at the moment they
+    stopped (with the reason), then remove what is left (terminate) and forget it; or, with
+    ``down: false``, record it as STOPPED. Returns what happened (None: nothing to do)."""
+    from cloudtrain.pipeline import teardown
+
+    row = env.state.get_cluster(name)
+    if row is None:
+        return None
+    provider = env.provider(row.provider)
+    if not isinstance(provider, SelfStops):
+        return None
+    stops = provider.self_stopped(name)
+    if not stops:
+        return None
+    live = [n for n in provider.list_nodes(name) if n.status == "running"
+            and n.instance_id not in {s.instance_id for s in stops}]
+    if live:
+        return None        # some nodes still run (they stop on their own, or at 'down')
+    at = max(s.stopped_at for s in stops)
+    reason = next((s.reason for s in sorted(stops, key=lambda s: s.stopped_at) if s.reason),
+                  "self-stop")
+    down = saved(env, name).get("down", True)
+    env.state.mark_usage_end(name, reason)
+    env.state.close_usage(name, when=at, reason=reason)
+    stamp = time.strftime("%H:%M:%S", time.localtime(at))
+    env.ui.info(f"'{name}': its nodes stopped themselves at {stamp} (reason: {reason})")
+    if down:
+        teardown.down(env, name)
+        return {"name": name, "status": "GONE", "reason": reason, "stopped_at": at}
+    env.state.set_cluster_status(name, "STOPPED")
+    return {"name": name, "status": "STOPPED", "reason": reason, "stopped_at": at}
+
+
+# --- the commands' side -------------------------------------------------------------------------
+
+def _connected(env: Env, name: str, timeout: float = 30):  # type: ignore[no-untyped-def]
+    from cloudtrain.cluster import connect, get_handle
+
+    handle = get_handle(env, name)
+    return handle, connect(env, handle, timeout=timeout)
+
+
+def set_autostop(env: Env, name: str, idle_minutes: float | None, down: bool | None,
+                 off: bool) -> dict[str, Any]:
+    """``cloudtrain autostop``: change the idle stop on every node of a live cluster."""
+    from cloudtrain.cluster import cluster_lock
+
+    changes: dict[str, Any] = {}
+    if off:
+        changes["idle_minutes"] = None
+    elif idle_minutes is not None:
+        changes["idle_minutes"] = idle_minutes
+    if down is not None:
+        changes["down"] = down
+    with cluster_lock(env, name):
+        handle, group = _connected(env, name)
+        try:
+            pol = update(env, handle, group, None, **changes)
+        finally:
+            group.close()
+    return pol
+
+
+def contact(env: Env, name: str) -> None:
+    """A CLI contact that has no connection of its own (logs): renew the lease, restart a dead
+    guard. Never fails the command."""
+    try:
+        handle, group = _connected(env, name, timeout=15)
+    except Exception:  # noqa: BLE001 - a node that does not answer is the command's business
+        return
+    try:
+        touch(env, handle, group)
+    finally:
+        group.close()
+
+
+def show_log(env: Env, name: str, node: int | None) -> None:
+    """``cloudtrain logs NAME --guard``: each node's guard.log."""
+    import shlex
+
+    from cloudtrain.remote import bash
+
+    handle, group = _connected(env, name)
+    try:
+        ranks = [n.rank for n in handle.nodes if node is None or n.rank == node]
+        res = group.run(lambda n: bash(
+            f"cat {shlex.quote(n.root_dir)}/.cloudtrain/guard/guard.log 2>/dev/null "
+            "|| echo '(no guard log on this node)'"), ranks=ranks, timeout=60)
+    finally:
+        group.close()
+    for rank in sorted(res):
+        for line in res[rank].stdout.splitlines():
+            env.ui.node_line(rank, line)
+
+
+def live(env: Env, name: str, refresh: bool) -> dict[str, Any]:
+    """For ``status``: the policy and what the guards see ("idle for X min, stops in Y
+    min"); ``refresh`` also renews the lease (a contact). {} when no guard was installed."""
+    pol = saved(env, name)
+    if not pol:
+        return {}
+    out: dict[str, Any] = {"autostop": {k: pol.get(k) for k in RULES}, "policy": describe(pol)}
+    row = env.state.get_cluster(name)
+    if row is None or row.status not in ("UP", "DEGRADED"):
+        return out
+    try:
+        handle, group = _connected(env, name, timeout=10)
+    except Exception:  # noqa: BLE001 - status shows the rest
+        return out
+    try:
+        out["guard"] = idle_words(pol, states(env, handle, group), time.time())
+        if refresh:
+            touch(env, handle, group)
+    except CloudtrainError:
+        pass
+    finally:
+        group.close()
+    return out
+
+
+def reconcile_all(env: Env, name: str | None, refresh: bool) -> list[dict[str, Any]]:
+    """``status``: reconcile every cluster (or ``name``) whose provider lists cheaply (all of
+    them with ``refresh``). A provider that cannot be asked now is left for later."""
+    from cloudtrain.provider import registry
+
+    out = []
+    for row in env.state.list_clusters():
+        if name is not None and row.name != name:
+            continue
+        if not (refresh or getattr(registry.provider_class(row.provider), "list_is_cheap", False)):
+            continue
+        try:
+            done = reconcile(env, row.name)
+        except CloudtrainError as exc:
+            env.ui.warn(f"'{row.name}' stopped itself, but removing what is left failed: {exc}")
+            continue
+        if done is not None:
+            out.append(done)
+    return out
