@@ -373,3 +373,49 @@ def test_self_stop_command_outside_tests_talks_to_imds_and_arm(harness) -> None:
     code = shlex.split(cmd)[2]
     compile(code, "<node>", "exec")
     assert sys.version_info >= (3, 8)
+
+
+# --- with the node guard: the laptop is lost, the cluster deallocates itself ---------------------
+
+@needs_sshd
+def test_lost_laptop_launch_down_deallocates_with_no_further_command(world, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    pytest.importorskip("torch")
+    fake, nodes, env, stops = world
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    task = tmp_path / "lost.yaml"
+    task.write_text(TASK.format(extra="stop_grace: 5\n").replace('run: "true"\n', f"""run: |
+  touch {marks}/start-$CLOUDTRAIN_NODE_RANK
+  sleep 6
+  touch {marks}/done-$CLOUDTRAIN_NODE_RANK
+"""))
+    fast = dict(env, CLOUDTRAIN_GUARD_POLL="0.3", CLOUDTRAIN_GUARD_ATTACHED_GRACE="2")
+    with open(tmp_path / "launch.log", "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "cloudtrain", "launch", str(task), "-y",
+                                 "--down"], env=fast, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            assert _until(lambda: len(list(marks.glob("start-*"))) == 2, 240), \
+                (tmp_path / "launch.log").read_text()[-3000:]
+        finally:
+            proc.kill()                     # the laptop is gone
+            proc.wait(timeout=10)
+    assert _until(lambda: len(list(marks.glob("done-*"))) == 2, 30), "the job did not complete"
+    # With no further command, both VMs deallocate themselves (a guest shutdown would not do).
+    assert _until(lambda: all(fake.power_of(f"azstop-{r}") == "deallocated" for r in (0, 1)), 90), \
+        [fake.power_of(f"azstop-{r}") for r in (0, 1)]
+    assert not fake.billing("azstop-0") and not fake.billing("azstop-1")
+    assert ("azstop-0", "deallocate") in stops and ("azstop-1", "deallocate") in stops
+    # each node deallocated itself, with its identity's token (the CLI never deallocates)
+    assert sorted(q.name for q in fake.requests if q.kind == "deallocate") == ["azstop-0", "azstop-1"]
+    assert len(set(fake.mi_tokens.values())) == 2
+    stopped = _provider(fake, env).self_stopped("azstop")
+    assert [(s.rank, s.reason) for s in stopped] == [(0, "job-end"), (1, "job-end")]
+
+    # The next contact removes what is left: the resource group, its disks, IPs, NICs, NSG,
+    # VNet and the role assignments.
+    r = _cloudtrain(env, "status", "--refresh", "--json")
+    assert r.returncode == 0, r.stderr[-3000:]
+    entry = [e for e in json.loads(r.stdout) if e["name"] == "azstop"]
+    assert entry and entry[0]["status"] == "GONE" and entry[0]["reason"] == "job-end", r.stdout
+    assert fake.everything() == [] and fake.role_assignments == {}
+    assert json.loads(_cloudtrain(env, "status", "--json").stdout) == []
