@@ -221,12 +221,15 @@ def test_self_stop_deallocates_guest_shutdown_alone_keeps_billing(world, tmp_pat
     assert (s.rank, s.reason, s.instance_id) == (1, "budget", n1.instance_id)
     assert t0 - 5 <= s.stopped_at <= time.time() + 5
 
-    # The next contact: status --refresh, then down, leaves nothing (deallocated or not).
+    # The next contact (status --refresh): no node runs any more, one stopped itself: the
+    # cluster is gone, and its group goes (a guest-shut-down VM and a deallocated one alike).
     r = _cloudtrain(env, "status", "--refresh", "--json")
     assert r.returncode == 0, r.stderr[-2000:]
-    r = _cloudtrain(env, "down", "azstop", "-y", timeout=200)
-    assert r.returncode == 0, r.stderr[-4000:]
+    entry = [e for e in json.loads(r.stdout) if e["name"] == "azstop"]
+    assert entry and entry[0]["status"] == "GONE" and entry[0]["reason"] == "budget", r.stdout
     assert fake.everything() == [] and fake.role_assignments == {}
+    r = _cloudtrain(env, "down", "azstop", "--provider", "azure", "-y", timeout=200)
+    assert r.returncode == 0 and fake.everything() == [], r.stderr[-2000:]
     guard_log = tmp_path / "guard.log"
     assert not guard_log.exists() or guard_log.read_text() == ""
 
