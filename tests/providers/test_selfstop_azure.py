@@ -167,6 +167,26 @@ def _on_node(env: dict[str, str], node: Any, command: str, reason: str = "idle"
                           capture_output=True, text=True, timeout=120)
 
 
+@needs_sshd
+def test_self_stop_without_the_role_fails_and_leaves_the_vm_running(world, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The role assignment removed (or not yet effective): the node cannot deallocate; it
+    says why and does NOT shut the guest down (that would keep it billing, unreachable)."""
+    fake, nodes, env, stops = world
+    r = _cloudtrain(env, "up", str(_task(tmp_path)), "-y", "--no-bootstrap", timeout=300)
+    assert r.returncode == 0, r.stderr[-4000:]
+    fake.role_assignments.clear()
+    p = _provider(fake, env)
+    n0 = p.list_nodes("azstop")[0]
+    r0 = _on_node(env, n0, "CT_GUARD_AZURE_TRIES=2; export CT_GUARD_AZURE_TRIES; "
+                  + p.self_stop_command("azstop", n0))
+    assert r0.returncode == 1, r0.stderr
+    assert "deallocate VM failed: HTTP 403" in r0.stderr and "AuthorizationFailed" in r0.stderr
+    assert fake.power_of("azstop-0") == "running" and stops == []
+    assert p.self_stopped("azstop") == []
+    r = _cloudtrain(env, "down", "azstop", "-y", timeout=200)
+    assert r.returncode == 0 and fake.everything() == [], r.stderr[-2000:]
+
+
 def _until(cond: Any, timeout: float = 20.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

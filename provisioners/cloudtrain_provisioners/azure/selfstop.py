@@ -19,9 +19,13 @@ refusal later (an assignment denied by a policy) fails ``up``, which rolls back.
 
 The node's side (:func:`command`): python3's standard library asks IMDS for a token for
 ARM, tags its VM ``cloudtrain:guard-stop = "<reason> <epoch>"``, POSTs ``deallocate`` on it,
-and when ARM accepted that, shuts the guest down. When a call fails it prints why (the
-guard's log) and exits 1 without shutting down: a guest shutdown alone would keep the VM
-billing while making it unreachable. :func:`stopped` reads it back at the next contact.
+and when ARM accepted that, shuts the guest down. Throttling, server faults and 401/403 are
+retried for about five minutes (a new role assignment can take minutes to reach every ARM
+cache). When the token or the deallocation still fails it prints why (the guard's log) and
+exits 1 without shutting down: a guest shutdown alone would keep the VM billing while making
+it unreachable. A failed tag does not stop the deallocation (compute billing comes first);
+the VM then stops without being reported as self-stopped. :func:`stopped` reads the tag back
+at the next contact.
 """
 
 from __future__ import annotations
@@ -143,36 +147,40 @@ NODE_PY = r"""
 import json, os, ssl, sys, time, urllib.error as ue, urllib.request as ur
 imds, arm, vm, res, ca = sys.argv[1:6]
 why = os.environ.get("CT_GUARD_REASON") or "unknown"
+tries = int(os.environ.get("CT_GUARD_AZURE_TRIES") or 10)
 tls = ur.HTTPSHandler(context=ssl.create_default_context(cafile=ca or None))
 local = ur.build_opener(ur.ProxyHandler({}), tls)
 remote = ur.build_opener(tls)
-def call(op, what, url, method="GET", body=None, hdr=None):
+def call(op, what, url, method="GET", body=None, hdr=None, fatal=True):
     h = dict(hdr or {})
     data = None if body is None else json.dumps(body).encode()
     if method == "POST" and data is None:
         data = b""
     if data is not None:
         h["Content-Type"] = "application/json"
-    for i in range(6):
+    for i in range(tries):
         try:
             with op.open(ur.Request(url, data=data, method=method, headers=h), timeout=20) as f:
                 t = f.read()
             return json.loads(t) if t.strip() else {}
         except ue.HTTPError as e:
             err = "HTTP %d %s" % (e.code, e.read()[:400].decode("utf-8", "replace"))
-            if e.code in (400, 401, 403, 409):
+            if e.code in (400, 404, 409):
                 break
         except (OSError, ValueError) as e:
             err = repr(e)
-        time.sleep(2 ** i)
-    print("cloudtrain-guard: azure: %s failed: %s" % (what, err), file=sys.stderr)
-    sys.exit(1)
+        if i + 1 < tries:
+            time.sleep(min(60, 2 ** i))
+    print("cloudtrain-guard: azure: %s failed: %s" % (what, err), file=sys.stderr, flush=True)
+    if fatal:
+        sys.exit(1)
+    return {}
 tok = call(local, "token from IMDS", imds + "/metadata/identity/oauth2/token?api-version=2018-02-01&resource=" + res, hdr={"Metadata": "true"})["access_token"]
 h = {"Authorization": "Bearer " + tok}
 url = arm + vm + "?api-version=API"
-tg = call(remote, "read VM", url, hdr=h).get("tags") or {}
+tg = call(remote, "read VM", url, hdr=h, fatal=False).get("tags") or {}
 tg["cloudtrain:guard-stop"] = "%s %d" % (why, time.time())
-call(remote, "tag VM", url, "PATCH", {"tags": tg}, h)
+call(remote, "tag VM", url, "PATCH", {"tags": tg}, h, fatal=False)
 call(remote, "deallocate VM", arm + vm + "/deallocate?api-version=API", "POST", None, h)
 print("cloudtrain-guard: azure: deallocation of %s accepted (%s)" % (vm, why), flush=True)
 """.replace("API", COMPUTE_API).strip()
