@@ -232,6 +232,10 @@ def test_self_stop_deallocates_guest_shutdown_alone_keeps_billing(world, tmp_pat
     t0 = time.time()
     _on_node(env, n1, cmd, reason="budget")
     assert _until(lambda: fake.power_of("azstop-1") == "deallocated")
+    print(f"\nself-stop: ssh + token + tag + deallocate took {time.time() - t0:.2f} s; "
+          f"command {len(cmd)} bytes; up made {len(fake.ops_of('GET', 'permissions'))} "
+          f"permission read(s) and {len(fake.ops_of('PUT', 'roleassignments'))} role "
+          "assignment PUT(s)")
     assert not fake.billing("azstop-1")
     assert _until(lambda: ("azstop-1", "deallocate") in stops)
     posts = [q for q in fake.requests if q.method == "POST" and q.kind == "deallocate"]
@@ -423,10 +427,13 @@ def test_lost_laptop_launch_down_deallocates_with_no_further_command(world, tmp_
             proc.kill()                     # the laptop is gone
             proc.wait(timeout=10)
     assert _until(lambda: len(list(marks.glob("done-*"))) == 2, 30), "the job did not complete"
+    done = max(p.stat().st_mtime for p in marks.glob("done-*"))
     # With no further command, both VMs deallocate themselves (a guest shutdown would not do).
     assert _until(lambda: all(fake.power_of(f"azstop-{r}") == "deallocated" for r in (0, 1)), 90), \
         [fake.power_of(f"azstop-{r}") for r in (0, 1)]
     assert not fake.billing("azstop-0") and not fake.billing("azstop-1")
+    print(f"\nlost laptop: job end -> both VMs deallocated in {time.time() - done:.2f} s "
+          "(guard poll 0.3 s, attached grace 2 s)")
     assert ("azstop-0", "deallocate") in stops and ("azstop-1", "deallocate") in stops
     # each node deallocated itself, with its identity's token (the CLI never deallocates)
     assert sorted(q.name for q in fake.requests if q.kind == "deallocate") == ["azstop-0", "azstop-1"]
