@@ -423,15 +423,15 @@ class AzureProvider(CloudProvider):
     # --- the node guard's self-stop (SelfStops; see selfstop.py) ----------------------------------
 
     def self_stop_command(self, cluster: str, node: Node) -> str:
-        arm, ca = self.clients.endpoint, self.clients.ca_bundle or ""
+        arm = self.clients.endpoint    # the node trusts its own CAs (the CA bundle is local)
         if self._record(cluster).get("self_stop") is False:
             return selfstop.NO_IDENTITY     # resources.azure.self_stop: false
         if self.amap is None:
-            return selfstop.command(node.instance_id, arm=arm, ca=ca)
+            return selfstop.command(node.instance_id, arm=arm)
         at = selfstop.map_entry(self.amap.setting("addresses"), node)   # tests: the fakes
         return selfstop.command(node.instance_id, arm=str(self.amap.setting("azure_arm") or arm),
                                 imds=str(at.get("azure_imds") or "http://127.0.0.1:9"),
-                                ca=str(self.amap.setting("azure_arm_ca") or ca),
+                                ca=str(self.amap.setting("azure_arm_ca") or ""),
                                 shutdown=str(at.get("shutdown") or "false").replace(
                                     "{instance_id}", node.instance_id))
 
