@@ -449,3 +449,24 @@ def test_lost_laptop_launch_down_deallocates_with_no_further_command(world, tmp_
     assert entry and entry[0]["status"] == "GONE" and entry[0]["reason"] == "job-end", r.stdout
     assert fake.everything() == [] and fake.role_assignments == {}
     assert json.loads(_cloudtrain(env, "status", "--json").stdout) == []
+
+
+@needs_sshd
+def test_idle_up_deallocates_itself_and_the_next_contact_removes_it(world, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """'up' with a short idle limit, nothing run: both VMs deallocate themselves (reason
+    idle); status --refresh then removes the group."""
+    pytest.importorskip("torch")
+    fake, nodes, env, stops = world
+    fast = dict(env, CLOUDTRAIN_GUARD_POLL="0.3")
+    task = _task(tmp_path, "autostop: {idle_minutes: 0.1}\n")
+    r = _cloudtrain(fast, "up", str(task), "-y", timeout=300)
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert "deallocates its VM" in r.stderr + r.stdout        # up says what still bills
+    assert fake.billing("azstop-0") and fake.billing("azstop-1")
+    assert _until(lambda: all(fake.power_of(f"azstop-{r}") == "deallocated" for r in (0, 1)), 90)
+    p = _provider(fake, env)
+    assert [(s.rank, s.reason) for s in p.self_stopped("azstop")] == [(0, "idle"), (1, "idle")]
+    r = _cloudtrain(env, "status", "--refresh", "--json")
+    entry = [e for e in json.loads(r.stdout) if e["name"] == "azstop"]
+    assert entry and entry[0]["status"] == "GONE" and entry[0]["reason"] == "idle", r.stdout
+    assert fake.everything() == [] and fake.role_assignments == {}
