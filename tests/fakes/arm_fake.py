@@ -25,6 +25,30 @@ injected per request (``fail``): synchronous (an error status with an ARM error 
 asynchronous (the operation ends ``Failed``). Every request is logged (``calls``).
 Only loopback: the server binds 127.0.0.1, and the addresses it invents for public IPs are
 never connected to by anything.
+
+Identities and the self-stop (issue 12), as Azure does them:
+
+* a VM PUT with ``identity: {type: SystemAssigned}`` gets a principal (``principalId``,
+  ``tenantId``); the principal goes when the VM goes.
+* role assignments (``.../providers/Microsoft.Authorization/roleAssignments/{name}`` at any
+  scope; PUT/GET/DELETE): the principal must exist (``PrincipalNotFound``; ``principal_lag``
+  answers that many PUTs with it, as Azure's directory replication does), one per
+  (principal, role, scope) (``RoleAssignmentExists``); ``deny_role_assignments``: the
+  caller lacks ``Microsoft.Authorization/roleAssignments/write`` (403 ``AuthorizationFailed``,
+  and the ``permissions`` list says so). Deleting a group removes the assignments scoped in it.
+* an IMDS (plain HTTP on loopback, ``imds_url``; one path prefix per VM,
+  ``/vm/{group}/{name}``, since it cannot tell callers apart by address as the real one
+  does): ``/metadata/identity/oauth2/token`` with ``Metadata: true`` issues a token bound to
+  the VM's principal, only while the VM runs and has an identity.
+* a request with such a token is allowed only by a role assignment of its principal whose
+  scope contains the resource and whose role (Virtual Machine Contributor) allows the action:
+  else 403 ``AuthorizationFailed``.
+* ``POST .../virtualMachines/{vm}/deallocate`` (``powerOff``, ``start``): power state
+  ``deallocated``; the ProvisioningState status of the instance view carries the time of the
+  VM's last operation. A guest OS shutdown (``guest_shutdown``, or ``POST
+  {imds}/vm/{group}/{name}/_guest/shutdown`` from a node) leaves the VM ``stopped``: still
+  allocated, still billing (``billing``). ``on_vm_stopped(name, how)`` is called (in a
+  thread) when a VM's guest goes down either way.
 """
 
 from __future__ import annotations
@@ -55,6 +79,12 @@ TYPES = {
     "microsoft.compute/disks": "Microsoft.Compute/disks",
 }
 SHORT = {v.lower(): v.split("/")[1] for v in TYPES.values()}
+TENANT = "00000000-0000-4000-8000-0000000000te"
+VM_CONTRIBUTOR = "9980e02c-c2be-4d73-94e8-173b1dc7cf3c"
+ROLE_ACTIONS = {VM_CONTRIBUTOR: ("microsoft.compute/virtualmachines/*",
+                                 "microsoft.compute/disks/read",
+                                 "microsoft.resources/subscriptions/resourcegroups/read")}
+"""What each built-in role allows (the part of it the fake can be asked for)."""
 
 
 # --- a certificate for 127.0.0.1 ---------------------------------------------------------------
@@ -272,6 +302,15 @@ class ArmFake:
         """Called (vm body, its public IP, its private IP) when a VM's creation succeeds."""
         self._next_public = 1
         self._next_private: dict[str, int] = {}
+        self.role_assignments: dict[str, dict[str, Any]] = {}
+        self.deny_role_assignments = False
+        self.principal_lag = 0
+        self.mi_tokens: dict[str, str] = {}
+        """Token -> the principal IMDS issued it to."""
+        self.last_op: dict[str, str] = {}
+        """VM id (lower case) -> time of its last operation (the instance view's)."""
+        self.on_vm_stopped: Callable[[str, str], None] | None = None
+        self._imds: ThreadingHTTPServer | None = None
         self.cert_file, self.key_file = write_certificate(folder)
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -299,9 +338,27 @@ class ArmFake:
         self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
                                         name="arm-fake", daemon=True)
         self._thread.start()
+        imds = ThreadingHTTPServer(("127.0.0.1", 0), type("Imds", (_ImdsHandler,), {"arm": fake}))
+        imds.daemon_threads = True
+        self._imds = imds
+        threading.Thread(target=imds.serve_forever, kwargs={"poll_interval": 0.05},
+                         name="imds-fake", daemon=True).start()
         return self
 
+    @property
+    def imds_url(self) -> str:
+        assert self._imds is not None
+        return f"http://127.0.0.1:{self._imds.server_address[1]}"
+
+    def imds_of(self, group: str, vm: str) -> str:
+        """The IMDS base URL as the VM ``vm`` of ``group`` sees it."""
+        return f"{self.imds_url}/vm/{group}/{vm}"
+
     def stop(self) -> None:
+        if self._imds is not None:
+            self._imds.shutdown()
+            self._imds.server_close()
+            self._imds = None
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -370,6 +427,59 @@ class ArmFake:
                 if r["type"] == TYPES["microsoft.compute/virtualmachines"] and r["name"] == vm_name:
                     self._delete_vm(rid)
 
+    def vm(self, name: str) -> dict[str, Any] | None:
+        with self.lock:
+            for r in self.resources.values():
+                if r["type"] == TYPES["microsoft.compute/virtualmachines"] and r["name"] == name:
+                    return r
+        return None
+
+    def power_of(self, name: str) -> str | None:
+        vm = self.vm(name)
+        return None if vm is None else self.power.get(vm["id"].lower())
+
+    def billing(self, name: str) -> bool:
+        """Whether Azure bills the VM's compute: it exists and is not deallocated."""
+        p = self.power_of(name)
+        return self.vm(name) is not None and p not in ("deallocated", "deallocating")
+
+    def guest_shutdown(self, group: str, name: str) -> None:
+        """The guest OS shut itself down: Azure keeps the VM allocated (PowerState/stopped)."""
+        with self.lock:
+            vm = self.resources.get(self._vm_id(group, name))
+            if vm is None:
+                raise ArmError(404, "ResourceNotFound", f"VM {name} not found.")
+            if self.power.get(vm["id"].lower()) in ("running", "starting"):
+                self.power[vm["id"].lower()] = "stopped"
+        self._stopped(name, "guest-shutdown")
+
+    def _vm_id(self, group: str, name: str) -> str:
+        return (f"{self._base()}/resourceGroups/{group}/providers/Microsoft.Compute/"
+                f"virtualMachines/{name}").lower()
+
+    def _stopped(self, name: str, how: str) -> None:
+        if self.on_vm_stopped is not None:
+            threading.Thread(target=self.on_vm_stopped, args=(name, how), daemon=True).start()
+
+    def issue_token(self, group: str, name: str) -> dict[str, Any]:
+        """IMDS: a token for the VM's system-assigned identity."""
+        with self.lock:
+            vm = self.resources.get(self._vm_id(group, name))
+            if vm is None or self.power.get(vm["id"].lower()) != "running":
+                raise ArmError(400, "invalid_request", "No VM answers at this address.")
+            pid = (vm.get("identity") or {}).get("principalId")
+            if not pid:
+                raise ArmError(400, "invalid_request", "Identity not found")
+            token = f"mi.{pid}.{uuid.uuid4().hex}"
+            self.mi_tokens[token] = pid
+            return {"access_token": token, "expires_in": "3599", "token_type": "Bearer",
+                    "resource": "https://management.azure.com/", "client_id": pid}
+
+    def assignments_of(self, principal: str) -> list[dict[str, Any]]:
+        with self.lock:
+            return [a for a in self.role_assignments.values()
+                    if a["properties"]["principalId"] == principal]
+
     # --- request handling -----------------------------------------------------------------------------
 
     def _base(self) -> str:
@@ -380,15 +490,20 @@ class ArmFake:
         path = parts.path.rstrip("/")
         query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
         auth = headers.get("Authorization") or ""
+        principal = None
         if auth != f"Bearer {self.token}":
-            return 401, {}, _err("InvalidAuthenticationToken",
-                                 "The access token is missing or invalid.")
+            principal = self.mi_tokens.get(auth.removeprefix("Bearer "))
+            if principal is None:
+                return 401, {}, _err("InvalidAuthenticationToken",
+                                     "The access token is missing or invalid.")
         try:
             data = json.loads(body) if body else {}
         except ValueError:
             return 400, {}, _err("InvalidRequestContent", "The request content is not JSON.")
         try:
             with self.lock:
+                if principal is not None:
+                    self._authorize(principal, method, path)
                 return self._route(method, path, query, data)
         except ArmError as e:
             return e.status, {}, _err(e.code, e.message)
@@ -407,6 +522,20 @@ class ArmFake:
             raise ArmError(404, "NotFound", f"No route for {path}.")
         rest = path[len(base):]
         lrest = rest.lower()
+        m = re.fullmatch(r"(.*)/providers/microsoft\.authorization/roleassignments/([^/]+)", lrest)
+        if m:
+            self._req(method, "roleassignments", m.group(2), _group_of(path), body, query)
+            return self._role_assignment(method, path[:len(base) + len(m.group(1))],
+                                         path.rsplit("/", 1)[1], body)
+        m = re.fullmatch(r"(.*)/providers/microsoft\.authorization/permissions", lrest)
+        if m:
+            self._req(method, "permissions", "", _group_of(path), body, query)
+            return 200, {}, {"value": [self._caller_permissions()]}
+        m = re.fullmatch(r"/resourcegroups/([^/]+)/providers/microsoft\.compute/virtualmachines/"
+                         r"([^/]+)/(deallocate|poweroff|start)", lrest)
+        if m and method == "POST":
+            self._req(method, m.group(3), m.group(2), m.group(1), body, query)
+            return self._vm_action(self._get(self._rid(rest.rsplit("/", 1)[0])), m.group(3))
 
         if lrest == "/resourcegroups":
             self._req(method, "resourcegroups", "", "", body, query)
@@ -586,6 +715,9 @@ class ArmFake:
                     if _group_of(r["id"]).lower() == key and rid not in self.sticky:
                         del self.resources[rid]
                         self.power.pop(rid, None)
+                for aid in list(self.role_assignments):
+                    if _group_of(aid).lower() == key:
+                        del self.role_assignments[aid]
                 self.groups.pop(key, None)
 
             return self._accepted_delete(apply, error)
@@ -637,9 +769,9 @@ class ArmFake:
         props = json.loads(json.dumps(body.get("properties") or {}))
         r: dict[str, Any] = {"id": rid, "name": req.name, "type": rtype, "location": location,
                              "tags": dict(body.get("tags") or {}), "properties": props}
-        for k in ("zones", "sku"):
+        for k in ("zones", "sku", "identity"):
             if k in body:
-                r[k] = body[k]
+                r[k] = json.loads(json.dumps(body[k]))
         short = SHORT[rtype.lower()].lower()
         check = getattr(self, f"_put_{short}", None)
         if check is not None:
@@ -824,6 +956,13 @@ class ArmFake:
                                f"network interface {nic['name']}.")
         for ref in nics:
             self.resources[ref["id"].lower()]["properties"]["virtualMachine"] = {"id": r["id"]}
+        ident = r.get("identity") or {}
+        if "systemassigned" in str(ident.get("type", "")).lower():
+            ident["principalId"] = ((old or {}).get("identity") or {}).get("principalId") \
+                or str(uuid.uuid4())
+            ident["tenantId"] = TENANT
+        elif ident:
+            ident.pop("principalId", None)
         p["vmId"] = (old or {}).get("properties", {}).get("vmId") or str(uuid.uuid4())
         p.setdefault("timeCreated", _now())
 
@@ -842,6 +981,7 @@ class ArmFake:
                 "properties": {"diskSizeGB": osd.get("diskSizeGB", 30), "osType": "Linux",
                                "provisioningState": "Succeeded", "diskState": "Attached"}}
         self.power[rid] = "running"
+        self.last_op[rid] = _now()
         if self.on_vm_running is not None:
             nic = self.resources[vm["properties"]["networkProfile"]["networkInterfaces"][0]["id"].lower()]
             cfg = nic["properties"]["ipConfigurations"][0]["properties"]
@@ -855,6 +995,8 @@ class ArmFake:
     def _instance_view(self, vm: dict[str, Any]) -> dict[str, Any]:
         state = vm["properties"].get("provisioningState", "")
         statuses = [{"code": f"ProvisioningState/{state.lower()}", "level": "Info"}]
+        if vm["id"].lower() in self.last_op:
+            statuses[0]["time"] = self.last_op[vm["id"].lower()]
         power = self.power.get(vm["id"].lower())
         if power:
             statuses.append({"code": f"PowerState/{power}", "level": "Info"})
@@ -918,6 +1060,8 @@ class ArmFake:
     def _delete_vm(self, rid: str) -> None:
         vm = self.resources.pop(rid, None)
         self.power.pop(rid, None)
+        pid = ((vm or {}).get("identity") or {}).get("principalId")
+        self.mi_tokens = {t: p for t, p in self.mi_tokens.items() if p != pid}
         if vm is None:
             return
         osd = (vm["properties"].get("storageProfile") or {}).get("osDisk") or {}
@@ -935,6 +1079,94 @@ class ArmFake:
             nic["properties"].pop("virtualMachine", None)
             if (ref.get("properties") or {}).get("deleteOption") == "Delete":
                 self._delete(ref["id"].lower())
+
+    # --- identities, roles, power actions ------------------------------------------------------
+
+    def _authorize(self, principal: str, method: str, path: str) -> None:
+        low = path.lower()
+        m = re.search(r"/providers/(microsoft\.[a-z]+)/([a-z]+)(?:/[^/]+(?:/([a-z]+))?)?$", low)
+        if m is None:
+            action = "microsoft.resources/subscriptions/resourcegroups/" + \
+                ("read" if method == "GET" else "write" if method == "PUT" else "delete")
+        else:
+            base = f"{m.group(1)}/{m.group(2)}"
+            verb = {"GET": "read", "PUT": "write", "PATCH": "write", "DELETE": "delete"}.get(method)
+            action = f"{base}/{m.group(3)}/action" if method == "POST" and m.group(3) \
+                else f"{base}/{verb}"
+        for a in self.assignments_of(principal):
+            scope = a["properties"]["scope"].lower()
+            role = a["properties"]["roleDefinitionId"].rsplit("/", 1)[-1]
+            inside = low == scope or low.startswith(scope + "/")
+            if inside and any(_fnmatch(action, pat) for pat in ROLE_ACTIONS.get(role, ())):
+                return
+        raise ArmError(403, "AuthorizationFailed",
+                       f"The client '{principal}' with object id '{principal}' does not have "
+                       f"authorization to perform action '{action}' over scope '{path}' or the "
+                       "scope is invalid.")
+
+    def _caller_permissions(self) -> dict[str, Any]:
+        if self.deny_role_assignments:    # Contributor
+            return {"actions": ["*"], "notActions": [
+                "Microsoft.Authorization/*/Delete", "Microsoft.Authorization/*/Write",
+                "Microsoft.Authorization/elevateAccess/Action"]}
+        return {"actions": ["*"], "notActions": []}   # Owner
+
+    def _role_assignment(self, method: str, scope: str, name: str, body: dict[str, Any]
+                         ) -> tuple[int, dict[str, str], Any]:
+        aid = f"{scope}/providers/Microsoft.Authorization/roleAssignments/{name}"
+        old = self.role_assignments.get(aid.lower())
+        if method == "GET":
+            if old is None:
+                raise ArmError(404, "RoleAssignmentNotFound", f"Role assignment {name} not found.")
+            return 200, {}, old
+        if method == "DELETE":
+            self.role_assignments.pop(aid.lower(), None)
+            return (200, {}, old) if old else (204, {}, None)
+        if method != "PUT":
+            raise ArmError(405, "MethodNotAllowed", method)
+        if self.deny_role_assignments:
+            raise ArmError(403, "AuthorizationFailed",
+                           "The client 'user@example.com' with object id 'u-1' does not have "
+                           "authorization to perform action 'Microsoft.Authorization/"
+                           f"roleAssignments/write' over scope '{aid}' or the scope is invalid.")
+        g = _group_of(scope)
+        if g:
+            self._need_group(g)
+        p = body.get("properties") or {}
+        pid, role = str(p.get("principalId") or ""), str(p.get("roleDefinitionId") or "")
+        if self.principal_lag > 0:
+            self.principal_lag -= 1
+            raise ArmError(400, "PrincipalNotFound",
+                           f"Principal {pid.replace('-', '')} does not exist in the directory.")
+        known = {(v.get("identity") or {}).get("principalId") for v in self.resources.values()}
+        if not pid or pid not in known:
+            raise ArmError(400, "PrincipalNotFound",
+                           f"Principal {pid.replace('-', '')} does not exist in the directory.")
+        if role.rsplit("/", 1)[-1] not in ROLE_ACTIONS:
+            raise ArmError(400, "RoleDefinitionDoesNotExist", f"{role} does not exist.")
+        for a in self.role_assignments.values():
+            ap = a["properties"]
+            if a["id"].lower() != aid.lower() and ap["principalId"] == pid and \
+                    ap["roleDefinitionId"].lower() == role.lower() and ap["scope"].lower() == scope.lower():
+                raise ArmError(409, "RoleAssignmentExists", "The role assignment already exists.")
+        a = {"id": aid, "name": name, "type": "Microsoft.Authorization/roleAssignments",
+             "properties": {"principalId": pid, "roleDefinitionId": role, "scope": scope,
+                            "principalType": p.get("principalType", "ServicePrincipal")}}
+        self.role_assignments[aid.lower()] = a
+        return (200 if old else 201), {}, a
+
+    def _vm_action(self, vm: dict[str, Any], action: str) -> tuple[int, dict[str, str], Any]:
+        rid = vm["id"].lower()
+        before = self.power.get(rid)
+        self.power[rid] = {"deallocate": "deallocated", "poweroff": "stopped",
+                           "start": "running"}[action]
+        self.last_op[rid] = _now()
+        if action != "start" and before in ("running", "starting"):
+            self._stopped(vm["name"], action)
+        oid = self._op(None)
+        self.ops[oid].polls_left = 0
+        return 202, {"Location": f"{self.url}/_ops/{oid}/location",
+                     "Azure-AsyncOperation": f"{self.url}/_ops/{oid}"}, None
 
     def _view(self, r: dict[str, Any]) -> dict[str, Any]:
         return json.loads(json.dumps(r))
@@ -1020,6 +1252,54 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(data)
 
     do_GET = do_PUT = do_DELETE = do_PATCH = do_HEAD = do_POST = _serve
+
+
+def _fnmatch(action: str, pattern: str) -> bool:
+    import fnmatch
+
+    return fnmatch.fnmatchcase(action.lower(), pattern.lower())
+
+
+class _ImdsHandler(BaseHTTPRequestHandler):
+    """The Instance Metadata Service as each VM sees it, at ``/vm/{group}/{name}``."""
+
+    arm: ArmFake
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib's name
+        pass
+
+    def _serve(self) -> None:
+        n = int(self.headers.get("Content-Length") or 0)
+        if n:
+            self.rfile.read(n)
+        parts = urlsplit(self.path)
+        m = re.fullmatch(r"/vm/([^/]+)/([^/]+)(/.*)", parts.path)
+        status, payload = 404, {"error": "not_found"}
+        try:
+            if m and m.group(3) == "/metadata/identity/oauth2/token" and self.command == "GET":
+                q = parse_qs(parts.query)
+                if self.headers.get("Metadata", "").lower() != "true":
+                    status, payload = 400, {"error": "invalid_request",
+                                            "error_description": "Required metadata header not specified"}
+                elif not q.get("resource") or not q.get("api-version"):
+                    status, payload = 400, {"error": "invalid_request",
+                                            "error_description": "resource and api-version are required"}
+                else:
+                    status, payload = 200, self.arm.issue_token(m.group(1), m.group(2))
+            elif m and m.group(3) == "/_guest/shutdown" and self.command == "POST":
+                self.arm.guest_shutdown(m.group(1), m.group(2))
+                status, payload = 200, {"shutdown": m.group(2)}
+        except ArmError as e:
+            status, payload = e.status, {"error": e.code, "error_description": e.message}
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    do_GET = do_POST = _serve
 
 
 # --- a harness for tests: the provider wired to a running fake ------------------------------------

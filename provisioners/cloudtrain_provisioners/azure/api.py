@@ -305,6 +305,23 @@ class Api:
     def lro(self, what: str, begin: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return self._run(what, lambda: begin(*args, **kwargs).result())
 
+    def rest(self, what: str, method: str, path: str, body: Any = None) -> Any:
+        """A plain ARM request (what the three SDK clients have no operation for, e.g.
+        ``Microsoft.Authorization``): ``path`` relative to the endpoint, with its
+        ``api-version``; the JSON answer (None when empty). Errors as for every call."""
+        from azure.core.exceptions import HttpResponseError
+        from azure.core.rest import HttpRequest
+
+        def once() -> Any:
+            req = HttpRequest(method, path, json=body) if body is not None \
+                else HttpRequest(method, path)
+            resp = self.c.resource.send_request(req)
+            if resp.status_code >= 400:
+                raise HttpResponseError(response=resp)
+            return resp.json() if resp.content else None
+
+        return self._run(what, once)
+
     def items(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
         """Every item of a paged list (the pages are fetched inside the retry)."""
         return self._run(what, lambda: list(fn(*args, **kwargs)))

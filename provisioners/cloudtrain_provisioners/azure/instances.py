@@ -64,6 +64,8 @@ class VmSpec:
     owner: str
     spot: bool = False
     spot_max_price: float | None = None
+    identity: bool = False
+    """A system-assigned managed identity (the node guard's self-stop, see selfstop.py)."""
 
 
 def vm_body(spec: VmSpec, rank: int, nic_id: str, zone: str | None,
@@ -103,6 +105,8 @@ def vm_body(spec: VmSpec, rank: int, nic_id: str, zone: str | None,
                             "properties": props}
     if zone:
         body["zones"] = [zone]
+    if spec.identity:
+        body["identity"] = {"type": "SystemAssigned"}
     return body
 
 
@@ -124,6 +128,12 @@ class Vm:
     cluster: str
     owner: str
     created_at: str
+    principal: str = ""
+    """The system-assigned identity's principal id ("" without one)."""
+    guard_stop: str = ""
+    """The tag a node's guard leaves before it deallocates its VM: "<reason> <epoch>"."""
+    state_time: str = ""
+    """When the VM's last operation ended (the instance view's ProvisioningState time)."""
 
     @property
     def status(self) -> str:
@@ -139,11 +149,13 @@ class Vm:
 def parse_vm(d: dict[str, Any]) -> Vm:
     p = d.get("properties") or {}
     tg = d.get("tags") or {}
-    power = ""
+    power = state_time = ""
     for s in (p.get("instanceView") or {}).get("statuses") or []:
         code = str(s.get("code", ""))
         if code.startswith("PowerState/"):
             power = code.split("/", 1)[1]
+        elif code.startswith("ProvisioningState/") and s.get("time"):
+            state_time = str(s["time"])
     nics = (p.get("networkProfile") or {}).get("networkInterfaces") or [{}]
     osd = (p.get("storageProfile") or {}).get("osDisk") or {}
     return Vm(name=str(d.get("name")), id=str(d.get("id")), rank=tags.rank_of(tg),
@@ -152,7 +164,9 @@ def parse_vm(d: dict[str, Any]) -> Vm:
               state=str(p.get("provisioningState", "")), power=power,
               spot=p.get("priority") == "Spot", nic_id=str(nics[0].get("id", "")),
               disk_name=str(osd.get("name", "")), cluster=tg.get(tags.CLUSTER, ""),
-              owner=tg.get(tags.OWNER, ""), created_at=tg.get(tags.CREATED, ""))
+              owner=tg.get(tags.OWNER, ""), created_at=tg.get(tags.CREATED, ""),
+              principal=str((d.get("identity") or {}).get("principalId") or ""),
+              guard_stop=tg.get(tags.GUARD_STOP, ""), state_time=state_time)
 
 
 def list_vms(api: Api, group: str) -> list[Vm]:

@@ -41,6 +41,12 @@ class AzureOptions(BaseModel):
     accelerated_networking: bool = Field(
         True, description="Enable accelerated networking on each NIC where the size supports "
                           "it (false: never).")
+    self_stop: bool = Field(
+        True, description="Give each VM a managed identity with the Virtual Machine "
+                          "Contributor role on the cluster's own resource group, so the node "
+                          "guard can deallocate it (needs the right to create role "
+                          "assignments; false: no identity, and the cluster stops billing "
+                          "only when 'cloudtrain down' runs).")
 
     @field_validator("subscription_id")
     @classmethod

@@ -27,11 +27,11 @@ from dataclasses import replace
 from typing import Any, ClassVar
 
 from cloudtrain.errors import ProviderError, UserError, code_of
-from cloudtrain.provider import (ClusterRequest, NetworkRef, Node, Plan, generate_host_key,
-                                 host_key_cloud_config)
+from cloudtrain.provider import (ClusterRequest, NetworkRef, Node, Plan, SelfStop,
+                                 generate_host_key, host_key_cloud_config)
 from cloudtrain.provider.cloud import CloudProvider, Existing, Pin, Target, Unavailable, worst
 
-from . import images, instances, network, tags, teardown
+from . import images, instances, network, selfstop, tags, teardown
 from .api import Api, AzureClients
 from .options import ZONES, AzureOptions
 
@@ -135,6 +135,8 @@ class AzureProvider(CloudProvider):
         creates.append(f"{request.num_nodes} x {first.instance_type} VM, {market}, one zone: "
                        f"image {image}; {res.disk_size_gb} GiB OS disk; user {opts.ssh_user}, "
                        "SSH key only (passwords disabled)")
+        if opts.self_stop:
+            creates.append(selfstop.plan_line(group))
         notes = [f"every resource is tagged {tags.CLUSTER}={request.name}, "
                  f"{tags.OWNER}={self._owner(request.name)}, {tags.RANK}, {tags.CREATED}"]
         return self.plan_of(request, targets, creates, notes)
@@ -186,6 +188,8 @@ class AzureProvider(CloudProvider):
         name = request.name
         self.begin_attempts(name)
         api = self._api(self._subscription(name, request))
+        if self._opts(request).self_stop and selfstop.can_assign(api) is False:
+            raise selfstop.permission_error(api.subscription_id)   # before anything exists
         region = self._existing_region(api, name) or self.targets(request)[0].region
         net = self._region_net(request, api, region)
         rules = "; ".join(r.text() for r in network.desired_rules(
@@ -255,12 +259,13 @@ class AzureProvider(CloudProvider):
         spec = instances.VmSpec(region=region, group=net.group, size=size, image=image,
                         disk_gb=res.disk_size_gb, premium_disk=info.premium_io,
                         user=opts.ssh_user, public_key=request.public_key, cluster=name,
-                        owner=self._owner(name), spot=res.use_spot, spot_max_price=opts.spot_max_price)
+                        owner=self._owner(name), spot=res.use_spot, spot_max_price=opts.spot_max_price,
+                        identity=opts.self_stop)
 
         def launch(zone: str | None) -> list[Node]:
             nodes = self._launch_zone(request, api, spec, zone, nics, have)
             self._save(name, region=region, zone=zone, size=size, user=opts.ssh_user,
-                       public_ip=opts.public_ip)
+                       public_ip=opts.public_ip, self_stop=opts.self_stop)
             return nodes
 
         return self.each_zone(request, target, zones, launch)
@@ -316,6 +321,8 @@ class AzureProvider(CloudProvider):
                 if errors:
                     raise worst(list(errors.values()))
             running = self._wait_running(api, group, request.num_nodes)
+            if spec.identity:
+                selfstop.grant(api, group, running, self.sleep)
             for v in running:
                 if v.name in tried and v.disk_name:
                     self._tag_disk(api, group, v)
@@ -412,6 +419,28 @@ class AzureProvider(CloudProvider):
         owner = self._owner(cluster)
         found = [v for v in instances.list_vms(api, group) if v.rank is not None and v.owner == owner]
         return self._nodes(api, cluster, group, found)
+
+    # --- the node guard's self-stop (SelfStops; see selfstop.py) ----------------------------------
+
+    def self_stop_command(self, cluster: str, node: Node) -> str:
+        arm = self.clients.endpoint    # the node trusts its own CAs (the CA bundle is local)
+        if self._record(cluster).get("self_stop") is False:
+            return selfstop.NO_IDENTITY     # resources.azure.self_stop: false
+        if self.amap is None:
+            return selfstop.command(node.instance_id, arm=arm)
+        at = selfstop.map_entry(self.amap.setting("addresses"), node)   # tests: the fakes
+        return selfstop.command(node.instance_id, arm=str(self.amap.setting("azure_arm") or arm),
+                                imds=str(at.get("azure_imds") or "http://127.0.0.1:9"),
+                                ca=str(self.amap.setting("azure_arm_ca") or ""),
+                                shutdown=str(at.get("shutdown") or "false").replace(
+                                    "{instance_id}", node.instance_id))
+
+    def what_still_bills(self) -> str:
+        return selfstop.WHAT_STILL_BILLS
+
+    def self_stopped(self, cluster: str) -> list[SelfStop]:
+        sub = self._record(cluster).get("subscription_id") or self.clients.default_subscription()
+        return selfstop.stopped(instances.list_vms(self._api(str(sub)), self.group(cluster)) if sub else [])
 
     # --- contract: terminate ---------------------------------------------------------------------
 

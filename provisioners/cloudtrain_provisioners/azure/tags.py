@@ -16,6 +16,8 @@ from cloudtrain.provider import (CLUSTER, CREATED, OWNER, RANK, SHARED_RANK,  # 
                                  check_name, default_owner, now, owner_hash)
 
 REGION = "cloudtrain:region"
+GUARD_STOP = "cloudtrain:guard-stop"
+"""Left on a VM by its node guard just before the VM deallocates itself: "<reason> <epoch>"."""
 
 
 def tags(cluster: str, owner: str, rank: int | str, created: str | None = None) -> dict[str, str]:
