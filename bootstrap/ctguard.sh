@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Install, (re)start and renew the node guard (cloudtrain/node/guard.py) on this node.
 #   usage: ctguard.sh ROOT PYTHON CLUSTER_ID RANK MODE [POLICY_JSON]
-#   MODE install: guard.py comes on stdin; write it and POLICY_JSON, clear an old stop, start
+#   MODE install: write POLICY_JSON, clear an old stop, renew the lease, start the guard
 #        policy:  write POLICY_JSON; renew the lease; start the guard if it is not running
 #        touch:   renew the lease (a CLI contact); start the guard if it is not running
+#   (guard.py comes on stdin in these three modes, and is written when missing or changed)
 #        state:   print what the guard last saw (one JSON line)
 # Supervision: a systemd unit where systemd is PID 1 and sudo needs no password; otherwise a
 # background shell loop in its own session that restarts the guard when it dies. The lifetime
@@ -22,8 +23,14 @@ unit=cloudtrain-guard-$(printf '%s' "$root" | cksum | cut -d' ' -f1)
 if [ "$mode" = state ]; then
     exec "$py" "$d/guard.py" state "$root"
 fi
+# guard.py comes on stdin in every other mode: written when it is missing or changed.
+cat > "$d/guard.py.tmp" || exit 1
+if [ -s "$d/guard.py.tmp" ] && ! cmp -s "$d/guard.py.tmp" "$d/guard.py"; then
+    mv "$d/guard.py.tmp" "$d/guard.py" || exit 1
+else
+    rm -f "$d/guard.py.tmp"
+fi
 if [ "$mode" = install ]; then
-    cat > "$d/guard.py.tmp" && mv "$d/guard.py.tmp" "$d/guard.py" || exit 1
     rm -f "$d/stopped.json" "$d/state.json"
 fi
 if [ -n "$policy" ]; then

@@ -235,8 +235,9 @@ def stop(root: str, pol: dict, reason: str, detail: str = "") -> None:
     d = gdir(root)
     if os.path.exists(os.path.join(d, "stopped.json")):
         return
-    write_json(os.path.join(d, "stopped.json"), {"reason": reason, "at": time.time(),
-                                                 "rank": pol.get("rank")})
+    decided = {"reason": reason, "at": time.time(), "decided_at": time.time(),
+               "rank": pol.get("rank")}
+    write_json(os.path.join(d, "stopped.json"), decided)     # no restart, no second stop
     log(root, f"stop: {reason} {detail}".rstrip())
     grace = num(pol, "grace_s") or 60.0
     if running_jobs(root):
@@ -246,6 +247,8 @@ def stop(root: str, pol: dict, reason: str, detail: str = "") -> None:
     if not cmd:
         log(root, "no self-stop on this provider: cloudtrain's processes stopped, host left on")
         return
+    # "at": when billing ends, just before the self-stop (after the jobs' grace).
+    write_json(os.path.join(d, "stopped.json"), dict(decided, at=time.time()))
     log(root, "self-stop: running the provider's command")
     env = dict(os.environ, CT_GUARD_REASON=reason)
     try:

@@ -47,6 +47,7 @@ def collect(env: Env, provider_name: str | None, *, all_regions: bool, any_owner
     (each with whether it was removed, or why it was left alone) and the providers' errors
     (the other providers are still collected)."""
     names = [provider_name] if provider_name else registry.names()
+    _reconcile(env, names)
     report: list[dict[str, Any]] = []
     failed: list[CloudtrainError] = []
     for name in names:
@@ -122,6 +123,19 @@ def collect(env: Env, provider_name: str | None, *, all_regions: bool, any_owner
                 item["removed"] = (item["region"], item["kind"], item["id"]) in gone
         env.ui.ok(f"{name}: removed {len(gone)} resource(s)")
     return report, failed
+
+
+def _reconcile(env: Env, providers: list[str]) -> None:
+    """Clusters of these providers whose nodes stopped themselves (the node guard) are torn
+    down first, so what their self-stop left is removed as theirs, not as orphans."""
+    from cloudtrain.pipeline import guard
+
+    for row in env.state.list_clusters():
+        if row.provider in providers:
+            try:
+                guard.reconcile(env, row.name)
+            except CloudtrainError as exc:
+                env.ui.warn(f"'{row.name}' stopped itself, but removing what is left failed: {exc}")
 
 
 def _show_others(env: Env, provider: str, others: list[Any], kinds: dict[int, str]) -> None:

@@ -232,9 +232,7 @@ def reconcile(env: Env, name: str) -> dict[str, Any] | None:
     stops = provider.self_stopped(name)
     if not stops:
         return None
-    live = [n for n in provider.list_nodes(name) if n.status == "running"
-            and n.instance_id not in {s.instance_id for s in stops}]
-    if live:
+    if any(n.status == "running" for n in provider.list_nodes(name)):
         return None        # some nodes still run (they stop on their own, or at 'down')
     at = max(s.stopped_at for s in stops)
     reason = next((s.reason for s in sorted(stops, key=lambda s: s.stopped_at) if s.reason),

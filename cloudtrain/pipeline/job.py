@@ -24,7 +24,9 @@ from cloudtrain.spec import Task
 def up(env: Env, task: Task, name: str, *, bootstrap: bool = True,
        keep_on_failure: bool = False, planned: Plan | None = None) -> Handle:
     """Provision (adopting what exists), wait for SSH on every node, bootstrap. A cluster this
-    call created is rolled back when a step fails (unless ``keep_on_failure``)."""
+    call created is rolled back when a step fails (unless ``keep_on_failure``). A cluster
+    whose nodes stopped themselves is reconciled first (ledger closed when they stopped)."""
+    guard.reconcile(env, name)
     with opened(env, task, name, keep_on_failure=keep_on_failure, planned=planned) as (
             handle, group, fresh):
         env.ui.ok(f"SSH up on {len(handle.nodes)} node(s)")
@@ -80,6 +82,7 @@ def launch(env: Env, task: Task, name: str, plan: Plan, *, down_after: bool, det
     the budget ``limit`` is reached, the cluster is torn down at the end, whatever happened.
     Returns the outcome of a job that succeeded (or was started detached); raises JobFailed
     for one that failed, BudgetExceeded when the budget stopped it."""
+    guard.reconcile(env, name)
     if limit is not None:
         check_estimate(env, name, plan, limit)
     if env.state.get_cluster(name) is None:

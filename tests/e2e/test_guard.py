@@ -207,6 +207,14 @@ def test_autostop_changes_the_policy_on_a_live_cluster(cli: CLI, tmp_path: Path)
         pol = json.loads((cli.home / "clusters" / "pol" / "local" / "nodes" / str(rank) / "root"
                           / ".cloudtrain" / "guard" / "policy.json").read_text())
         assert (pol["idle_minutes"], pol["down"], pol["rank"]) == (30, False, rank)
+    # Every contact renews the lease: here status --refresh, then exec.
+    lease = cli.home / "clusters" / "pol" / "local" / "nodes" / "1" / "root" / ".cloudtrain" \
+        / "guard" / "lease"
+    for contact in (["status", "--refresh"], ["exec", "pol", "--", "true"]):
+        before = json.loads(lease.read_text())["at"]
+        time.sleep(1.1)
+        assert cli.run(*contact).returncode == 0
+        assert json.loads(lease.read_text())["at"] > before, contact
     r = cli.run("logs", "pol", "--guard")
     assert r.returncode == 0 and '"idle_minutes": 30' in r.stdout, r.stdout + r.stderr
     # --stop: the nodes stop themselves; the cluster is kept as STOPPED, not torn down.

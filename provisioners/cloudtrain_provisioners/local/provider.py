@@ -225,6 +225,8 @@ class LocalProvider:
     def self_stopped(self, cluster: str) -> list[SelfStop]:
         out = []
         for n in self.list_nodes(cluster):
+            if n.status == "running":
+                continue        # still stopping (its jobs' grace), or started again
             try:
                 data = json.loads((Path(n.root_dir) / ".cloudtrain" / "guard" / "stopped.json")
                                   .read_text())

@@ -1,0 +1,101 @@
+"""The node guard's decisions (cloudtrain/node/guard.py), in-process: each policy fires at its
+limit and not before, and the guard is standard library only."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from cloudtrain.node import guard
+
+NOW = 1_800_000_000.0
+
+
+def _job(root: Path, job_id: str, *, pid: int | None, rc: int | None = None) -> None:
+    d = root / "jobs" / job_id
+    d.mkdir(parents=True)
+    if pid is not None:
+        (d / "pid").write_text(str(pid))
+    if rc is not None:
+        (d / "rc").write_text(str(rc))
+
+
+def test_idle_counts_from_the_later_of_busy_and_lease(tmp_path: Path) -> None:
+    pol = {"idle_minutes": 1, "self_stop": "true", "lease_at": NOW - 600}
+    # Busy 30 s ago, lease 90 s ago: not yet.
+    assert guard.decide(str(tmp_path), pol, NOW, NOW - 30, NOW - 90, False)[0] is None
+    # Both over a minute ago: idle.
+    reason, seen = guard.decide(str(tmp_path), pol, NOW, NOW - 61, NOW - 90, False)
+    assert reason == "idle" and seen["idle_for_s"] == 61
+    # Busy now: never idle. A fresh lease (a CLI contact) postpones it.
+    assert guard.decide(str(tmp_path), pol, NOW, NOW - 600, NOW - 600, True)[0] is None
+    assert guard.decide(str(tmp_path), pol, NOW, NOW - 600, NOW - 10, False)[0] is None
+    # Off, or no self-stop (machines cloudtrain does not own): never.
+    assert guard.decide(str(tmp_path), dict(pol, idle_minutes=None), NOW, 0, 0, False)[0] is None
+    assert guard.decide(str(tmp_path), dict(pol, self_stop=None), NOW, 0, 0, False)[0] is None
+
+
+def test_budget_from_the_spend_at_launch_and_the_price(tmp_path: Path) -> None:
+    # $3.6/h for the cluster: $0.001 a second; $1 spent at NOW-100; limit $1.2 -> at NOW+100.
+    pol = {"max_cost_usd": 1.2, "cluster_hourly_usd": 3.6, "spent_usd": 1.0, "spent_at": NOW - 100}
+    assert guard.decide(str(tmp_path), pol, NOW + 99, NOW, NOW, True)[0] is None
+    reason, seen = guard.decide(str(tmp_path), pol, NOW + 100.5, NOW, NOW, True)
+    assert reason == "budget" and seen["spent_usd"] == pytest.approx(1.2005)
+    # An attached CLI watches it itself: the node waits budget_grace_s more.
+    late = dict(pol, budget_grace_s=60)
+    assert guard.decide(str(tmp_path), late, NOW + 150, NOW, NOW, True)[0] is None
+    assert guard.decide(str(tmp_path), late, NOW + 161, NOW, NOW, True)[0] == "budget"
+
+
+def test_lifetime_and_job_end(tmp_path: Path) -> None:
+    pol = {"max_hours": 1, "started_at": NOW - 3599}
+    assert guard.decide(str(tmp_path), pol, NOW, NOW, NOW, True)[0] is None
+    assert guard.decide(str(tmp_path), pol, NOW + 1, NOW, NOW, True)[0] == "lifetime"
+    assert guard.lifetime_end(pol) == NOW + 1
+
+    pol = {"down_on_end": ["j1"]}
+    assert guard.decide(str(tmp_path), pol, NOW, NOW, NOW, False)[0] is None   # not started
+    _job(tmp_path, "j1", pid=os.getpid())
+    assert guard.decide(str(tmp_path), pol, NOW, NOW, NOW, True)[0] is None    # running
+    assert [p for _, p in guard.running_jobs(str(tmp_path))] == [os.getpid()]
+    (tmp_path / "jobs" / "j1" / "rc").write_text("1")                           # failed: ends too
+    ended = (tmp_path / "jobs" / "j1" / "rc").stat().st_mtime
+    assert guard.decide(str(tmp_path), pol, ended + 1, NOW, NOW, False)[0] == "job-end"
+    late = dict(pol, job_end_grace_s=300)
+    assert guard.decide(str(tmp_path), late, ended + 100, NOW, NOW, False)[0] is None
+    assert guard.decide(str(tmp_path), late, ended + 301, NOW, NOW, False)[0] == "job-end"
+    # A job id is one name under jobs/, never a path.
+    assert guard.decide(str(tmp_path), {"down_on_end": ["../x"]}, NOW, 0, 0, False)[0] is None
+
+
+def test_the_stop_writes_stopped_json_then_runs_the_self_stop(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    import signal
+
+    monkeypatch.setattr(signal, "signal", lambda *a: None)   # the stop ignores SIGTERM/SIGHUP
+    (tmp_path / ".cloudtrain" / "guard").mkdir(parents=True)
+    out = tmp_path / "said"
+    pol = {"rank": 1, "self_stop": f"cat {tmp_path}/.cloudtrain/guard/stopped.json > {out}; "
+                                   f"echo \" $CT_GUARD_REASON\" >> {out}"}
+    guard.stop(str(tmp_path), pol, "idle")
+    said = out.read_text()
+    assert said.endswith(" idle\n")
+    assert json.loads(said.rsplit(" ", 1)[0])["reason"] == "idle"
+    log = (tmp_path / ".cloudtrain" / "guard" / "guard.log").read_text()
+    assert "stop: idle" in log and "self-stop" in log
+    guard.stop(str(tmp_path), pol, "budget")            # once only
+    assert out.read_text() == said
+
+
+def test_the_guard_is_standard_library_only() -> None:
+    tree = ast.parse(Path(guard.__file__).read_text())
+    names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
+             for a in n.names}
+    names |= {n.module.split(".")[0] for n in ast.walk(tree)
+              if isinstance(n, ast.ImportFrom) and n.module}
+    assert names - {"__future__"} <= set(sys.stdlib_module_names), names
