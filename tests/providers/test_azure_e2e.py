@@ -188,28 +188,21 @@ class Booter:
         tmp.replace(self.map_file)
 
 
-@pytest.fixture
-def world(tmp_path: Path):  # type: ignore[no-untyped-def]
-    fake = ArmFake(tmp_path / "arm").start()
-    nodes = Nodes(tmp_path / "vms")
-    map_file = tmp_path / "address-map.json"
-    booter = Booter(nodes, map_file)
-    fake.on_vm_running = booter
+def cli_env(tmp_path: Path, fake: ArmFake, map_file: Path, dist_name: str) -> dict[str, str]:
+    """The environment of a CLI run against the ARM fake: the network guard (a sitecustomize)
+    and the provider's entry point on PYTHONPATH, the fake's endpoint, CA and token, the
+    address map, and nothing of the caller's Azure or cloudtrain settings."""
     guard = tmp_path / "guard"
     guard.mkdir()
     (guard / "sitecustomize.py").write_text(NET_GUARD)
     # The provider's entry point, as 'pip install cloudtrain[azure]' registers it (whether or
     # not this checkout's editable install was made after pyproject.toml gained it).
-    dist = guard / "cloudtrain_azure_e2e-0.0.0.dist-info"
+    dist = guard / f"{dist_name}-0.0.0.dist-info"
     dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: cloudtrain-azure-e2e\n"
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist_name.replace('_', '-')}\n"
                                    "Version: 0.0.0\n")
     (dist / "entry_points.txt").write_text(
         "[cloudtrain.providers]\nazure = cloudtrain_provisioners.azure:AzureProvider\n")
-    shim = tmp_path / "shim"
-    shim.mkdir()
-    (shim / "ssh").write_text(SSH_RECORDER.format(ssh=shutil.which("ssh") or "/usr/bin/ssh"))
-    (shim / "ssh").chmod(0o755)
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("AZURE_", "CLOUDTRAIN_", "MSI_", "IDENTITY_"))}
     env.update({
@@ -224,10 +217,25 @@ def world(tmp_path: Path):  # type: ignore[no-untyped-def]
         "AZURE_SUBSCRIPTION_ID": SUBSCRIPTION,
         "AZURE_CONFIG_DIR": str(tmp_path / "no-azure-cli"),
         "PYTHONPATH": os.pathsep.join([str(guard), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-        "PATH": f"{shim}{os.pathsep}{env.get('PATH', '')}",
         "CT_AZ_GUARD_LOG": str(tmp_path / "guard.log"),
         "CT_AZ_SSH_LOG": str(tmp_path / "ssh.log"),
     })
+    return env
+
+
+@pytest.fixture
+def world(tmp_path: Path):  # type: ignore[no-untyped-def]
+    fake = ArmFake(tmp_path / "arm").start()
+    nodes = Nodes(tmp_path / "vms")
+    map_file = tmp_path / "address-map.json"
+    booter = Booter(nodes, map_file)
+    fake.on_vm_running = booter
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    (shim / "ssh").write_text(SSH_RECORDER.format(ssh=shutil.which("ssh") or "/usr/bin/ssh"))
+    (shim / "ssh").chmod(0o755)
+    env = cli_env(tmp_path, fake, map_file, "cloudtrain_azure_e2e")
+    env["PATH"] = f"{shim}{os.pathsep}{env.get('PATH', '')}"
     nodes.start()
     try:
         yield fake, nodes, booter, env

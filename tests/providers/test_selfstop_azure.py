@@ -25,7 +25,7 @@ from conftest import needs_sshd
 pytest.importorskip("azure.mgmt.compute")
 
 from arm_fake import SUBSCRIPTION, ArmFake, FakeCredential, Harness, hermetic_env  # noqa: E402
-from test_azure_e2e import NET_GUARD, Booter, Nodes, _cloudtrain  # noqa: E402
+from test_azure_e2e import Booter, Nodes, _cloudtrain, cli_env  # noqa: E402
 
 WRITE = "Microsoft.Authorization/roleAssignments/write"
 
@@ -96,34 +96,7 @@ def world(tmp_path: Path):  # type: ignore[no-untyped-def]
         stop_node(nodes, int(name.rsplit("-", 1)[1]))
 
     fake.on_vm_stopped = on_stopped
-    guard = tmp_path / "guard"
-    guard.mkdir()
-    (guard / "sitecustomize.py").write_text(NET_GUARD)
-    dist = guard / "cloudtrain_azure_stop-0.0.0.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: cloudtrain-azure-stop\n"
-                                   "Version: 0.0.0\n")
-    (dist / "entry_points.txt").write_text(
-        "[cloudtrain.providers]\nazure = cloudtrain_provisioners.azure:AzureProvider\n")
-    import os
-
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("AZURE_", "CLOUDTRAIN_", "MSI_", "IDENTITY_"))}
-    env.update({
-        "CLOUDTRAIN_HOME": str(tmp_path / "home"), "NO_COLOR": "1",
-        "CLOUDTRAIN_SSH_TIMEOUT": "60",
-        "CLOUDTRAIN_AZURE_ARM_ENDPOINT": fake.url,
-        "CLOUDTRAIN_AZURE_CA_BUNDLE": str(fake.cert_file),
-        "CLOUDTRAIN_AZURE_ACCESS_TOKEN": fake.token,
-        "CLOUDTRAIN_AZURE_POLL_INTERVAL": "0",
-        "CLOUDTRAIN_AZURE_ADDRESS_MAP": str(map_file),
-        "CLOUDTRAIN_AZURE_ADDRESS_MAP_WAIT": "60",
-        "AZURE_SUBSCRIPTION_ID": SUBSCRIPTION,
-        "AZURE_CONFIG_DIR": str(tmp_path / "no-azure-cli"),
-        "PYTHONPATH": os.pathsep.join([str(guard), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-        "CT_AZ_GUARD_LOG": str(tmp_path / "guard.log"),
-        "CT_AZ_SSH_LOG": str(tmp_path / "ssh.log"),
-    })
+    env = cli_env(tmp_path, fake, map_file, "cloudtrain_azure_stop")
     nodes.start()
     try:
         yield fake, nodes, env, stops
