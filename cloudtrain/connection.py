@@ -91,8 +91,14 @@ class Tail:
         return bytes(data).decode(errors="replace")
 
 
+MAX_LINE_BYTES = 64 * 1024
+"""A node's line longer than this reaches the sink in pieces of this size: a node that sends
+output without newlines cannot grow the laptop's memory without bound."""
+
+
 class LineBuffer:
-    """Splits a byte stream into lines for a sink; a partial line waits for its end."""
+    """Splits a byte stream into lines for a sink; a partial line waits for its end, up to
+    :data:`MAX_LINE_BYTES`."""
 
     def __init__(self, rank: int, sink: LineSink) -> None:
         self.rank, self.sink = rank, sink
@@ -100,12 +106,17 @@ class LineBuffer:
 
     def add(self, data: bytes) -> None:
         self.pending += data
-        if b"\n" not in data:
-            return
-        *lines, rest = self.pending.split(b"\n")
-        self.pending = bytearray(rest)
-        for ln in lines:
-            self.sink(self.rank, ln.decode(errors="replace").rstrip("\r"))
+        if b"\n" in data:
+            *lines, rest = self.pending.split(b"\n")
+            self.pending = bytearray(rest)
+            for ln in lines:
+                self._emit(ln)
+        while len(self.pending) >= MAX_LINE_BYTES:
+            self._emit(bytes(self.pending[:MAX_LINE_BYTES]))
+            del self.pending[:MAX_LINE_BYTES]
+
+    def _emit(self, line: bytes) -> None:
+        self.sink(self.rank, line.decode(errors="replace").rstrip("\r"))
 
     def flush(self) -> None:
         if self.pending:

@@ -112,3 +112,20 @@ def test_changed_host_key_is_refused(tmp_path: Path) -> None:
 
         down(env, "hk")
         del os.environ["CLOUDTRAIN_HOME"]
+
+
+def test_a_node_flooding_output_without_newlines_cannot_grow_the_laptops_memory() -> None:
+    from cloudtrain.connection import MAX_LINE_BYTES, LineBuffer
+
+    got: list[tuple[int, str]] = []
+    buf = LineBuffer(3, lambda rank, line: got.append((rank, line)))
+    chunk = b"x" * 4096
+    for _ in range(256):                      # 1 MiB, no newline
+        buf.add(chunk)
+        assert len(buf.pending) < MAX_LINE_BYTES
+    buf.add(b"tail\nnext")
+    buf.flush()
+    text = "".join(line for _, line in got[:-2])
+    assert len(text) + len(got[-2][1]) == 256 * 4096 + 4 and got[-2][1].endswith("tail")
+    assert all(len(line) <= MAX_LINE_BYTES for _, line in got) and {r for r, _ in got} == {3}
+    assert got[-1] == (3, "next")
