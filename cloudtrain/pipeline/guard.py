@@ -103,15 +103,16 @@ def _command(env: Env, handle: Handle, mode: str, pol: dict[str, Any] | None):  
     python = bootstrap.provider_node_env(handle).get("CLOUDTRAIN_PYTHON", "python3")
     uid = cluster_uid(env, handle.name)
 
+    # A systemd unit only on machines cloudtrain owns (clouds), never on this machine (local
+    # nodes) or the user's own hosts (ssh).
+    owned_by_user = handle.row.provider in OFF_BY_DEFAULT
+
     def cmd(n: NodeRow) -> str:
         args = [n.root_dir, python, uid, str(n.rank), mode]
         if pol is not None:
             args.append(node_policy(handle, pol, n))
         line = bootstrap.inline("ctguard.sh", *args)
-        # A systemd unit only on machines cloudtrain owns (clouds), never on this machine
-        # (local nodes) or the user's own hosts (ssh).
         return f"CT_GUARD_NO_SYSTEMD=1 {line}" if owned_by_user else line
-    owned_by_user = handle.row.provider in OFF_BY_DEFAULT
     return cmd
 
 
@@ -301,14 +302,15 @@ def show_log(env: Env, name: str, node: int | None) -> None:
     handle, group = _connected(env, name)
     try:
         ranks = [n.rank for n in handle.nodes if node is None or n.rank == node]
-        res = group.run(lambda n: bash(
-            f"cat {shlex.quote(n.root_dir)}/.cloudtrain/guard/guard.log 2>/dev/null "
-            "|| echo '(no guard log on this node)'"), ranks=ranks, timeout=60)
+        # Streamed line by line (a node's log is untrusted: its size must not reach memory),
+        # one node after the other so that each node's lines stay together.
+        for rank in ranks:
+            group.run(lambda n: bash(
+                f"cat {shlex.quote(n.root_dir)}/.cloudtrain/guard/guard.log 2>/dev/null "
+                "|| echo '(no guard log on this node)'"), ranks=[rank], timeout=60,
+                on_line=env.ui.node_line)
     finally:
         group.close()
-    for rank in sorted(res):
-        for line in res[rank].stdout.splitlines():
-            env.ui.node_line(rank, line)
 
 
 def live(env: Env, name: str, refresh: bool) -> dict[str, Any]:
