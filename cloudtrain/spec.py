@@ -167,7 +167,7 @@ def _check_paths(task: Task, source: str) -> None:
         raise SpecError(f"the directory '{task.workdir}' does not exist (resolved to {wd})",
                         field="workdir", source=source, line=task.line_of("workdir"),
                         hint="Point workdir at your project directory, relative to the task file.")
-    for remote, local in task.file_mounts.items():
+    for remote, local in task.local_mounts().items():   # bucket URLs: the nodes fetch
         lp = (task.base_dir / local).resolve()
         if not lp.exists():
             raise SpecError(f"the local path '{local}' does not exist (resolved to {lp})",

@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from cloudtrain.names import NAME_RE
+from cloudtrain.storage import url as bucket_url
 from cloudtrain.yamlsrc import LocatedYaml
 
 # Upper bounds for the task's money and time fields: a number past these is a typo (or .inf),
@@ -234,6 +235,18 @@ class Autostop(_Strict):
     down: bool = True     # tear down (True) or only stop (False) when the nodes stop themselves
 
 
+class Recovery(_Strict):
+    """``recovery:`` what a controller does when the cloud takes a node (docs/recovery.md)."""
+
+    max_recoveries: int = Field(3, ge=0, le=100)
+    """Replacements of lost nodes one launch may make before it gives up (and fails)."""
+    failover: bool = True
+    """When the same zone has no capacity for a replacement: move the whole cluster along the
+    planner's failover order (True) or fail (False)."""
+    poll_seconds: float = Field(15, ge=0.2, le=600, allow_inf_nan=False)
+    """How often the controller asks the cloud about the nodes."""
+
+
 class Task(_Strict):
     name: str | None = None
     num_nodes: int = Field(1, ge=1, le=512)
@@ -258,6 +271,47 @@ class Task(_Strict):
     # The node guard's idle stop: {idle_minutes, down}, false (off), or unset (the provider's
     # default: on for clouds, off for local and ssh).
     autostop: Autostop | None = None
+    # A bucket URL (s3://, gs://, https://ACCOUNT.blob.core.windows.net/...): the job's
+    # checkpoint directory ($CLOUDTRAIN_CHECKPOINT_DIR) is uploaded there by the nodes after
+    # each complete checkpoint, and the newest complete one is downloaded before a job starts.
+    checkpoints: str | None = None
+    # Spot recovery: replace nodes the cloud took and resume (``recovery: true`` or a mapping).
+    recovery: Recovery | None = None
+
+    @field_validator("checkpoints")
+    @classmethod
+    def _checkpoints(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        if not bucket_url.is_bucket_url(v):
+            raise ValueError(f"'{v}' is not a bucket URL; write e.g. s3://my-bucket/run-1, "
+                             "gs://my-bucket/run-1 or "
+                             "https://ACCOUNT.blob.core.windows.net/CONTAINER/run-1")
+        return str(bucket_url.parse(v))
+
+    @field_validator("recovery", mode="before")
+    @classmethod
+    def _recovery_flag(cls, v: Any) -> Any:
+        if v is False:
+            return None
+        return {} if v is True else v
+
+    def bucket_urls(self) -> list[bucket_url.BucketURL]:
+        """Every bucket the nodes read or write: file_mounts sources and ``checkpoints``."""
+        out = [bucket_url.parse(src) for src in self.file_mounts.values()
+               if bucket_url.is_bucket_url(src)]
+        if self.checkpoints:
+            out.append(bucket_url.parse(self.checkpoints))
+        return out
+
+    def local_mounts(self) -> dict[str, str]:
+        """file_mounts whose source is a path on this machine (not a bucket URL)."""
+        return {t: s for t, s in self.file_mounts.items() if not bucket_url.is_bucket_url(s)}
+
+    def bucket_mounts(self) -> dict[str, bucket_url.BucketURL]:
+        """file_mounts whose source is a bucket URL: node path -> URL."""
+        return {t: bucket_url.parse(s) for t, s in self.file_mounts.items()
+                if bucket_url.is_bucket_url(s)}
 
     @field_validator("autostop", mode="before")
     @classmethod
@@ -302,13 +356,21 @@ class Task(_Strict):
     @field_validator("file_mounts")
     @classmethod
     def _mounts(cls, v: dict[str, str]) -> dict[str, str]:
+        out = {}
         for target, local in v.items():
             _check_mount_target(target)
-            try:
-                _check_path_text(local)
-            except ValueError as exc:
-                raise ValueError(f"the local path for '{target}': {exc}") from None
-        return v
+            if bucket_url.is_bucket_url(local):
+                try:
+                    local = str(bucket_url.parse(local))
+                except ValueError as exc:
+                    raise ValueError(f"the source for '{target}': {exc}") from None
+            else:
+                try:
+                    _check_path_text(local)
+                except ValueError as exc:
+                    raise ValueError(f"the local path for '{target}': {exc}") from None
+            out[target] = local
+        return out
 
     @field_validator("envs", mode="before")
     @classmethod

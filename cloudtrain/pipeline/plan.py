@@ -15,7 +15,7 @@ from cloudtrain.spec import Task
 def cluster_request(task: Task, name: str, public_key: str) -> ClusterRequest:
     return ClusterRequest(name=name, num_nodes=task.num_nodes, resources=task.resources,
                           options=provider_options(task), public_key=public_key,
-                          max_hours=task.max_hours)
+                          max_hours=task.max_hours, buckets=tuple(task.bucket_urls()))
 
 
 def plan(env: Env, task: Task, name: str, *, offers: list[Offer] | None = None) -> Plan:

@@ -137,7 +137,7 @@ def sync_plan(task: Task) -> sync.SyncPlan:
             except ValueError:
                 pass
     mounts = tuple(sync.Mount((task.base_dir / local).resolve(), remote)
-                   for remote, local in task.file_mounts.items())
+                   for remote, local in task.local_mounts().items())
     # Outputs and mount targets inside the workdir survive the workdir sync's --delete.
     inside = tuple(m.remote for m in mounts if not m.remote.startswith(("/", "~")))
     return sync.SyncPlan(workdir=wd, mounts=mounts, protect=tuple(task.outputs) + inside,

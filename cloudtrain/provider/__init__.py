@@ -7,7 +7,8 @@ What is here:
 - the contract (:mod:`cloudtrain.provider.contract`): the :class:`Provider` protocol, the
   request and result types (ClusterRequest, NetworkRef, Node, Plan, ProviderContext) and
   the optional capabilities a provider may declare (HasMasterPort, HasNodeEnv,
-  HasHostKeySource, ReportsAttempts, ReportsInterruptions, CollectsOrphans, MarksOwner);
+  HasHostKeySource, ReportsAttempts, ReportsInterruptions, CollectsOrphans, MarksOwner,
+  ReportsNodeHealth with NodeHealth) and BucketURL (the buckets a request's nodes use);
 - for clouds, the shared base (:mod:`cloudtrain.provider.cloud`): CloudProvider, Target,
   Attempt, Pin, Existing, Unavailable, outcome_of, worst; and what it is built from:
   ClusterRecord (the cluster's record file), CallerCidr (the caller's address range),
@@ -37,9 +38,11 @@ from cloudtrain.ownership import (CLUSTER, CREATED, OWNER, RANK, SHARED_RANK, de
                                   now, owner_hash, owner_of_cluster, split_owner)
 from cloudtrain.provider.contract import (ClusterRequest, CollectsOrphans, HasHostKeySource,
                                           HasMasterPort, HasNodeEnv, MarksOwner, NetworkRef,
-                                          Node, NodeStatus, Plan, Provider, ProviderContext,
-                                          ReportsAttempts, ReportsInterruptions, SelfStop,
+                                          Node, NodeHealth, NodeState, NodeStatus, Plan,
+                                          Provider, ProviderContext, ReportsAttempts,
+                                          ReportsInterruptions, ReportsNodeHealth, SelfStop,
                                           SelfStops)
+from cloudtrain.storage.url import BucketURL
 
 if TYPE_CHECKING:   # what the lazy names below are, for type checkers
     from cloudtrain import planner
@@ -81,7 +84,8 @@ __all__ = [
     "CLUSTER", "CREATED", "OWNER", "RANK", "SHARED_RANK", "USER_KNOWN_HOSTS", "ClusterRequest",
     "CollectsOrphans", "HasHostKeySource", "HasMasterPort", "HasNodeEnv", "MarksOwner",
     "NetworkRef", "Node", "NodeStatus", "Plan", "Provider", "ProviderContext", "ReportsAttempts",
-    "ReportsInterruptions", "SelfStop", "SelfStops", "check_name", "default_owner", "generate_host_key",
+    "ReportsInterruptions", "ReportsNodeHealth", "NodeHealth", "NodeState", "BucketURL",
+    "SelfStop", "SelfStops", "check_name", "default_owner", "generate_host_key",
     "host_entry_name", "host_key_cloud_config", "now", "owner_hash", "owner_of_cluster",
     "split_owner", *_LAZY, *_MODULES,
 ]

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from pydantic import BaseModel
 
     from cloudtrain.spec import Resources
+    from cloudtrain.storage.url import BucketURL
 
 NodeStatus = Literal["pending", "running", "stopped", "terminated", "unknown"]
 
@@ -89,6 +90,10 @@ class ClusterRequest:
     """The cluster's SSH public key (OpenSSH format), to be authorised on every node."""
     max_hours: float | None = None
     """The task's hard lifetime (``max_hours``), for clouds that can enforce it natively."""
+    buckets: tuple[BucketURL, ...] = ()
+    """Buckets the nodes read and write (bucket file_mounts, ``checkpoints:``). A cloud gives
+    its nodes an identity the cloud mints (instance profile / service account / managed
+    identity) allowed on exactly these, never the user's own keys; see docs/storage.md."""
 
 
 @dataclass(frozen=True)
@@ -219,6 +224,40 @@ class MarksOwner(Protocol):
     the owner string: what gc compares resources' marks with."""
 
     def owner_mark(self, owner: str) -> str: ...
+
+
+NodeState = Literal["running", "lost", "unknown"]
+
+
+@dataclass(frozen=True)
+class NodeHealth:
+    """What the CLOUD says of one node (never inferred from SSH): ``running``; ``lost`` when
+    the cloud took or ended it (terminated, preempted, evicted, spot interruption, gone from
+    the listing; on the local provider: its sshd process has exited); ``unknown`` when the
+    cloud could not be asked (an API error): not a loss."""
+
+    rank: int
+    instance_id: str
+    state: NodeState
+    reason: str = ""
+    """In words, for the user and the ledger (e.g. "spot instance terminated: capacity")."""
+
+
+@runtime_checkable
+class ReportsNodeHealth(Protocol):
+    """The provider can tell, from the cloud itself, which nodes of a cluster it took (the
+    recovery controller's only evidence of a loss), and clear what a lost node left so that
+    provisioning again creates a fresh one in its rank."""
+
+    def node_health(self, cluster: str) -> list[NodeHealth]:
+        """One entry per rank the cluster should have (missing instances are ``lost``)."""
+        ...
+
+    def discard_nodes(self, cluster: str, ranks: list[int]) -> None:
+        """Remove what is left of these lost nodes (a stopped preempted VM, an evicted one,
+        a dead local node's directory), so ``create_nodes`` makes new ones in those ranks.
+        Never touches the other ranks."""
+        ...
 
 
 @dataclass(frozen=True)

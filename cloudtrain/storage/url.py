@@ -1,0 +1,183 @@
+"""Bucket URLs in a task (``file_mounts`` sources, ``checkpoints:``), parsed and checked.
+
+A bucket URL names a place in object storage the NODES read from or write to directly (never
+through the laptop). Three forms:
+
+- ``s3://BUCKET[/PREFIX]`` (AWS S3, or any S3-compatible store the nodes' environment points
+  at with ``AWS_ENDPOINT_URL``);
+- ``gs://BUCKET[/PREFIX]`` (Google Cloud Storage);
+- ``https://ACCOUNT.blob.core.windows.net/CONTAINER[/PREFIX]`` (Azure Blob), or the emulator
+  form ``http://127.0.0.1:PORT/ACCOUNT/CONTAINER[/PREFIX]`` (loopback only, for Azurite).
+
+Every part is checked here, before anything is created: a bucket/container/account name by
+its cloud's own naming rules, a prefix without ``..``, empty or control-character segments.
+The parsed value is what IAM policies, rclone remotes and log lines are built from, so nothing
+the user typed reaches them unchecked. Pure stdlib: the node side imports nothing from here.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass
+from typing import Literal
+from urllib.parse import urlsplit
+
+Scheme = Literal["s3", "gs", "az"]
+
+MAX_PREFIX = 1024          # object key prefix, bytes (S3 and GCS keys are at most 1024)
+_S3_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+_GS_BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")
+_AZ_CONTAINER = re.compile(r"^(?!.*--)[a-z0-9][a-z0-9-]{1,61}[a-z0-9]$")
+_AZ_ACCOUNT = re.compile(r"^[a-z0-9]{3,24}$")
+_AZ_HOST = re.compile(r"^([a-z0-9]{3,24})\.blob\.core\.windows\.net$")
+_SEGMENT_BAD = re.compile(r"[\x00-\x1f\x7f\\]")
+
+
+class BucketURLError(ValueError):
+    """A bucket URL that cannot be used; the message names what is wrong and how to write it."""
+
+
+@dataclass(frozen=True)
+class BucketURL:
+    scheme: Scheme
+    bucket: str
+    """The S3/GCS bucket, or the Azure container."""
+    prefix: str = ""
+    """Key prefix inside the bucket, without leading or trailing '/' ("" for the whole bucket)."""
+    account: str = ""
+    """Azure: the storage account."""
+    endpoint: str = ""
+    """Azure emulator only: ``http://127.0.0.1:PORT`` (empty for the real service)."""
+
+    def __str__(self) -> str:
+        tail = f"/{self.prefix}" if self.prefix else ""
+        if self.scheme == "az":
+            if self.endpoint:
+                return f"{self.endpoint}/{self.account}/{self.bucket}{tail}"
+            return f"https://{self.account}.blob.core.windows.net/{self.bucket}{tail}"
+        return f"{self.scheme}://{self.bucket}{tail}"
+
+    @property
+    def cloud(self) -> Literal["aws", "gcp", "azure"]:
+        """The provider whose identities can be granted access to this bucket."""
+        return {"s3": "aws", "gs": "gcp", "az": "azure"}[self.scheme]  # type: ignore[return-value]
+
+    def child(self, *parts: str) -> BucketURL:
+        """This URL with ``parts`` appended to the prefix (each part checked as a segment)."""
+        segs = [s for s in self.prefix.split("/") if s]
+        for p in parts:
+            for s in p.split("/"):
+                if s:
+                    _check_segment(s, str(self))
+                    segs.append(s)
+        return BucketURL(self.scheme, self.bucket, "/".join(segs), self.account, self.endpoint)
+
+
+def is_bucket_url(text: str) -> bool:
+    """Whether ``text`` is meant as a bucket URL (it may still be an invalid one)."""
+    t = text.strip().lower()
+    return t.startswith(("s3://", "gs://", "az://")) or (
+        t.startswith(("https://", "http://")) and "://" in t)
+
+
+def parse(text: str) -> BucketURL:
+    """Parse and check a bucket URL; BucketURLError (a ValueError) says what is wrong."""
+    if not isinstance(text, str) or not text.strip():
+        raise BucketURLError("the bucket URL is empty; write e.g. s3://my-bucket/checkpoints")
+    raw = text.strip()
+    if any(c.isspace() for c in raw) or _SEGMENT_BAD.search(raw):
+        raise BucketURLError(f"'{raw[:80]}' contains spaces or control characters; "
+                             "write e.g. s3://my-bucket/run-1")
+    parts = urlsplit(raw)
+    scheme = parts.scheme.lower()
+    if parts.query or parts.fragment:
+        raise BucketURLError(f"'{raw[:80]}' has a '?' or '#' part; give only the bucket and "
+                             "prefix, e.g. s3://my-bucket/run-1 (credentials come from the "
+                             "nodes' identity or the task's envs, never from the URL)")
+    if parts.username or parts.password:
+        raise BucketURLError(f"'{raw[:80]}' carries credentials; remove them: the nodes get "
+                             "access from their cloud identity or the task's envs")
+    if scheme in ("s3", "gs"):
+        bucket = parts.netloc
+        pattern = _S3_BUCKET if scheme == "s3" else _GS_BUCKET
+        if not pattern.match(bucket) or ".." in bucket or _looks_like_ip(bucket):
+            raise BucketURLError(
+                f"'{bucket}' is not a valid {'S3' if scheme == 's3' else 'GCS'} bucket name: "
+                "3-63 lowercase letters, digits, '-' and '.', starting and ending with a letter "
+                f"or digit, e.g. {scheme}://my-bucket/run-1")
+        return BucketURL(scheme, bucket, _prefix(parts.path, raw))  # type: ignore[arg-type]
+    if scheme == "https":
+        m = _AZ_HOST.match(parts.netloc.lower())
+        if not m or parts.netloc != parts.netloc.lower():
+            raise BucketURLError(
+                f"'{raw[:80]}' is not a bucket URL cloudtrain knows: use s3://BUCKET/PREFIX, "
+                "gs://BUCKET/PREFIX or https://ACCOUNT.blob.core.windows.net/CONTAINER/PREFIX")
+        container, _, rest = parts.path.lstrip("/").partition("/")
+        return BucketURL("az", _container(container, raw), _prefix(rest, raw), m.group(1))
+    if scheme == "http":
+        host = parts.hostname or ""
+        if not _is_loopback(host) or parts.port is None:
+            raise BucketURLError(
+                f"'{raw[:80]}': plain http is only for a storage emulator on this machine "
+                "(http://127.0.0.1:PORT/ACCOUNT/CONTAINER/PREFIX); use "
+                "https://ACCOUNT.blob.core.windows.net/CONTAINER/PREFIX for Azure Blob")
+        account, _, rest = parts.path.lstrip("/").partition("/")
+        container, _, rest = rest.partition("/")
+        if not _AZ_ACCOUNT.match(account):
+            raise BucketURLError(f"'{account}' is not a valid storage account name (3-24 "
+                                 "lowercase letters and digits), e.g. devstoreaccount1")
+        return BucketURL("az", _container(container, raw), _prefix(rest, raw), account,
+                         f"http://{parts.netloc}")
+    if scheme == "az":
+        raise BucketURLError(f"'{raw[:80]}': write Azure Blob URLs as "
+                             "https://ACCOUNT.blob.core.windows.net/CONTAINER/PREFIX")
+    raise BucketURLError(f"'{raw[:80]}' is not a bucket URL: use s3://BUCKET/PREFIX, "
+                         "gs://BUCKET/PREFIX or https://ACCOUNT.blob.core.windows.net/CONTAINER/PREFIX")
+
+
+def _container(name: str, raw: str) -> str:
+    if not _AZ_CONTAINER.match(name):
+        raise BucketURLError(f"'{name}' in '{raw[:80]}' is not a valid Azure container name: "
+                             "3-63 lowercase letters, digits and single '-', e.g. checkpoints")
+    return name
+
+
+def _prefix(path: str, raw: str) -> str:
+    path = path.strip("/")
+    if not path:
+        return ""
+    if len(path.encode("utf-8", "surrogatepass")) > MAX_PREFIX:
+        raise BucketURLError(f"the prefix of '{raw[:80]}...' is longer than {MAX_PREFIX} bytes")
+    segs = path.split("/")
+    for s in segs:
+        if s == "":
+            raise BucketURLError(f"'{raw[:80]}' has an empty path segment ('//'); remove it")
+        _check_segment(s, raw)
+    return "/".join(segs)
+
+
+def _check_segment(seg: str, raw: str) -> None:
+    if seg in (".", ".."):
+        raise BucketURLError(f"'{raw[:80]}' has a '{seg}' segment; write the prefix without "
+                             "'.' or '..' (e.g. s3://my-bucket/run-1)")
+    if _SEGMENT_BAD.search(seg) or seg != seg.strip():
+        raise BucketURLError(f"'{raw[:80]}' has a segment with control characters, '\\' or "
+                             "surrounding spaces")
+
+
+def _looks_like_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+        return True
+    except ValueError:
+        return False
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
