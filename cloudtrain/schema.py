@@ -5,7 +5,9 @@ Schema versions (``PRAGMA user_version``): 0/1 the first release; 2 adds ``usage
 (why the interval closed: "terminated", "stopped", "budget: $X of $Y"),
 ``usage.cluster_created_at`` (tells a re-created cluster of the same name from the earlier one),
 ``usage.max_cost_usd``, ``clusters.max_cost_usd`` (the budget in force) and
-``launches.end_reason``. Older databases are migrated in place when opened (``state``).
+``launches.end_reason``; 3 adds the ``recoveries`` table (one row per replacement of nodes
+the cloud took, issue 13: when, which ranks, the cloud's reason, the seconds lost by phase,
+the dollars). Older databases are migrated in place when opened (``state``).
 """
 
 from __future__ import annotations
@@ -80,9 +82,23 @@ CREATE TABLE IF NOT EXISTS job_envs (
     envs_json TEXT NOT NULL DEFAULT '{}',
     updated_at REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS recoveries (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    cluster TEXT NOT NULL,
+    launch_job TEXT NOT NULL,
+    old_job TEXT NOT NULL,
+    new_job TEXT,
+    lost_at REAL NOT NULL,
+    ranks TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    detect_s REAL, replace_s REAL, bootstrap_s REAL, sync_s REAL, restart_s REAL,
+    lost_work_usd REAL, replacement_usd REAL,
+    status TEXT NOT NULL DEFAULT 'REPLACING'
+);
+CREATE INDEX IF NOT EXISTS recoveries_cluster ON recoveries(cluster);
 """
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 # Columns added after the first release: (table, column, declaration). A database created
 # before them gets them through ALTER TABLE when it is opened.
@@ -148,6 +164,35 @@ class LaunchRow:
     exit_code: int | None
     failed_node: int | None
     end_reason: str | None = None
+
+
+@dataclass
+class RecoveryRow:
+    """One replacement of lost nodes (``launch_job``: the launch it belongs to; ``old_job`` the
+    job that lost them, ``new_job`` the one restarted). Seconds from the loss (as the cloud
+    reported it) to training again: detect, replace (provision), bootstrap, sync, restart."""
+
+    id: int
+    cluster: str
+    launch_job: str
+    old_job: str
+    new_job: str | None
+    lost_at: float
+    ranks: list[int]
+    reason: str
+    detect_s: float | None = None
+    replace_s: float | None = None
+    bootstrap_s: float | None = None
+    sync_s: float | None = None
+    restart_s: float | None = None
+    lost_work_usd: float | None = None
+    replacement_usd: float | None = None
+    status: str = "REPLACING"
+
+    @property
+    def seconds_lost(self) -> float:
+        return sum(x or 0.0 for x in (self.detect_s, self.replace_s, self.bootstrap_s,
+                                      self.sync_s, self.restart_s))
 
 
 @dataclass

@@ -24,11 +24,11 @@ from pathlib import Path
 from typing import Iterator
 
 from cloudtrain.schema import (ADDED_COLUMNS, SCHEMA, SCHEMA_VERSION, ClusterRow, LaunchRow,
-                               NodeRow, UsageRow)
+                               NodeRow, RecoveryRow, UsageRow)
 
 # The schema's names, importable from here as before they moved to schema.
 __all__ = ["ADDED_COLUMNS", "SCHEMA", "SCHEMA_VERSION", "ClusterRow", "LaunchRow", "NodeRow",
-           "State", "UsageRow", "open_state"]
+           "RecoveryRow", "State", "UsageRow", "open_state"]
 
 
 class State:
@@ -282,6 +282,37 @@ class State:
                               ended_at=r["ended_at"], exit_code=r["exit_code"],
                               failed_node=r["failed_node"], end_reason=r["end_reason"])
                     for r in rows]
+
+    # --- recoveries (issue 13) --------------------------------------------------------------
+
+    def add_recovery(self, cluster: str, launch_job: str, old_job: str, lost_at: float,
+                     ranks: list[int], reason: str) -> int:
+        with self._write() as db:
+            cur = db.execute(
+                "INSERT INTO recoveries (cluster, launch_job, old_job, lost_at, ranks, reason) "
+                "VALUES (?,?,?,?,?,?)",
+                (cluster, launch_job, old_job, lost_at, ",".join(map(str, ranks)), reason))
+            return int(cur.lastrowid or 0)
+
+    def update_recovery(self, rid: int, **fields: object) -> None:
+        allowed = {"new_job", "detect_s", "replace_s", "bootstrap_s", "sync_s", "restart_s",
+                   "lost_work_usd", "replacement_usd", "status"}
+        bad = set(fields) - allowed
+        if bad:
+            raise ValueError(f"not recovery fields: {sorted(bad)}")
+        if fields:
+            with self._write() as db:
+                db.execute(f"UPDATE recoveries SET {', '.join(f'{k}=?' for k in fields)} "
+                           "WHERE id=?", (*fields.values(), rid))
+
+    def recoveries(self, cluster: str | None = None) -> list[RecoveryRow]:
+        sql, args = "SELECT * FROM recoveries", ()
+        if cluster is not None:
+            sql, args = sql + " WHERE cluster=?", (cluster,)
+        with self._read() as db:
+            rows = db.execute(sql + " ORDER BY id", args).fetchall()
+        return [RecoveryRow(**{k: r[k] for k in r.keys() if k != "ranks"},
+                            ranks=[int(x) for x in r["ranks"].split(",") if x]) for r in rows]
 
     # --- usage ledger ----------------------------------------------------------------------
 

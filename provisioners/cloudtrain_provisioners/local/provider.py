@@ -15,7 +15,8 @@ from typing import ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from cloudtrain.errors import ProviderError, UserError
-from cloudtrain.provider import ClusterRequest, NetworkRef, Node, Plan, ProviderContext, SelfStop
+from cloudtrain.provider import (ClusterRequest, NetworkRef, Node, NodeHealth, Plan,
+                                 ProviderContext, SelfStop)
 
 from . import netns, sshd
 
@@ -207,6 +208,38 @@ class LocalProvider:
         """Hints for bootstrap: local nodes use an existing Python environment."""
         layout = self._read_layout(cluster) or {}
         return {"CLOUDTRAIN_PYTHON": str(layout.get("python") or sys.executable)}
+
+    # --- node health (the recovery controller's evidence) ----------------------------------
+
+    def node_health(self, cluster: str) -> list[NodeHealth]:
+        """The local "cloud": a node is lost when its sshd process has exited (whatever SSH
+        says: a node whose sshd is alive but does not answer is running)."""
+        out = []
+        for n in self.list_nodes(cluster):
+            if n.status == "running":
+                out.append(NodeHealth(n.rank, n.instance_id, "running"))
+                continue
+            stopped = (Path(n.root_dir) / ".cloudtrain" / "guard" / "stopped.json").exists()
+            why = ("the node stopped itself (its guard)" if stopped
+                   else "sshd exited (the local 'cloud' took the node)")
+            out.append(NodeHealth(n.rank, n.instance_id, "lost", why))
+        return out
+
+    def discard_nodes(self, cluster: str, ranks: list[int]) -> None:
+        """What is left of lost local nodes: their processes (the cluster's marker and the
+        node's HOME) and their folder (disk, host key), so create_nodes makes new ones."""
+        layout = self._read_layout(cluster)
+        if layout is None:
+            return
+        marker = str(layout["marker"])
+        for rank in ranks:
+            node_dir = self._dir(cluster) / "nodes" / str(int(rank))
+            sshd.stop(node_dir)
+            sshd.kill_marked(marker, home=node_dir / "root")
+            if layout["network"] == "netns":
+                nl = netns.Layout(str(layout["tag"]), str(layout["subnet"]))
+                netns.delete_node(nl, int(rank))
+            _remove_tree(node_dir)
 
     # --- self-stop (the node guard's last act) ----------------------------------------------
 

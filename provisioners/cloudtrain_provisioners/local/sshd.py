@@ -172,10 +172,12 @@ def sshd_under(folder: Path) -> list[int]:
     return found
 
 
-def marked_processes(marker: str) -> list[int]:
+def marked_processes(marker: str, home: Path | None = None) -> list[int]:
     """Processes whose environment carries our marker: everything started through the nodes'
-    sshd (shells, jobs, their children), however they daemonised."""
+    sshd (shells, jobs, their children), however they daemonised; with ``home``, only those
+    of the node whose HOME that is."""
     needle = f"{MARKER}={marker}".encode()
+    at = None if home is None else f"HOME={home}".encode()
     found = []
     me = os.getpid()
     for entry in Path("/proc").iterdir():
@@ -185,15 +187,16 @@ def marked_processes(marker: str) -> list[int]:
             env = (entry / "environ").read_bytes()
         except OSError:
             continue
-        if needle in env.split(b"\0"):
+        words = env.split(b"\0")
+        if needle in words and (at is None or at in words):
             found.append(int(entry.name))
     return found
 
 
-def kill_marked(marker: str, grace: float = 3.0) -> list[int]:
+def kill_marked(marker: str, grace: float = 3.0, home: Path | None = None) -> list[int]:
     import time
 
-    pids = marked_processes(marker)
+    pids = marked_processes(marker, home)
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for p in pids:
             try:
