@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta, timezone
 from typing import Iterable
 
-from cloudtrain.state import State, UsageRow
+from cloudtrain.state import RecoveryRow, State, UsageRow
 
 DAY = 86400.0
 
@@ -298,6 +298,33 @@ def csv_rows(rep: Report) -> list[list[str]]:
                     num(c.price_at_launch), f"{c.hours:.6f}", num(c.cost), c.status,
                     c.end_reason or "", _iso(c.started_at) or "", _iso(c.ended_at) or ""])
     return out
+
+
+def recoveries_json(rows: Iterable[RecoveryRow]) -> list[dict[str, object]]:
+    """Each replacement of lost nodes (docs/recovery.md): when, which ranks, the cloud's
+    reason, the seconds lost by phase, and the dollars (lost work, replacement). The
+    replacement's node-hours are in the cluster's usage intervals like any node's."""
+    return [{
+        "cluster": r.cluster, "launch_job": r.launch_job, "old_job": r.old_job,
+        "new_job": r.new_job, "lost_at": _iso(r.lost_at), "ranks": r.ranks, "reason": r.reason,
+        "status": r.status, "detect_s": _r(r.detect_s, 3), "replace_s": _r(r.replace_s, 3),
+        "bootstrap_s": _r(r.bootstrap_s, 3), "sync_s": _r(r.sync_s, 3),
+        "restart_s": _r(r.restart_s, 3), "seconds_lost": _r(r.seconds_lost, 3),
+        "lost_work_usd": _r(r.lost_work_usd), "replacement_usd": _r(r.replacement_usd),
+    } for r in rows]
+
+
+def recovery_line(r: RecoveryRow) -> str:
+    """One recovery, in words, for ``status`` and ``cost-report``."""
+    when = _iso(r.lost_at)
+    phases = ", ".join(f"{k} {v:.1f}s" for k, v in (
+        ("detect", r.detect_s), ("replace", r.replace_s), ("bootstrap", r.bootstrap_s),
+        ("sync", r.sync_s), ("restart", r.restart_s)) if v is not None)
+    cost = f"lost work {money(r.lost_work_usd)}, replacement {money(r.replacement_usd)}"
+    return (f"{r.cluster}: recovery {r.status.lower()} at {when}: node(s) "
+            f"{','.join(map(str, r.ranks))} ({r.reason}); {r.seconds_lost:.1f}s lost"
+            + (f" ({phases})" if phases else "") + f"; {cost}; job {r.old_job} -> "
+            f"{r.new_job or '-'}")
 
 
 def money(x: float | None) -> str:

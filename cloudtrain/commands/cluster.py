@@ -128,7 +128,11 @@ def status(cluster_name: str | None, as_json: bool, refresh: bool) -> None:
             click.echo("No clusters.")
         return
     status_table(rows, spent, pins)
+    from cloudtrain.ledger import recovery_line
+
     for r in rows:
+        for rec in env.state.recoveries(r.name):
+            click.echo(recovery_line(rec))
         if guards.get(r.name):
             g = guards[r.name]
             words = g.get("guard", {}).get("words")

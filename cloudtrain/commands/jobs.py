@@ -33,10 +33,12 @@ if TYPE_CHECKING:
               callback=finite,
               help="Hours the run may take, for the budget's estimate (overrides max_hours).")
 @click.option("--no-budget", is_flag=True, help="Ignore max_cost_usd: no estimate, no watch.")
+@click.option("--recover", is_flag=True,
+              help="Replace nodes the cloud takes and resume the job (docs/recovery.md).")
 @guard
 def launch(task_file: str, cluster_name: str | None, down_after: bool, detach: bool, yes: bool,
            envs: tuple[str, ...], max_cost: float | None, hours: float | None,
-           no_budget: bool) -> None:
+           no_budget: bool, recover: bool) -> None:
     """Run TASK_FILE on a cluster: up if needed, sync, setup, run on every node, stream logs.
 
     With a budget (max_cost_usd, or --max-cost), launch refuses (exit 2, nothing created)
@@ -59,14 +61,28 @@ def launch(task_file: str, cluster_name: str | None, down_after: bool, detach: b
                               hours=hours, no_budget=no_budget)
     env = open_env()
     name = resolve_name(task, cluster_name, task_file)
-    outcome = job.launch(env, task, name, plan.plan(env, task, name), down_after=down_after,
-                         detach=detach, overrides=overrides, limit=limit,
-                         confirm=lambda planned: confirm_cost(planned, yes))
+    outcome = start(env, task, name, plan.plan(env, task, name), down_after=down_after,
+                    detach=detach, overrides=overrides, limit=limit, recover=recover or
+                    task.recovery is not None, confirm=lambda planned: confirm_cost(planned, yes))
     if outcome.detached:
         env.ui.ok(f"Job {outcome.job_id} started on every node. Follow it: "
                   f"cloudtrain logs {name} --follow")
         return
     env.ui.ok(f"Job {outcome.job_id} succeeded on every node")
+
+
+def start(env, task, name, planned, *, recover: bool, detach: bool, **kw):  # type: ignore[no-untyped-def]
+    """The launch chain, or the recovery controller that runs it (``--recover``)."""
+    from cloudtrain.pipeline import job, recover as recovery
+
+    if not recover:
+        return job.launch(env, task, name, planned, detach=detach, **kw)
+    if detach:
+        from cloudtrain.errors import UserError
+
+        raise UserError("-d with --recover is not available yet in this build.",
+                        "Run 'launch --recover' in the foreground (keep the terminal open).")
+    return recovery.launch(env, task, name, planned, **kw)
 
 
 def parse_env(pairs: tuple[str, ...]) -> dict[str, str]:

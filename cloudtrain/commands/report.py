@@ -64,7 +64,9 @@ def _run(days: float | None, as_json: bool, as_csv: bool, chart: str | None) -> 
     if as_json:
         import json
 
-        click.echo(json.dumps(ledger.to_json(rep), indent=2))
+        doc = ledger.to_json(rep)
+        doc["recoveries"] = ledger.recoveries_json(env.state.recoveries())
+        click.echo(json.dumps(doc, indent=2))
     elif as_csv:
         import csv
 
@@ -72,6 +74,8 @@ def _run(days: float | None, as_json: bool, as_csv: bool, chart: str | None) -> 
         w.writerows(ledger.csv_rows(rep))
     else:
         _table(rep)
+        for r in env.state.recoveries():
+            click.echo(ledger.recovery_line(r))
     if chart:
         path = Path(chart)
         render_chart(ledger.daily_spend(rows, now=now, days=days), path)

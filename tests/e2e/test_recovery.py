@@ -1,0 +1,158 @@
+"""Recovery (issue 13, docs/recovery.md) through the real CLI on local nodes: the local
+"cloud" takes node 1 (its sshd and processes are killed) mid-run; ``launch --recover``
+replaces it and the job resumes from its checkpoint, ending with the same steps and data
+order as an uninterrupted run; an SSH drop while the node runs is no loss; a launch out of
+recoveries fails clearly."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import CLI, needs_sshd, processes_with, wait_until
+
+pytestmark = [needs_sshd, pytest.mark.e2e]
+
+STEPS = 40
+
+TRAIN = '''
+import hashlib, os, signal, sys, time
+rank = int(os.environ["CLOUDTRAIN_NODE_RANK"])
+d = os.path.join(os.environ["HOME"], "trainstate")
+os.makedirs(d, exist_ok=True)
+ck, order = os.path.join(d, "ckpt"), os.path.join(d, "order.txt")
+def sample(step):   # the data order: which sample each step trains on
+    return int(hashlib.sha256(f"seed-{step}".encode()).hexdigest()[:8], 16) % 1000
+start = int(open(ck).read()) if os.path.exists(ck) else 0
+print(f"rank {rank} resumed from step {start}", flush=True)
+if rank == 0:
+    kept = open(order).read().splitlines()[:start] if os.path.exists(order) else []
+    open(order, "w").write("".join(x + "\\n" for x in kept))
+step = start
+def save(*_):
+    if rank == 0:
+        open(ck + ".tmp", "w").write(str(step))
+        os.replace(ck + ".tmp", ck)
+def term(*_):
+    save()
+    print(f"rank {rank} checkpointed at step {step} on SIGTERM", flush=True)
+    sys.exit(143)
+signal.signal(signal.SIGTERM, term)
+while step < STEPS:
+    time.sleep(0.25)
+    if rank == 0:
+        with open(order, "a") as f:
+            f.write(f"{step} {sample(step)}\\n")
+    step += 1
+    if step % 4 == 0:
+        save()
+print(f"rank {rank} done at step {step}", flush=True)
+'''.replace("STEPS", str(STEPS))
+
+
+def _task(d: Path, name: str, recovery: str = "{poll_seconds: 1, max_recoveries: 1}") -> Path:
+    proj = d / "proj"
+    proj.mkdir(exist_ok=True)
+    (proj / "steps.py").write_text(TRAIN)
+    p = d / f"{name}.yaml"
+    p.write_text(f"name: {name}\nnum_nodes: 2\nresources: {{provider: local}}\nworkdir: proj\n"
+                 f"stop_grace: 5\nrecovery: {recovery}\nrun: python steps.py\n")
+    return p
+
+
+def _node(cli: CLI, name: str, rank: int) -> Path:
+    return cli.home / "clusters" / name / "local" / "nodes" / str(rank)
+
+
+def _order(cli: CLI, name: str) -> list[str]:
+    f = _node(cli, name, 0) / "root" / "trainstate" / "order.txt"
+    return f.read_text().splitlines() if f.exists() else []
+
+
+def _take(cli: CLI, name: str, rank: int) -> None:
+    """The local 'preemption': the node's sshd and everything under it die at once."""
+    node = _node(cli, name, rank)
+    pids = [int((node / "sshd.pid").read_text())]
+    pids += processes_with(f"HOME={node / 'root'}")
+    for p in pids:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _recoveries(cli: CLI, name: str) -> list[dict[str, object]]:
+    r = cli.run("cost-report", "--json")
+    assert r.returncode == 0, r.stderr
+    return [x for x in json.loads(r.stdout).get("recoveries", []) if x["cluster"] == name]
+
+
+def test_lost_node_is_replaced_and_the_job_resumes_with_the_same_steps_and_order(
+        cli: CLI, tmp_path: Path) -> None:
+    ref = cli.run("launch", str(_task(tmp_path, "plain")), "-y", "--recover", timeout=240,
+                  CLOUDTRAIN_NODE_TIMEOUT="20")
+    assert ref.returncode == 0, ref.stdout + ref.stderr
+    expected = _order(cli, "plain")
+    assert len(expected) == STEPS
+
+    proc = cli.popen("launch", str(_task(tmp_path, "rec")), "-y", "--recover",
+                     CLOUDTRAIN_NODE_TIMEOUT="20")
+    assert wait_until(lambda: len(_order(cli, "rec")) >= 10, 120), "the job did not train"
+    old_key = (_node(cli, "rec", 1) / "ssh_host_ed25519_key.pub").read_text()
+    _take(cli, "rec", 1)
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, out + err
+    text = out + err
+    assert "the cloud took node 1: sshd exited (the local 'cloud' took the node)" in text, text
+    assert "Recovered: job" in text
+    resumed = [int(x.rsplit(" ", 1)[1]) for x in text.splitlines()
+               if "rank 0 resumed from step" in x]
+    assert resumed[0] == 0 and len(resumed) == 2 and resumed[1] >= 10, resumed
+    assert _order(cli, "rec") == expected            # same final step, same data order
+    # A fresh node in rank 1: a new host key, pinned afresh (the job's SSH worked with it).
+    assert (_node(cli, "rec", 1) / "ssh_host_ed25519_key.pub").read_text() != old_key
+
+    recs = _recoveries(cli, "rec")
+    assert len(recs) == 1, recs
+    r = recs[0]
+    assert r["ranks"] == [1] and "sshd exited" in str(r["reason"]) and r["status"] == "RECOVERED"
+    for k in ("detect_s", "replace_s", "bootstrap_s", "sync_s", "restart_s"):
+        assert isinstance(r[k], float) and r[k] >= 0, (k, r)
+    assert _recoveries(cli, "plain") == []
+    st = cli.run("status", "rec")
+    assert st.returncode == 0 and "recovery" in st.stdout.lower(), st.stdout
+
+
+def test_an_ssh_drop_while_the_cloud_says_running_is_not_a_loss(cli: CLI, tmp_path: Path) -> None:
+    proc = cli.popen("launch", str(_task(tmp_path, "drop")), "-y", "--recover",
+                     CLOUDTRAIN_NODE_TIMEOUT="30")
+    assert wait_until(lambda: len(_order(cli, "drop")) >= 6, 120), "the job did not train"
+    sshds = processes_with(str(_node(cli, "drop", 1) / "sshd_config"))
+    assert sshds
+    for p in sshds:                  # node 1 stops answering SSH, its sshd still exists
+        os.kill(p, signal.SIGSTOP)
+    time.sleep(4)                    # four polls
+    for p in sshds:
+        os.kill(p, signal.SIGCONT)
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, out + err
+    assert "the cloud took" not in out + err
+    assert len(_order(cli, "drop")) == STEPS
+    assert _recoveries(cli, "drop") == []
+
+
+def test_out_of_recoveries_fails_clearly(cli: CLI, tmp_path: Path) -> None:
+    proc = cli.popen("launch", str(_task(tmp_path, "max", "{poll_seconds: 1, max_recoveries: 0}")),
+                     "-y", "--recover", CLOUDTRAIN_NODE_TIMEOUT="20")
+    assert wait_until(lambda: len(_order(cli, "max")) >= 6, 120), "the job did not train"
+    _take(cli, "max", 1)
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 1, out + err
+    assert "max_recoveries" in err and "giving up" in err, err
+    recs = _recoveries(cli, "max")
+    assert [r["status"] for r in recs] == ["GAVE_UP"]
