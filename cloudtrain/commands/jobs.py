@@ -63,7 +63,11 @@ def launch(task_file: str, cluster_name: str | None, down_after: bool, detach: b
     name = resolve_name(task, cluster_name, task_file)
     outcome = start(env, task, name, plan.plan(env, task, name), down_after=down_after,
                     detach=detach, overrides=overrides, limit=limit, recover=recover or
-                    task.recovery is not None, confirm=lambda planned: confirm_cost(planned, yes))
+                    task.recovery is not None, confirm=lambda planned: confirm_cost(planned, yes),
+                    options={"task_file": task_file, "max_cost": max_cost, "hours": hours,
+                             "no_budget": no_budget})
+    if outcome is None:
+        return
     if outcome.detached:
         env.ui.ok(f"Job {outcome.job_id} started on every node. Follow it: "
                   f"cloudtrain logs {name} --follow")
@@ -72,17 +76,18 @@ def launch(task_file: str, cluster_name: str | None, down_after: bool, detach: b
 
 
 def start(env, task, name, planned, *, recover: bool, detach: bool, **kw):  # type: ignore[no-untyped-def]
-    """The launch chain, or the recovery controller that runs it (``--recover``)."""
+    """The launch chain, or the recovery controller that runs it (``--recover``); with -d
+    the controller runs in the background (``cloudtrain jobs``)."""
     from cloudtrain.pipeline import job, recover as recovery
 
+    options = kw.pop("options")
     if not recover:
         return job.launch(env, task, name, planned, detach=detach, **kw)
-    if detach:
-        from cloudtrain.errors import UserError
-
-        raise UserError("-d with --recover is not available yet in this build.",
-                        "Run 'launch --recover' in the foreground (keep the terminal open).")
-    return recovery.launch(env, task, name, planned, **kw)
+    if not detach:
+        return recovery.launch(env, task, name, planned, **kw)
+    kw.pop("limit")
+    kw.update(options)
+    return recovery.detached(env, task, name, planned, **kw)
 
 
 def parse_env(pairs: tuple[str, ...]) -> dict[str, str]:

@@ -333,3 +333,22 @@ class Controller:
         self.env.ui.ok(f"Recovered: job {new_job} resumed {total:.1f} s after the loss "
                        f"(detect {detect:.1f} s, " + ", ".join(
                            f"{k[:-2]} {v:.1f} s" for k, v in phases.items()) + ")")
+
+
+def detached(env: Env, task: Task, name: str, plan: Plan, *, down_after: bool,
+             overrides: dict[str, str], confirm: Callable[[Plan], None], task_file: str,
+             max_cost: float | None, hours: float | None, no_budget: bool) -> None:
+    """``launch -d --recover``: checked and confirmed here, then the controller runs in the
+    background on this machine (``cloudtrain jobs``)."""
+    from pathlib import Path
+
+    from cloudtrain.pipeline import controllers
+
+    check(env, task, plan)
+    if env.state.get_cluster(name) is None:
+        confirm(plan)
+    rec = controllers.spawn(Path(task_file), name, down_after=down_after, overrides=overrides,
+                            max_cost=max_cost, hours=hours, no_budget=no_budget)
+    env.ui.ok(f"Recovery controller {rec['id']} started in the background (pid {rec['pid']}) "
+              f"for '{name}'. Follow it: cloudtrain jobs logs {rec['id']} -f; stop it: "
+              f"cloudtrain jobs cancel {rec['id']}")

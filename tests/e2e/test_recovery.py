@@ -156,3 +156,46 @@ def test_out_of_recoveries_fails_clearly(cli: CLI, tmp_path: Path) -> None:
     assert "max_recoveries" in err and "giving up" in err, err
     recs = _recoveries(cli, "max")
     assert [r["status"] for r in recs] == ["GAVE_UP"]
+
+
+def _controllers(cli: CLI) -> list[dict[str, object]]:
+    r = cli.run("jobs", "--json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_detached_controller_is_listed_followed_and_cancelled(cli: CLI, tmp_path: Path) -> None:
+    r = cli.run("launch", str(_task(tmp_path, "bg")), "-y", "-d", "--recover")
+    assert r.returncode == 0, r.stdout + r.stderr
+    [c] = _controllers(cli)
+    assert c["state"] == "running" and c["cluster"] == "bg"
+    cid = str(c["id"])
+    assert wait_until(lambda: len(_order(cli, "bg")) >= 6, 120), "the job did not train"
+    listed = cli.run("jobs")
+    assert cid in listed.stdout and "running" in listed.stdout, listed.stdout
+    logs = cli.run("jobs", "logs", cid)
+    assert "rank 0 resumed from step 0" in logs.stdout, logs.stdout
+    done = cli.run("jobs", "cancel", cid, timeout=120)
+    assert done.returncode == 0 and "cancelled" in done.stdout + done.stderr, done.stderr
+    assert _controllers(cli)[0]["state"] == "cancelled"
+    assert not processes_with("python steps.py"), "the job still runs on a node"
+    followed = cli.run("jobs", "logs", cid, "-f", timeout=30)   # ended: returns at once
+    assert followed.returncode == 0 and "Interrupted" in followed.stdout, followed.stdout
+    for bad in ("nope", "../x", "20261124-030512-a1b2c3"):
+        r = cli.run("jobs", "logs", bad)
+        assert r.returncode == 2 and "error:" in r.stderr, (bad, r.stderr)
+
+
+def test_a_killed_controller_leaves_the_guard_policy_in_force(cli: CLI, tmp_path: Path) -> None:
+    fast = {"CLOUDTRAIN_GUARD_POLL": "0.3", "CLOUDTRAIN_GUARD_ATTACHED_GRACE": "2"}
+    r = cli.run("launch", str(_task(tmp_path, "dies")), "-y", "-d", "--recover", "--down",
+                **fast)
+    assert r.returncode == 0, r.stdout + r.stderr
+    [c] = _controllers(cli)
+    assert wait_until(lambda: len(_order(cli, "dies")) >= 4, 120), "the job did not train"
+    os.kill(int(str(c["pid"])), signal.SIGKILL)
+    assert wait_until(lambda: _controllers(cli)[0]["state"] == "controller-died", 10)
+    assert "controller died" in cli.run("jobs").stdout
+    # The job ends on its own; the nodes' guards (job end, --down) stop them: nothing bills.
+    assert wait_until(lambda: not processes_with(f"{cli.home}/clusters/dies/"), 120), \
+        "the nodes did not stop themselves"
