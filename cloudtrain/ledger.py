@@ -301,12 +301,14 @@ def csv_rows(rep: Report) -> list[list[str]]:
 
 
 def recoveries_json(rows: Iterable[RecoveryRow]) -> list[dict[str, object]]:
-    """Each replacement of lost nodes (docs/recovery.md): when, which ranks, the cloud's
+    """Each replacement of lost nodes (docs/recovery.md): when (``lost_at``: the last poll
+    that saw the nodes running; ``detected_at_unix``: when the cloud said lost), which ranks, the cloud's
     reason, the seconds lost by phase, and the dollars (lost work, replacement). The
     replacement's node-hours are in the cluster's usage intervals like any node's."""
     return [{
         "cluster": r.cluster, "launch_job": r.launch_job, "old_job": r.old_job,
-        "new_job": r.new_job, "lost_at": _iso(r.lost_at), "ranks": r.ranks, "reason": r.reason,
+        "new_job": r.new_job, "lost_at": _iso(r.lost_at),
+        "detected_at_unix": _r(r.lost_at + (r.detect_s or 0.0), 3), "ranks": r.ranks, "reason": r.reason,
         "status": r.status, "detect_s": _r(r.detect_s, 3), "replace_s": _r(r.replace_s, 3),
         "bootstrap_s": _r(r.bootstrap_s, 3), "sync_s": _r(r.sync_s, 3),
         "restart_s": _r(r.restart_s, 3), "seconds_lost": _r(r.seconds_lost, 3),

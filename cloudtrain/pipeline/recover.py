@@ -126,6 +126,20 @@ def ask(handle: Handle) -> list[NodeHealth]:
     return provider.node_health(handle.name)
 
 
+def lost_now(handle: Handle, health: HealthWatch) -> Loss | None:
+    """A step before the job (sync, setup) failed: was it the cloud taking a node? Asked once,
+    so that the loss, not the failed step, decides what happens."""
+    try:
+        lost = [h for h in ask(handle) if h.state == "lost"]
+    except CloudtrainError:
+        return None
+    if not lost:
+        return None
+    now = time.time()
+    return Loss([h.rank for h in lost], "; ".join(f"node {h.rank}: {h.reason}" for h in lost),
+                health.last_running_at, now, now)
+
+
 def check(env: Env, task: Task, plan: Plan) -> Recovery:
     """The task's recovery settings (defaults for a bare --recover); refuses a provider that
     cannot report node health (exit 2, before anything is created)."""
@@ -280,6 +294,7 @@ class Controller:
                 outcome = run.run_task(self.env, handle, group, self.task,
                                        overrides=self.overrides, guard=health, job_id=job_id)
             except CloudtrainError:
+                health.loss = health.loss or lost_now(handle, health)
                 if health.loss is None:
                     raise
                 outcome = run.Outcome(job_id, 1)    # the loss, not the error, is the story
