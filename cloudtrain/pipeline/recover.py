@@ -294,6 +294,8 @@ class Controller:
                 outcome = run.run_task(self.env, handle, group, self.task,
                                        overrides=self.overrides, guard=health, job_id=job_id)
             except CloudtrainError:
+                if health.exceeded.is_set():
+                    raise       # the budget, not the loss, ends the launch
                 health.loss = health.loss or lost_now(handle, health)
                 if health.loss is None:
                     raise
