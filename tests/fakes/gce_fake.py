@@ -326,11 +326,30 @@ class GCEFake:
             self._http_faults.clear()
             self._take_back.clear()
 
-    def preempt(self, zone: str, name: str) -> None:
-        """GCE takes a spot instance back (termination action DELETE): it and its
-        auto-delete boot disk are gone."""
+    def preempt(self, zone: str, name: str, action: str | None = None) -> None:
+        """GCE takes a spot instance back, as ``action`` or its ``instanceTerminationAction``
+        says (neither: DELETE): DELETE: it and its auto-delete boot disk are gone; STOP: it is
+        TERMINATED (disk kept, ephemeral IP released, ``lastStopTimestamp`` set). Either way
+        the zone gets a DONE ``compute.instances.preempted`` operation targeting it: the
+        instance resource itself carries no "preempted" mark, the operation is GCE's record."""
         with self.lock:
-            self._remove_instance(zone, name)
+            inst = self.instances.get((zone, name))
+            if inst is None:
+                raise _not_found(f"projects/{self.project}/zones/{zone}/instances/{name}")
+            action = action or (inst.get("scheduling") or {}).get(
+                "instanceTerminationAction") or "DELETE"
+            link = f"{GOOGLE}/projects/{self.project}/zones/{zone}/instances/{name}"
+            op = self._operation(self.project, zone, "compute.instances.preempted", link,
+                                 lambda: None)
+            key = (zone, op["name"])
+            self._effects.pop(key, None)
+            self.operations[key].update(status="DONE", progress=100,
+                                        targetId=str(inst.get("id", "")),
+                                        statusMessage="Instance was preempted.")
+            if action == "DELETE":
+                self._remove_instance(zone, name)
+                return
+        self.guest_shutdown(zone, name)
 
     def now(self) -> float:
         """The fake's clock (epoch seconds): real time plus what :meth:`advance` added."""
@@ -494,6 +513,7 @@ class GCEFake:
             ("GET", p + r"/global/firewalls/(?P<name>[^/]+)", self._get_firewall),
             ("PATCH", p + r"/global/firewalls/(?P<name>[^/]+)", self._patch_firewall),
             ("DELETE", p + r"/global/firewalls/(?P<name>[^/]+)", self._delete_firewall),
+            ("GET", z + r"/operations", self._list_zone_ops),
             ("GET", z + r"/operations/(?P<op>[^/]+)", self._get_zone_op),
             ("POST", z + r"/operations/(?P<op>[^/]+)/wait", self._get_zone_op),
             ("GET", p + r"/global/operations/(?P<op>[^/]+)", self._get_global_op),
@@ -1086,6 +1106,18 @@ class GCEFake:
         return self._operation(project, "global", "delete", link, effect)
 
     # --- operations ------------------------------------------------------------------------
+
+    def _list_zone_ops(self, project: str, zone: str, query: dict[str, str],
+                       **_: Any) -> dict[str, Any]:
+        """zoneOperations.list with ``filter`` (e.g. operationType="...preempted")."""
+        zone = self._zone(project, zone)
+        rows = [copy.deepcopy(o) for (z, _n), o in self.operations.items()
+                if z == zone and matches(o, query.get("filter"))]
+        items, nxt = self._page(rows, query)
+        out: dict[str, Any] = {"kind": "compute#operationList", "items": items}
+        if nxt:
+            out["nextPageToken"] = nxt
+        return out
 
     def _get_zone_op(self, project: str, zone: str, op: str, **_: Any) -> dict[str, Any]:
         return self._poll(self._zone(project, zone), op)

@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from cloudtrain.errors import AuthError, ProviderError, UserError, code_of
-from cloudtrain.provider import ClusterRequest, NetworkRef, Node, Plan, SelfStop
+from cloudtrain.provider import ClusterRequest, NetworkRef, Node, NodeHealth, Plan, SelfStop
 from cloudtrain.provider.cloud import CloudProvider, Existing, Pin, Target, Unavailable, worst
 
-from . import images, instances, network, selfstop, tags, teardown
+from . import health, images, instances, network, selfstop, tags, teardown
 from .api import Api, GoogleClients
 from .options import REGION_RE, ZONE_RE, GCPOptions
 
@@ -242,6 +242,7 @@ class GCPProvider(CloudProvider):
         name = request.name
         api, project = self._request_api(request)
         live, dups = self._scan(api, project, name)
+        self._save(name, num_nodes=request.num_nodes)
         self.check_ranks(request, [i.rank for i in live if i.rank is not None])
         if dups:
             self.ui.warn(f"gcp: deleting {len(dups)} duplicate instance(s) of '{name}': "
@@ -400,6 +401,23 @@ class GCPProvider(CloudProvider):
                 return []
             raise
         return [self._node(i, user, public) for i in live]
+
+    # --- what GCE says of each node (ReportsNodeHealth; see :mod:`.health`) -----------------
+
+    def node_health(self, cluster: str) -> list[NodeHealth]:
+        n = int(self._record(cluster).get("num_nodes") or 0)
+        try:
+            api, project = self._cluster_api(cluster)
+        except AuthError as exc:
+            return [NodeHealth(r, "", "unknown", exc.message) for r in range(n)]
+        return health.node_health(api, project, cluster, self._owner(cluster), n)
+
+    def discard_nodes(self, cluster: str, ranks: list[int]) -> None:
+        api, project = self._cluster_api(cluster)
+        gone = health.discard(api, project, cluster, self._owner(cluster), ranks)
+        if gone:
+            self.ui.info(f"gcp: deleted what was left of node(s) {sorted(ranks)}: "
+                         + ", ".join(gone))
 
     # --- self-stop: the node guard's last act (SelfStops) -----------------------------------
 
