@@ -420,12 +420,19 @@ class ArmFake:
     def ops_of(self, method: str, kind: str) -> list[Req]:
         return [r for r in self.requests if r.method == method and r.kind == kind]
 
-    def evict(self, vm_name: str) -> None:
-        """What a spot eviction with policy Delete does: the VM and its OS disk go."""
+    def evict(self, vm_name: str, policy: str | None = None) -> None:
+        """A spot eviction, as the VM's ``evictionPolicy`` (or ``policy``) says: Delete: the
+        VM and its OS disk go (NIC and public IP stay); Deallocate: the VM stays,
+        PowerState/deallocated, its compute no longer billed."""
         with self.lock:
             for rid, r in list(self.resources.items()):
                 if r["type"] == TYPES["microsoft.compute/virtualmachines"] and r["name"] == vm_name:
-                    self._delete_vm(rid)
+                    how = policy or (r.get("properties") or {}).get("evictionPolicy") or "Delete"
+                    if how == "Deallocate":
+                        self.power[rid.lower()] = "deallocated"
+                        self.last_op[rid.lower()] = _now()
+                    else:
+                        self._delete_vm(rid)
 
     def vm(self, name: str) -> dict[str, Any] | None:
         with self.lock:
