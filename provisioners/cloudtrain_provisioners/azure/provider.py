@@ -30,7 +30,7 @@ from cloudtrain.provider import (ClusterRequest, NetworkRef, Node, NodeHealth, P
                                  generate_host_key, host_key_cloud_config)
 from cloudtrain.provider.cloud import CloudProvider, Existing, Pin, Target, Unavailable, worst
 
-from . import health, images, instances, network, selfstop, tags, teardown
+from . import health, identity, images, instances, network, selfstop, tags, teardown
 from .api import Api, AzureClients
 from .options import ZONES, AzureOptions
 
@@ -138,7 +138,8 @@ class AzureProvider(CloudProvider):
             creates.append(selfstop.plan_line(group))
         notes = [f"every resource is tagged {tags.CLUSTER}={request.name}, "
                  f"{tags.OWNER}={self._owner(request.name)}, {tags.RANK}, {tags.CREATED}"]
-        return self.plan_of(request, targets, creates, notes)
+        made, said = identity.plan(request.buckets, group)
+        return self.plan_of(request, targets, creates + made, notes + said)
 
     # --- contract: network ---------------------------------------------------------------------
 
@@ -189,6 +190,7 @@ class AzureProvider(CloudProvider):
         api = self._api(self._subscription(name, request))
         if self._opts(request).self_stop and selfstop.can_assign(api) is False:
             raise selfstop.permission_error(api.subscription_id)   # before anything exists
+        identity.scopes(api, identity.containers(request.buckets))   # unknown account: refused
         region = self._existing_region(api, name) or self.targets(request)[0].region
         net = self._region_net(request, api, region)
         rules = "; ".join(r.text() for r in network.desired_rules(
@@ -260,7 +262,7 @@ class AzureProvider(CloudProvider):
                         disk_gb=res.disk_size_gb, premium_disk=info.premium_io,
                         user=opts.ssh_user, public_key=request.public_key, cluster=name,
                         owner=self._owner(name), spot=res.use_spot, spot_max_price=opts.spot_max_price,
-                        identity=opts.self_stop)
+                        identity=opts.self_stop or bool(identity.containers(request.buckets)))
 
         def launch(zone: str | None) -> list[Node]:
             nodes = self._launch_zone(request, api, spec, zone, nics, have)
@@ -322,8 +324,11 @@ class AzureProvider(CloudProvider):
                     raise worst(list(errors.values()))
             running = instances.wait_running(api, group, self.running_timeout, self.poll,
                                              self.sleep, request.num_nodes)
-            if spec.identity:
+            if self._opts(request).self_stop:
                 selfstop.grant(api, group, running, self.sleep)
+            identity.ensure(api, running, request.buckets, name, self._owner(name),
+                            lambda s: self._save(name, blob_scopes=s),
+                            list(self._record(name).get("blob_scopes") or []), self.sleep)
             for v in running:
                 if v.name in tried and v.disk_name:
                     self._tag_disk(api, group, v)
@@ -431,6 +436,8 @@ class AzureProvider(CloudProvider):
 
     def terminate(self, cluster: str) -> None:
         api = self._api(self._subscription(cluster))
+        identity.revoke(api, list(self._record(cluster).get("blob_scopes") or []),
+                        identity.mark(cluster, self._owner(cluster)))
         teardown.teardown(api, cluster, self._owner(cluster), expected=self.group(cluster), sleep=self.sleep,
                     poll=self.poll)
         self._nets = {k: v for k, v in self._nets.items() if k[0] != cluster}
