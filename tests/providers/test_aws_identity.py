@@ -180,3 +180,47 @@ def test_no_credential_of_this_machine_reaches_a_node(aws: Harness,
     for v in secrets.values():
         assert v not in sent
     assert "AWS_SECRET_ACCESS_KEY" not in sent and "AWS_ACCESS_KEY_ID" not in sent
+
+
+DRY_TASK = """
+name: dry
+num_nodes: 2
+resources:
+  provider: aws
+  region: us-east-1
+  instance_type: g4dn.xlarge
+  ssh_cidr: 127.0.0.1/32
+  aws: {host_key_wait: 0}
+checkpoints: s3://ckpt-bucket/runs/r1
+file_mounts:
+  /data: gs://foreign-bucket/set
+workdir: .
+train:
+  script: train.py
+"""
+
+
+def test_up_dry_run_says_which_identity_for_which_buckets(tmp_path: Path) -> None:
+    """Through the CLI, with no credentials and an endpoint where nothing listens."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    (tmp_path / "task.yaml").write_text(DRY_TASK)
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "CLOUDTRAIN_"))}
+    env.update({"CLOUDTRAIN_HOME": str(tmp_path / "home"), "NO_COLOR": "1",
+                "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+                "AWS_CONFIG_FILE": "/nonexistent", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
+                "AWS_EC2_METADATA_DISABLED": "true"})
+    r = subprocess.run([sys.executable, "-m", "cloudtrain", "up", str(tmp_path / "task.yaml"),
+                        "--dry-run"], capture_output=True, text=True, env=env, timeout=120,
+                       cwd=tmp_path)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    assert "IAM role and instance profile" in out and "s3://ckpt-bucket/runs/r1" in out
+    assert "no AWS identity for gs://foreign-bucket/set" in out

@@ -79,3 +79,22 @@ def test_plan_names_the_role_and_the_containers(az: Harness) -> None:
     (line,) = [c for c in plan.creates if "Storage Blob Data Contributor" in c]
     assert "ckptacct/ckpt" in line
     assert any("gs://foreign/x" in n and "envs" in n for n in plan.notes)
+
+
+def test_no_credential_of_this_machine_reaches_a_node(az: Harness,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    import base64
+    import json
+
+    az.fake.add_storage_account("data-rg", "ckptacct")
+    secrets = {"AWS_SECRET_ACCESS_KEY": "awssecret-9c1e", "GOOGLE_OAUTH_ACCESS_TOKEN":
+               "ya29.laptop-4be2", "AZURE_CLIENT_SECRET": "azsecret-51e0d",
+               "AZURE_STORAGE_KEY": "c3RvcmFnZWtleQ=="}
+    for k, v in secrets.items():
+        monkeypatch.setenv(k, v)
+    az.up(_req(az, URL))
+    data = [base64.b64decode(v).decode() for v in az.fake.custom_data.values()]
+    assert data and all("ssh" in d for d in data)   # what is sent: the host key only
+    bodies = json.dumps([r.body for r in az.fake.ops_of("PUT", "virtualmachines")])
+    for k, v in secrets.items():
+        assert all(v not in d and k not in d for d in data) and v not in bodies

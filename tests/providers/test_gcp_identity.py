@@ -89,3 +89,18 @@ def test_own_account_used_and_plan_says_what(gcp: Harness) -> None:
     assert gcp.fake.service_accounts == {}
     assert {b["serviceAccounts"][0]["email"] for b in gcp.fake.inserted_instances()} == {
         "mine@p.iam.gserviceaccount.com"}
+
+
+def test_no_credential_of_this_machine_reaches_a_node(gcp: Harness,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    secrets = {"AWS_SECRET_ACCESS_KEY": "awssecret-9c1e", "GOOGLE_OAUTH_ACCESS_TOKEN":
+               "ya29.laptop-4be2", "AZURE_CLIENT_SECRET": "azsecret-51e0d"}
+    for k, v in secrets.items():
+        monkeypatch.setenv(k, v)
+    gcp.up(_req(gcp, "gs://ckpt-bucket/r1"))
+    sent = json.dumps(gcp.fake.inserted_instances())
+    assert "metadata" in sent
+    for k, v in secrets.items():
+        assert v not in sent and k not in sent
