@@ -104,3 +104,16 @@ def test_no_credential_of_this_machine_reaches_a_node(gcp: Harness,
     assert "metadata" in sent
     for k, v in secrets.items():
         assert v not in sent and k not in sent
+
+
+def test_gc_finds_an_orphaned_account_and_leaves_others(gcp: Harness) -> None:
+    theirs = "team-data@test-project.iam.gserviceaccount.com"
+    gcp.fake.service_accounts[theirs] = gcp.fake._sa_res(gcp.fake.project, "team-data",
+                                                         {"description": "the data team's"})
+    p, _ = gcp.up(_req(gcp, "gs://ckpt-bucket/r1"))
+    email = identity.email_of("demo", OWNER, gcp.fake.project)
+    assert not [r for r in p.orphans({"demo"}) if r.kind == "service-account"]
+    found = [r for r in p.orphans(set()) if r.kind == "service-account"]
+    assert [(r.id, r.cluster) for r in found] == [(email, "demo")]
+    p.remove(p.orphans(set()))
+    assert set(gcp.fake.service_accounts) == {theirs}

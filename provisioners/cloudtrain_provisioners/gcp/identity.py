@@ -25,13 +25,14 @@ import re
 from typing import Any, Iterable
 
 from cloudtrain.errors import ProviderError, UserError
-from cloudtrain.provider import BucketURL, owner_hash
+from cloudtrain.provider import BucketURL, now, owner_hash
 
 from . import tags
 from .api import Api, Conflict, NotFound
 
 ROLE = "roles/storage.objectAdmin"
-WHAT = "service account of the nodes (bucket access)"
+PREFIX = "cloudtrain service account of a cluster's nodes (bucket access):"
+_MARK = re.compile(r"(cloudtrain-[a-z-]+)=(\S*)")
 
 
 def gcs_buckets(buckets: Iterable[BucketURL]) -> list[BucketURL]:
@@ -72,22 +73,38 @@ def plan(buckets: Iterable[BucketURL], email: str, own: str | None
     return creates, notes
 
 
-def _ours(sa: dict[str, Any], cluster: str | None, owner: str | None) -> bool:
-    marks = tags.marks(sa.get("description"))
-    if not marks:
-        return False
-    if cluster is not None and marks.get(tags.CLUSTER) != cluster:
-        return False
-    return owner is None or marks.get(tags.OWNER) == tags.owner_value(owner)
+def description(cluster: str, owner: str) -> str:
+    return (f"{PREFIX} {tags.CLUSTER}={cluster} {tags.OWNER}={tags.owner_value(owner)} "
+            f"created-at={now()}")
 
 
-def find(api: Api, project: str, cluster: str | None, owner: str | None) -> list[dict[str, Any]]:
-    """The project's service accounts whose description marks them as ``cluster``'s."""
+def marks(sa: dict[str, Any]) -> dict[str, str]:
+    """The marks in a service account's description ({} when it is not cloudtrain's)."""
+    text = str(sa.get("description") or "")
+    if not text.startswith(PREFIX):
+        return {}
+    found = dict(_MARK.findall(text))
+    return found if tags.CLUSTER in found else {}
+
+
+def _ours(sa: dict[str, Any], cluster: str | None, mark: str | None) -> bool:
+    """``mark``: the owner as GCE labels hold it (:func:`tags.owner_value`); None: any."""
+    found = marks(sa)
+    if not found:
+        return False
+    if cluster is not None and found.get(tags.CLUSTER) != cluster:
+        return False
+    return mark is None or found.get(tags.OWNER) == mark
+
+
+def find(api: Api, project: str, cluster: str | None, mark: str | None) -> list[dict[str, Any]]:
+    """The project's service accounts whose description marks them as ``cluster``'s (None:
+    any cluster) of the owner ``mark`` (None: any)."""
     out, token = [], None
     while True:
         page = api.rest("iam", "GET", f"/v1/projects/{project}/serviceAccounts",
                         params={"pageToken": token} if token else None)
-        out += [sa for sa in page.get("accounts") or [] if _ours(sa, cluster, owner)]
+        out += [sa for sa in page.get("accounts") or [] if _ours(sa, cluster, mark)]
         token = page.get("nextPageToken")
         if not token:
             return out
@@ -162,11 +179,11 @@ def ensure(api: Api, project: str, cluster: str, owner: str,
         sa = api.rest("iam", "POST", f"/v1/projects/{project}/serviceAccounts", body={
             "accountId": aid, "serviceAccount": {
                 "displayName": f"cloudtrain {cluster}"[:100],
-                "description": tags.description(cluster, owner, WHAT)}})
+                "description": description(cluster, owner)}})
         email = str(sa.get("email") or email)
     except Conflict:
         sa = api.rest("iam", "GET", f"/v1/projects/{project}/serviceAccounts/{email}")
-        if not _ours(sa, cluster, owner):
+        if not _ours(sa, cluster, tags.owner_value(owner)):
             raise UserError(f"A service account {email} exists but is not marked as this "
                             "cluster's; cloudtrain does not touch it.",
                             "Rename the cluster, or give your own in "
@@ -176,11 +193,11 @@ def ensure(api: Api, project: str, cluster: str, owner: str,
     return email
 
 
-def teardown(api: Api, project: str, cluster: str, owner: str | None,
+def teardown(api: Api, project: str, cluster: str, mark: str | None,
              buckets: list[str]) -> None:
-    """Remove the cluster's accounts (found by their marks) from ``buckets``' policies and
-    delete them."""
-    for sa in find(api, project, cluster, owner):
+    """Remove the cluster's accounts (found by their marks; ``mark``: the owner's) from
+    ``buckets``' policies and delete them."""
+    for sa in find(api, project, cluster, mark):
         remove(api, project, sa, buckets)
 
 

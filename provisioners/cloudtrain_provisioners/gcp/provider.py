@@ -425,7 +425,7 @@ class GCPProvider(CloudProvider):
         teardown.teardown(api, project, cluster, self._owner(cluster), sleep=self.sleep,
                           poll=self.poll)
         if "gcs_buckets" in self._record(cluster):   # only clusters that had one
-            identity.teardown(api, project, cluster, self._owner(cluster),
+            identity.teardown(api, project, cluster, tags.owner_value(self._owner(cluster)),
                               list(self._record(cluster)["gcs_buckets"]))
 
     # --- gc ------------------------------------------------------------------------------
@@ -458,7 +458,24 @@ class GCPProvider(CloudProvider):
                     continue
                 r.project, r.credentials_file = project, cred
                 out.append(r)
+            out += self._orphan_accounts(project, cred, live, owner)
         return out
+
+    def _orphan_accounts(self, project: str, cred: str | None, live: set[str],
+                         owner: str | None) -> list[teardown.Resource]:
+        """The nodes' service accounts of clusters no live one owns (see identity.py)."""
+        try:
+            found = identity.find(self._api(cred), project, None,
+                                  tags.owner_value(owner) if owner else None)
+        except AuthError as exc:
+            self.ui.warn(f"gcp: could not list service accounts ({exc.message}); gc skipped them")
+            return []
+        return [teardown.Resource("global", "service-account", str(sa.get("email")),
+                                  m[tags.CLUSTER], m.get(tags.OWNER, ""), "", project=project,
+                                  credentials_file=cred)
+                for sa in found for m in [identity.marks(sa)]
+                if not (m[tags.CLUSTER] in live
+                        and m.get(tags.OWNER) == tags.owner_value(self._owner(m[tags.CLUSTER])))]
 
     def remove(self, resources: list[teardown.Resource]) -> None:
         """Remove what :meth:`orphans` found, cluster by cluster (instances first)."""
@@ -471,6 +488,9 @@ class GCPProvider(CloudProvider):
             api = self._api(cred)
             teardown.teardown(api, project or api.clients.project(None), cluster, owner or None,
                               sleep=self.sleep, poll=self.poll)
+            if any(r.kind == "service-account" and r.cluster == cluster for r in resources):
+                identity.teardown(api, project or api.clients.project(None), cluster,
+                                  owner or None, [])
 
         self.remove_each(list(groups), remove, label=lambda group: f"{group[2]}: ",
                          failed="GCP cleanup did not finish: ", hint="Run 'cloudtrain gc' again.")
