@@ -98,3 +98,10 @@ def test_no_credential_of_this_machine_reaches_a_node(az: Harness,
     bodies = json.dumps([r.body for r in az.fake.ops_of("PUT", "virtualmachines")])
     for k, v in secrets.items():
         assert all(v not in d and k not in d for d in data) and v not in bodies
+
+
+def test_no_containers_no_storage_call_and_no_identity_without_self_stop(az: Harness) -> None:
+    p, _ = az.up(az.request(azure={"self_stop": False}))
+    assert az.fake.ops_of("GET", "storageaccounts") == []
+    assert all("identity" not in r.body for r in az.fake.ops_of("PUT", "virtualmachines"))
+    assert az.fake.role_assignments == {}

@@ -61,7 +61,9 @@ def mark(cluster: str, owner: str) -> str:
 
 def scopes(api: Api, buckets: list[BucketURL]) -> list[str]:
     """Each container's scope; a storage account the subscription does not hold is refused
-    (nothing granted yet)."""
+    (nothing granted yet). No containers: no call."""
+    if not buckets:
+        return []
     got = api.rest("list storage accounts", "GET",
                    f"/subscriptions/{api.subscription_id}/providers/Microsoft.Storage/"
                    f"storageAccounts?api-version={STORAGE_API}") or {}
