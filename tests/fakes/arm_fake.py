@@ -81,7 +81,9 @@ TYPES = {
 SHORT = {v.lower(): v.split("/")[1] for v in TYPES.values()}
 TENANT = "00000000-0000-4000-8000-0000000000te"
 VM_CONTRIBUTOR = "9980e02c-c2be-4d73-94e8-173b1dc7cf3c"
-ROLE_ACTIONS = {VM_CONTRIBUTOR: ("microsoft.compute/virtualmachines/*",
+BLOB_CONTRIBUTOR = "ba92f5b4-2d11-453d-a403-e96b0029c9fe"
+ROLE_ACTIONS = {BLOB_CONTRIBUTOR: ("microsoft.storage/storageaccounts/blobservices/containers/*",),
+                VM_CONTRIBUTOR: ("microsoft.compute/virtualmachines/*",
                                  "microsoft.compute/disks/read",
                                  "microsoft.resources/subscriptions/resourcegroups/read")}
 """What each built-in role allows (the part of it the fake can be asked for)."""
@@ -303,6 +305,7 @@ class ArmFake:
         self._next_public = 1
         self._next_private: dict[str, int] = {}
         self.role_assignments: dict[str, dict[str, Any]] = {}
+        self.storage_accounts: dict[str, dict[str, Any]] = {}
         self.deny_role_assignments = False
         self.principal_lag = 0
         self.mi_tokens: dict[str, str] = {}
@@ -420,12 +423,42 @@ class ArmFake:
     def ops_of(self, method: str, kind: str) -> list[Req]:
         return [r for r in self.requests if r.method == method and r.kind == kind]
 
-    def evict(self, vm_name: str) -> None:
-        """What a spot eviction with policy Delete does: the VM and its OS disk go."""
+    def evict(self, vm_name: str, policy: str | None = None) -> None:
+        """A spot eviction, as the VM's ``evictionPolicy`` (or ``policy``) says: Delete: the
+        VM and its OS disk go (NIC and public IP stay); Deallocate: the VM stays,
+        PowerState/deallocated, its compute no longer billed."""
         with self.lock:
             for rid, r in list(self.resources.items()):
                 if r["type"] == TYPES["microsoft.compute/virtualmachines"] and r["name"] == vm_name:
-                    self._delete_vm(rid)
+                    how = policy or (r.get("properties") or {}).get("evictionPolicy") or "Delete"
+                    if how == "Deallocate":
+                        self.power[rid.lower()] = "deallocated"
+                        self.last_op[rid.lower()] = _now()
+                    else:
+                        self._delete_vm(rid)
+
+    def add_storage_account(self, group: str, name: str, location: str = "eastus") -> str:
+        """A storage account the user has (in its own resource group, made here too):
+        listed by ``GET /subscriptions/S/providers/Microsoft.Storage/storageAccounts``; role
+        assignments may be scoped to its containers. Returns its id."""
+        with self.lock:
+            self.groups.setdefault(group.lower(), {
+                "id": f"{self._base()}/resourceGroups/{group}", "name": group,
+                "type": "Microsoft.Resources/resourceGroups", "location": location, "tags": {},
+                "properties": {"provisioningState": "Succeeded"}})
+            sid = (f"{self._base()}/resourceGroups/{group}/providers/Microsoft.Storage/"
+                   f"storageAccounts/{name}")
+            self.storage_accounts[name.lower()] = {
+                "id": sid, "name": name, "type": "Microsoft.Storage/storageAccounts",
+                "location": location, "kind": "StorageV2", "sku": {"name": "Standard_LRS"},
+                "properties": {"primaryEndpoints": {
+                    "blob": f"https://{name}.blob.core.windows.net/"}}}
+            return sid
+
+    def assignments_at(self, scope: str) -> list[dict[str, Any]]:
+        with self.lock:
+            return [dict(a) for a in self.role_assignments.values()
+                    if a["properties"]["scope"].lower() == scope.lower()]
 
     def vm(self, name: str) -> dict[str, Any] | None:
         with self.lock:
@@ -527,6 +560,13 @@ class ArmFake:
             self._req(method, "roleassignments", m.group(2), _group_of(path), body, query)
             return self._role_assignment(method, path[:len(base) + len(m.group(1))],
                                          path.rsplit("/", 1)[1], body)
+        m = re.fullmatch(r"(.*)/providers/microsoft\.authorization/roleassignments", lrest)
+        if m and method == "GET":
+            self._req(method, "roleassignments", "", _group_of(path), body, query)
+            return self._list_assignments(path[:len(base) + len(m.group(1))], query)
+        if lrest == "/providers/microsoft.storage/storageaccounts" and method == "GET":
+            self._req(method, "storageaccounts", "", "", body, query)
+            return 200, {}, {"value": list(self.storage_accounts.values())}
         m = re.fullmatch(r"(.*)/providers/microsoft\.authorization/permissions", lrest)
         if m:
             self._req(method, "permissions", "", _group_of(path), body, query)
@@ -1151,9 +1191,25 @@ class ArmFake:
                 raise ArmError(409, "RoleAssignmentExists", "The role assignment already exists.")
         a = {"id": aid, "name": name, "type": "Microsoft.Authorization/roleAssignments",
              "properties": {"principalId": pid, "roleDefinitionId": role, "scope": scope,
-                            "principalType": p.get("principalType", "ServicePrincipal")}}
+                            "principalType": p.get("principalType", "ServicePrincipal"),
+                            "description": p.get("description")}}
         self.role_assignments[aid.lower()] = a
         return (200 if old else 201), {}, a
+
+    def _list_assignments(self, scope: str, query: dict[str, str]
+                          ) -> tuple[int, dict[str, str], Any]:
+        """Role assignments at ``scope`` (``$filter=atScope()``: at it and above it), as
+        ARM lists them; without a filter, also those below it."""
+        low = scope.lower()
+        at = "atscope()" in query.get("$filter", "").lower()
+        out = []
+        for a in self.role_assignments.values():
+            s = a["properties"]["scope"].lower()
+            above = low == s or low.startswith(s + "/")
+            below = s.startswith(low + "/")
+            if above or (below and not at):
+                out.append(a)
+        return 200, {}, {"value": out}
 
     def _vm_action(self, vm: dict[str, Any], action: str) -> tuple[int, dict[str, str], Any]:
         rid = vm["id"].lower()

@@ -189,6 +189,14 @@ class EmulatorClients:
                 self._wrapped[region] = c
             return c
 
+    def iam(self) -> Any:
+        """IAM: moto's own (it models roles, instance profiles, their tags and policies)."""
+        return self._boto.iam()
+
+    def raw_iam(self) -> Any:
+        """An IAM client without the provider's hooks, for tests to look or plant things."""
+        return self._inspect.iam()
+
     def default_region(self) -> str:
         return self._region
 

@@ -198,6 +198,10 @@ class GCEFake:
         self._nat = list(nat_ips) if nat_ips is not None else None
         self._internal = list(internal_ips) if internal_ips is not None else None
         self._ip = itertools.count(2)
+        self.service_accounts: dict[str, dict[str, Any]] = {}
+        """IAM service accounts of the project, by email."""
+        self.buckets: dict[str, dict[str, Any]] = {}
+        """Cloud Storage buckets (only their IAM policy and uniform access), by name."""
         self.network_res: dict[str, dict[str, Any]] = {}
         for net in sorted(self.networks):
             self.network_res[net] = self._network_res(project, net, {"autoCreateSubnetworks": True})
@@ -326,11 +330,30 @@ class GCEFake:
             self._http_faults.clear()
             self._take_back.clear()
 
-    def preempt(self, zone: str, name: str) -> None:
-        """GCE takes a spot instance back (termination action DELETE): it and its
-        auto-delete boot disk are gone."""
+    def preempt(self, zone: str, name: str, action: str | None = None) -> None:
+        """GCE takes a spot instance back, as ``action`` or its ``instanceTerminationAction``
+        says (neither: DELETE): DELETE: it and its auto-delete boot disk are gone; STOP: it is
+        TERMINATED (disk kept, ephemeral IP released, ``lastStopTimestamp`` set). Either way
+        the zone gets a DONE ``compute.instances.preempted`` operation targeting it: the
+        instance resource itself carries no "preempted" mark, the operation is GCE's record."""
         with self.lock:
-            self._remove_instance(zone, name)
+            inst = self.instances.get((zone, name))
+            if inst is None:
+                raise _not_found(f"projects/{self.project}/zones/{zone}/instances/{name}")
+            action = action or (inst.get("scheduling") or {}).get(
+                "instanceTerminationAction") or "DELETE"
+            link = f"{GOOGLE}/projects/{self.project}/zones/{zone}/instances/{name}"
+            op = self._operation(self.project, zone, "compute.instances.preempted", link,
+                                 lambda: None)
+            key = (zone, op["name"])
+            self._effects.pop(key, None)
+            self.operations[key].update(status="DONE", progress=100,
+                                        targetId=str(inst.get("id", "")),
+                                        statusMessage="Instance was preempted.")
+            if action == "DELETE":
+                self._remove_instance(zone, name)
+                return
+        self.guest_shutdown(zone, name)
 
     def now(self) -> float:
         """The fake's clock (epoch seconds): real time plus what :meth:`advance` added."""
@@ -405,6 +428,8 @@ class GCEFake:
                                     or n.startswith("ct-")),
                 "networks": sorted(n for n, r in self.network_res.items()
                                    if "cloudtrain" in (r.get("description") or "")),
+                "service_accounts": sorted(e for e, a in self.service_accounts.items()
+                                           if "cloudtrain" in (a.get("description") or "")),
             }
 
     def empty(self) -> bool:
@@ -476,7 +501,14 @@ class GCEFake:
     def _routes(self) -> list[tuple[str, str, Callable[..., dict[str, Any]]]]:
         p = r"/compute/v1/projects/(?P<project>[^/]+)"
         z = p + r"/zones/(?P<zone>[^/]+)"
+        sa = r"/v1/projects/(?P<project>[^/]+)/serviceAccounts"
         return [
+            ("POST", sa, self._create_sa),
+            ("GET", sa, self._list_sa),
+            ("GET", sa + r"/(?P<email>[^/]+)", self._get_sa),
+            ("DELETE", sa + r"/(?P<email>[^/]+)", self._delete_sa),
+            ("GET", r"/storage/v1/b/(?P<bucket>[^/]+)/iam", self._get_bucket_iam),
+            ("PUT", r"/storage/v1/b/(?P<bucket>[^/]+)/iam", self._set_bucket_iam),
             ("POST", z + r"/instances", self._insert_instance),
             ("GET", z + r"/instances", self._list_instances),
             ("GET", z + r"/instances/(?P<name>[^/]+)", self._get_instance),
@@ -494,6 +526,7 @@ class GCEFake:
             ("GET", p + r"/global/firewalls/(?P<name>[^/]+)", self._get_firewall),
             ("PATCH", p + r"/global/firewalls/(?P<name>[^/]+)", self._patch_firewall),
             ("DELETE", p + r"/global/firewalls/(?P<name>[^/]+)", self._delete_firewall),
+            ("GET", z + r"/operations", self._list_zone_ops),
             ("GET", z + r"/operations/(?P<op>[^/]+)", self._get_zone_op),
             ("POST", z + r"/operations/(?P<op>[^/]+)/wait", self._get_zone_op),
             ("GET", p + r"/global/operations/(?P<op>[^/]+)", self._get_global_op),
@@ -642,6 +675,12 @@ class GCEFake:
                                            f"'{mt_path}'. Machine type with name '{mt}' does "
                                            f"not exist in zone '{zone}'.")
         self._validate_labels(b.get("labels"), "resource")
+        for sa in b.get("serviceAccounts") or []:   # this project's must exist (GCE checks)
+            email = str(sa.get("email", ""))
+            if email.endswith(f"@{project}.iam.gserviceaccount.com") and \
+                    email not in self.service_accounts:
+                raise ApiError(400, "invalid", f"The resource 'projects/{project}/"
+                                               f"serviceAccounts/{email}' was not found")
         boots = [d for d in b.get("disks", []) if d.get("boot")]
         if len(boots) != 1:
             raise ApiError(400, "invalid", "Exactly one boot disk must be given.")
@@ -1085,7 +1124,127 @@ class GCEFake:
 
         return self._operation(project, "global", "delete", link, effect)
 
+    # --- IAM service accounts and bucket IAM (iam.googleapis.com, storage.googleapis.com) ------
+
+    def add_bucket(self, name: str, uniform: bool = True) -> None:
+        """A bucket of the user's, with GCS's default policy (the project's owners and
+        editors own it, viewers read it). ``uniform``: uniform bucket-level access (IAM
+        conditions are refused without it)."""
+        p = self.project
+        with self.lock:
+            self.buckets[name] = {"uniform": uniform, "etag": 1, "policy": {"bindings": [
+                {"role": "roles/storage.legacyBucketOwner",
+                 "members": [f"projectEditor:{p}", f"projectOwner:{p}"]},
+                {"role": "roles/storage.legacyBucketReader", "members": [f"projectViewer:{p}"]},
+            ]}}
+
+    def _sa_res(self, project: str, account_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        email = f"{account_id}@{project}.iam.gserviceaccount.com"
+        return {"name": f"projects/{project}/serviceAccounts/{email}", "projectId": project,
+                "uniqueId": str(next(self._ids)), "email": email,
+                "displayName": body.get("displayName", ""),
+                "description": body.get("description", ""),
+                "oauth2ClientId": str(next(self._ids))}
+
+    def _create_sa(self, project: str, body: dict[str, Any] | None, **_: Any) -> dict[str, Any]:
+        self._own(project)
+        b = body or {}
+        aid = str(b.get("accountId", ""))
+        if not re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])", aid) or not 6 <= len(aid) <= 30:
+            raise ApiError(400, "INVALID_ARGUMENT", f"Invalid account ID '{aid}': 6-30 "
+                           "lowercase letters, digits or hyphens, starting with a letter.")
+        if "labels" in (b.get("serviceAccount") or {}):
+            raise ApiError(400, "INVALID_ARGUMENT", "Unknown name \"labels\" at "
+                           "'service_account': Cannot find field.")
+        res = self._sa_res(project, aid, b.get("serviceAccount") or {})
+        if res["email"] in self.service_accounts:
+            raise ApiError(409, "ALREADY_EXISTS", f"Service account {aid} already exists "
+                           f"within project projects/{project}.")
+        self.service_accounts[res["email"]] = res
+        return copy.deepcopy(res)
+
+    def _list_sa(self, project: str, query: dict[str, str], **_: Any) -> dict[str, Any]:
+        self._own(project)
+        items, nxt = self._page(sorted(self.service_accounts.values(),
+                                       key=lambda a: a["email"]), query)
+        out: dict[str, Any] = {"accounts": copy.deepcopy(items)}
+        if nxt:
+            out["nextPageToken"] = nxt
+        return out
+
+    def _need_sa(self, project: str, email: str) -> dict[str, Any]:
+        self._own(project)
+        email = urllib.parse.unquote(email)
+        if email not in self.service_accounts:
+            raise ApiError(404, "NOT_FOUND", f"Unknown service account {email}")
+        return self.service_accounts[email]
+
+    def _get_sa(self, project: str, email: str, **_: Any) -> dict[str, Any]:
+        return copy.deepcopy(self._need_sa(project, email))
+
+    def _delete_sa(self, project: str, email: str, **_: Any) -> dict[str, Any]:
+        sa = self._need_sa(project, email)
+        del self.service_accounts[sa["email"]]
+        # as IAM does: the policies that named it now name a deleted account
+        for bk in self.buckets.values():
+            for x in bk["policy"]["bindings"]:
+                x["members"] = [f"deleted:serviceAccount:{sa['email']}?uid={sa['uniqueId']}"
+                                if m == f"serviceAccount:{sa['email']}" else m
+                                for m in x["members"]]
+        return {}
+
+    def _need_bucket(self, bucket: str) -> dict[str, Any]:
+        if bucket not in self.buckets:
+            raise ApiError(404, "notFound", "The specified bucket does not exist.")
+        return self.buckets[bucket]
+
+    def _get_bucket_iam(self, bucket: str, query: dict[str, str], **_: Any) -> dict[str, Any]:
+        bk = self._need_bucket(bucket)
+        pol = copy.deepcopy(bk["policy"])
+        conditional = any("condition" in x for x in pol["bindings"])
+        if conditional and int(query.get("optionsRequestedPolicyVersion", "1")) < 3:
+            raise ApiError(400, "invalid", "Cannot get a policy with conditions at version 1; "
+                           "request version 3.")
+        return {"kind": "storage#policy", "resourceId": f"projects/_/buckets/{bucket}",
+                "version": 3 if conditional else 1, "etag": f"CA{bk['etag']}=",
+                "bindings": pol["bindings"]}
+
+    def _set_bucket_iam(self, bucket: str, body: dict[str, Any] | None,
+                        **_: Any) -> dict[str, Any]:
+        bk = self._need_bucket(bucket)
+        b = body or {}
+        if b.get("etag") and b["etag"] != f"CA{bk['etag']}=":
+            raise ApiError(412, "conditionNotMet", "Precondition Failed")
+        bindings = copy.deepcopy(b.get("bindings") or [])
+        if any("condition" in x for x in bindings):
+            if int(b.get("version") or 1) < 3:
+                raise ApiError(400, "invalid", "IAM conditions need policy version 3.")
+            if not bk["uniform"]:
+                raise ApiError(400, "invalid", "IAM conditions require uniform bucket-level "
+                                               "access on the bucket.")
+        for x in bindings:
+            for m in x.get("members") or []:
+                if m.startswith("serviceAccount:") and m.endswith(
+                        f"@{self.project}.iam.gserviceaccount.com") and \
+                        m.split(":", 1)[1] not in self.service_accounts:
+                    raise ApiError(400, "invalid", f"Service account {m} does not exist.")
+        bk["policy"] = {"bindings": bindings}
+        bk["etag"] += 1
+        return self._get_bucket_iam(bucket, {"optionsRequestedPolicyVersion": "3"})
+
     # --- operations ------------------------------------------------------------------------
+
+    def _list_zone_ops(self, project: str, zone: str, query: dict[str, str],
+                       **_: Any) -> dict[str, Any]:
+        """zoneOperations.list with ``filter`` (e.g. operationType="...preempted")."""
+        zone = self._zone(project, zone)
+        rows = [copy.deepcopy(o) for (z, _n), o in self.operations.items()
+                if z == zone and matches(o, query.get("filter"))]
+        items, nxt = self._page(rows, query)
+        out: dict[str, Any] = {"kind": "compute#operationList", "items": items}
+        if nxt:
+            out["nextPageToken"] = nxt
+        return out
 
     def _get_zone_op(self, project: str, zone: str, op: str, **_: Any) -> dict[str, Any]:
         return self._poll(self._zone(project, zone), op)

@@ -123,6 +123,13 @@ class ClientFactory(Protocol):
     def default_region(self) -> str: ...
 
 
+class HasIam(Protocol):
+    """A factory that also makes an IAM client (IAM is global: one client). Needed only
+    when cloudtrain mints the nodes' identity (``ClusterRequest.buckets``)."""
+
+    def iam(self) -> Any: ...
+
+
 class BotoClients:
     """The real factory: one boto3 session (the standard credential chain: env, profile, SSO,
     instance role), one client per region, created once and shared by threads (clients are
@@ -154,6 +161,18 @@ class BotoClients:
                 self._clients[region] = client
             return client
 
+    def iam(self) -> Any:
+        with self._lock:
+            client = self._clients.get(" iam")
+            if client is None:
+                from botocore.config import Config
+
+                cfg = Config(retries={"mode": "standard", "total_max_attempts": 3},
+                             connect_timeout=10, read_timeout=60)
+                client = self._get_session().client("iam", config=cfg)
+                self._clients[" iam"] = client
+            return client
+
     def default_region(self) -> str:
         with self._lock:
             try:
@@ -183,7 +202,7 @@ class Api:
         what = f"{_op_name(op)} in {where or region}"
         for attempt in range(self.retries):
             try:
-                return getattr(self.clients.ec2(region), op)(**params)
+                return getattr(self.client(region), op)(**params)
             except Exception as exc:  # noqa: BLE001 - classified below
                 if not _is_botocore(exc):
                     raise
@@ -196,6 +215,9 @@ class Api:
                 self.sleep(delay)
         raise AssertionError("unreachable")
 
+    def client(self, region: str) -> Any:
+        return self.clients.ec2(region)
+
     def pages(self, region: str, op: str, key: str, **params: Any) -> Iterator[Any]:
         """Every item under ``key`` of every page (NextToken followed)."""
         token = None
@@ -207,6 +229,27 @@ class Api:
             yield from page.get(key, [])
             token = page.get("NextToken")
             if not token:
+                return
+
+
+class IamApi(Api):
+    """The same typed errors and backoff for IAM calls (``region`` only names the place in
+    messages: IAM is global)."""
+
+    def client(self, region: str) -> Any:
+        return self.clients.iam()
+
+    def pages(self, region: str, op: str, key: str, **params: Any) -> Iterator[Any]:
+        """IAM pages with Marker/IsTruncated instead of NextToken."""
+        marker = None
+        while True:
+            kw = dict(params)
+            if marker:
+                kw["Marker"] = marker
+            page = self.call(region, op, **kw)
+            yield from page.get(key, [])
+            marker = page.get("Marker") if page.get("IsTruncated") else None
+            if not marker:
                 return
 
 

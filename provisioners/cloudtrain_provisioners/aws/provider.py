@@ -22,13 +22,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
 
-from cloudtrain.errors import CapacityError, ProviderError, QuotaError, UserError
-from cloudtrain.provider import (ClusterRequest, NetworkRef, Node, Plan, SelfStop,
+from cloudtrain.errors import AuthError, CapacityError, ProviderError, QuotaError, UserError
+from cloudtrain.provider import (ClusterRequest, NetworkRef, Node, NodeHealth, Plan, SelfStop,
                                  generate_host_key, host_key_cloud_config)
 from cloudtrain.provider.cloud import CloudProvider, Existing, Pin, Target, Unavailable, worst
 
-from . import images, instances, network, selfstop, tags, teardown
-from .api import Api, BotoClients, ClientFactory
+from . import health, identity, images, instances, network, selfstop, tags, teardown
+from .api import Api, BotoClients, ClientFactory, IamApi
 from .options import AWSOptions
 
 RECORD = "aws.json"
@@ -52,6 +52,7 @@ class AWSProvider(CloudProvider):
         self.clients = clients if clients is not None else BotoClients(
             os.environ.get("CLOUDTRAIN_AWS_PROFILE") or None)
         self.api = Api(self.clients, sleep=self.sleep)
+        self.iam = IamApi(self.clients, sleep=self.sleep)
         self._nets: dict[tuple[str, str], network.RegionNet] = {}
 
     def _remember_region(self, cluster: str, region: str) -> None:
@@ -113,6 +114,9 @@ class AWSProvider(CloudProvider):
             "shutdown terminates" + ("; an EFA interface each" if opts.efa else ""))
         notes = [f"every resource is tagged {tags.CLUSTER}={request.name}, {tags.OWNER}={owner}, "
                  f"{tags.RANK}, {tags.CREATED}"]
+        made, said = identity.plan(request.buckets, base, opts.iam_instance_profile)
+        creates += made
+        notes += said
         return self.plan_of(request, targets, creates, notes)
 
     # --- contract: network ---------------------------------------------------------------
@@ -188,6 +192,7 @@ class AWSProvider(CloudProvider):
     def _existing(self, request: ClusterRequest) -> Existing:
         name = request.name
         live, dups, ended = self._scan(name)
+        self._save(name, num_nodes=request.num_nodes)
         self.check_ranks(request, [i.rank for i in live if i.rank is not None])
         if dups:
             self.ui.warn(f"aws: terminating {len(dups)} duplicate instance(s) of '{name}': "
@@ -257,6 +262,7 @@ class AWSProvider(CloudProvider):
         # A host key per new node, installed by cloud-init from the user data before sshd
         # first starts, and pinned before the first connection.
         host = {r: generate_host_key() for r in missing} if opts.inject_host_key else {}
+        profile = self._profile(request)   # on every up: the policy follows the task's buckets
         if missing:
             assert image is not None
             spec = instances.LaunchSpec(
@@ -265,7 +271,7 @@ class AWSProvider(CloudProvider):
                 disk_gb=res.disk_size_gb, cluster=request.name, owner=self._owner(request.name),
                 spot=res.use_spot, spot_max_price=opts.spot_max_price, placement_group=pg,
                 efa=opts.efa, public_ip=opts.public_ip,
-                iam_instance_profile=opts.iam_instance_profile,
+                iam_instance_profile=profile,
                 user_data={r: host_key_cloud_config(*k) for r, k in host.items()} or None)
             new, errors = instances.launch(self.api, spec, missing)
             if errors:
@@ -300,6 +306,16 @@ class AWSProvider(CloudProvider):
         except BaseException:
             self._rollback(region, list(new.values()))
             raise
+
+    def _profile(self, request: ClusterRequest) -> str | None:
+        """The nodes' instance profile: the user's own, or the cluster's (created here, only
+        when the task names S3 buckets)."""
+        own = self._opts(request).iam_instance_profile
+        buckets = identity.s3_buckets(request.buckets)
+        if own or not buckets:
+            return own
+        self._save(request.name, identity=True)   # before creating: down looks for it
+        return identity.ensure(self.iam, request.name, self._owner(request.name), buckets)
 
     def _rollback(self, region: str, ids: list[str]) -> bool:
         """Terminate the instances this launch made (the ones it adopted are left alone).
@@ -352,6 +368,20 @@ class AWSProvider(CloudProvider):
                             status=instances.STATUS.get(i.state, "unknown"), spot=i.spot,
                             host_keys=host_keys, what=f"node {i.rank} ({i.instance_id})")
 
+    # --- what EC2 says of each node (ReportsNodeHealth) -------------------------------------
+
+    def node_health(self, cluster: str) -> list[NodeHealth]:
+        return health.node_health(self.api, self._regions_to_search(cluster), cluster,
+                                  self._owner(cluster),
+                                  int(self._record(cluster).get("num_nodes") or 0))
+
+    def discard_nodes(self, cluster: str, ranks: list[int]) -> None:
+        ids = health.discard(self.api, self._regions_to_search(cluster), cluster,
+                             self._owner(cluster), ranks, sleep=self.sleep)
+        if ids:
+            self.ui.info(f"aws: terminated what was left of node(s) {sorted(ranks)}: "
+                         + ", ".join(ids))
+
     def list_nodes(self, cluster: str) -> list[Node]:
         user, public = self._login(cluster, "ubuntu")
         keys = self._record(cluster).get("host_keys") or {}
@@ -400,6 +430,14 @@ class AWSProvider(CloudProvider):
     def terminate(self, cluster: str) -> None:
         regions = list(self._record(cluster).get("regions") or self.enabled_regions())
         self._teardown([(r, cluster, self._owner(cluster)) for r in regions])
+        rec = self._record(cluster)
+        if rec.get("identity") or not rec:
+            try:
+                identity.teardown_cluster(self.iam, cluster, self._owner(cluster))
+            except AuthError as exc:
+                if rec.get("identity"):
+                    raise
+                self.ui.warn(f"aws: could not look for the cluster's IAM role ({exc.message})")
         self._nets = {k: v for k, v in self._nets.items() if k[0] != cluster}
 
     # --- gc ------------------------------------------------------------------------------
@@ -424,12 +462,18 @@ class AWSProvider(CloudProvider):
 
         with ThreadPoolExecutor(max_workers=min(8, len(regions))) as pool:
             found = [r for part in pool.map(one, regions) for r in part]
+        try:
+            found += identity.resources(identity.find(self.iam, None, owner))
+        except AuthError as exc:
+            self.ui.warn(f"aws: could not list IAM roles ({exc.message}); gc skipped them")
         return [r for r in found if not (r.cluster in live and r.owner == self._owner(r.cluster))]
 
     def remove(self, resources: list[teardown.Resource]) -> None:
         """Remove what :meth:`orphans` found, cluster by cluster (instances first)."""
-        groups = teardown.group_by_cluster(resources)
+        roles = [r for r in resources if r.region == identity.WHERE]
+        groups = teardown.group_by_cluster([r for r in resources if r not in roles])
         self._teardown([(region, cluster, owner or None) for (region, cluster, owner) in groups])
+        identity.remove(self.iam, identity.found_of(roles))
 
 
 def _may_cluster_place(instance_type: str) -> bool:

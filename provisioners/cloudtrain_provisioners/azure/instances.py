@@ -7,8 +7,10 @@ cluster's VMs and addresses as ARM lists them.
 from __future__ import annotations
 
 import base64
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+import time
+from typing import Any, Callable
 
 from cloudtrain.errors import ProviderError, code_of
 
@@ -167,6 +169,44 @@ def parse_vm(d: dict[str, Any]) -> Vm:
               owner=tg.get(tags.OWNER, ""), created_at=tg.get(tags.CREATED, ""),
               principal=str((d.get("identity") or {}).get("principalId") or ""),
               guard_stop=tg.get(tags.GUARD_STOP, ""), state_time=state_time)
+
+
+def delete_vms(api: Api, group: str, names: list[str], workers: int = 16) -> None:
+    """Delete VMs (in parallel; gone already is fine). Their OS disks go with them."""
+    def one(vm: str) -> None:
+        try:
+            api.lro(f"delete VM {vm}", api.c.compute.virtual_machines.begin_delete, group, vm)
+        except ProviderError as exc:
+            if code_of(exc) not in ("ResourceNotFound", "NotFound", "ResourceGroupNotFound"):
+                raise
+
+    if names:
+        with ThreadPoolExecutor(max_workers=min(workers, len(names))) as pool:
+            list(pool.map(one, names))
+
+
+def wait_running(api: Api, group: str, timeout: float, poll: float,
+                 sleep: Callable[[float], None], n: int) -> list[Vm]:
+    """Until the ``n`` ranks' VMs run (stopped ones are started); a failed one is an error."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = [v for v in list_vms(api, group) if v.rank is not None and v.rank < n]
+        failed = [v for v in found if v.state == "Failed" or v.status == "terminated"]
+        if failed:
+            raise ProviderError(f"VM {failed[0].name} is {failed[0].state or failed[0].power} "
+                                "instead of running.", "Run 'cloudtrain up' again, or 'down'.")
+        stopped = [v for v in found if v.status == "stopped"]
+        for v in stopped:
+            api.lro(f"start VM {v.name}", api.c.compute.virtual_machines.begin_start, group,
+                    v.name)
+        ready = [v for v in found if v.status == "running"]
+        if len(ready) == n and len({v.rank for v in ready}) == n:
+            return sorted(ready, key=lambda v: v.rank or 0)
+        if time.monotonic() >= deadline:
+            raise ProviderError(f"{n - len(ready)} VM(s) of {group} did not start within "
+                                f"{timeout:.0f}s.",
+                                "Run 'cloudtrain up' again (it adopts what runs) or 'down'.")
+        sleep(poll)
 
 
 def list_vms(api: Api, group: str) -> list[Vm]:

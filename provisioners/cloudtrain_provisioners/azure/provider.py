@@ -21,17 +21,16 @@ it the cluster is found by its tags in the default subscription.
 
 from __future__ import annotations
 
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, ClassVar
 
 from cloudtrain.errors import ProviderError, UserError, code_of
-from cloudtrain.provider import (ClusterRequest, NetworkRef, Node, Plan, SelfStop,
+from cloudtrain.provider import (ClusterRequest, NetworkRef, Node, NodeHealth, Plan, SelfStop,
                                  generate_host_key, host_key_cloud_config)
 from cloudtrain.provider.cloud import CloudProvider, Existing, Pin, Target, Unavailable, worst
 
-from . import images, instances, network, selfstop, tags, teardown
+from . import health, identity, images, instances, network, selfstop, tags, teardown
 from .api import Api, AzureClients
 from .options import ZONES, AzureOptions
 
@@ -139,7 +138,8 @@ class AzureProvider(CloudProvider):
             creates.append(selfstop.plan_line(group))
         notes = [f"every resource is tagged {tags.CLUSTER}={request.name}, "
                  f"{tags.OWNER}={self._owner(request.name)}, {tags.RANK}, {tags.CREATED}"]
-        return self.plan_of(request, targets, creates, notes)
+        made, said = identity.plan(request.buckets, group)
+        return self.plan_of(request, targets, creates + made, notes + said)
 
     # --- contract: network ---------------------------------------------------------------------
 
@@ -190,6 +190,7 @@ class AzureProvider(CloudProvider):
         api = self._api(self._subscription(name, request))
         if self._opts(request).self_stop and selfstop.can_assign(api) is False:
             raise selfstop.permission_error(api.subscription_id)   # before anything exists
+        identity.scopes(api, identity.containers(request.buckets))   # unknown account: refused
         region = self._existing_region(api, name) or self.targets(request)[0].region
         net = self._region_net(request, api, region)
         rules = "; ".join(r.text() for r in network.desired_rules(
@@ -214,8 +215,9 @@ class AzureProvider(CloudProvider):
         if broken:
             self.ui.warn(f"azure: deleting {len(broken)} VM(s) of '{name}' that failed to "
                          "provision: " + ", ".join(v.name for v in broken))
-            self._delete_vms(api, group, [v.name for v in broken])
+            instances.delete_vms(api, group, [v.name for v in broken])
         live = [v for v in found if v.state not in ("Failed", "Deleting") and v.rank is not None]
+        self._save(name, num_nodes=request.num_nodes)
         self.check_ranks(request, [v.rank for v in live if v.rank is not None])
         have = {v.rank: v for v in live if v.rank is not None}
         if not have:   # the nodes that exist pin the region, size and zone (or no zone)
@@ -260,7 +262,7 @@ class AzureProvider(CloudProvider):
                         disk_gb=res.disk_size_gb, premium_disk=info.premium_io,
                         user=opts.ssh_user, public_key=request.public_key, cluster=name,
                         owner=self._owner(name), spot=res.use_spot, spot_max_price=opts.spot_max_price,
-                        identity=opts.self_stop)
+                        identity=opts.self_stop or bool(identity.containers(request.buckets)))
 
         def launch(zone: str | None) -> list[Node]:
             nodes = self._launch_zone(request, api, spec, zone, nics, have)
@@ -320,9 +322,13 @@ class AzureProvider(CloudProvider):
                             errors[r] = exc
                 if errors:
                     raise worst(list(errors.values()))
-            running = self._wait_running(api, group, request.num_nodes)
-            if spec.identity:
+            running = instances.wait_running(api, group, self.running_timeout, self.poll,
+                                             self.sleep, request.num_nodes)
+            if self._opts(request).self_stop:
                 selfstop.grant(api, group, running, self.sleep)
+            identity.ensure(api, running, request.buckets, name, self._owner(name),
+                            lambda s: self._save(name, blob_scopes=s),
+                            list(self._record(name).get("blob_scopes") or []), self.sleep)
             for v in running:
                 if v.name in tried and v.disk_name:
                     self._tag_disk(api, group, v)
@@ -345,39 +351,6 @@ class AzureProvider(CloudProvider):
         api.lro(f"tag OS disk {vm.disk_name}", api.c.compute.disks.begin_update, group,
                 vm.disk_name, {"tags": tg})
 
-    def _wait_running(self, api: Api, group: str, n: int) -> list[instances.Vm]:
-        deadline = time.monotonic() + self.running_timeout
-        while True:
-            found = [v for v in instances.list_vms(api, group) if v.rank is not None and v.rank < n]
-            failed = [v for v in found if v.state == "Failed" or v.status == "terminated"]
-            if failed:
-                raise ProviderError(f"VM {failed[0].name} is {failed[0].state or failed[0].power} "
-                                    "instead of running.", "Run 'cloudtrain up' again, or 'down'.")
-            stopped = [v for v in found if v.status == "stopped"]
-            for v in stopped:
-                api.lro(f"start VM {v.name}", api.c.compute.virtual_machines.begin_start, group,
-                        v.name)
-            ready = [v for v in found if v.status == "running"]
-            if len(ready) == n and len({v.rank for v in ready}) == n:
-                return sorted(ready, key=lambda v: v.rank or 0)
-            if time.monotonic() >= deadline:
-                raise ProviderError(f"{n - len(ready)} VM(s) of {group} did not start within "
-                                    f"{self.running_timeout:.0f}s.",
-                                    "Run 'cloudtrain up' again (it adopts what runs) or 'down'.")
-            self.sleep(self.poll)
-
-    def _delete_vms(self, api: Api, group: str, names: list[str]) -> None:
-        def one(vm: str) -> None:
-            try:
-                api.lro(f"delete VM {vm}", api.c.compute.virtual_machines.begin_delete, group, vm)
-            except ProviderError as exc:
-                if code_of(exc) not in ("ResourceNotFound", "NotFound", "ResourceGroupNotFound"):
-                    raise
-
-        if names:
-            with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(names))) as pool:
-                list(pool.map(one, names))
-
     def _rollback(self, api: Api, group: str, names: list[str]) -> None:
         """Delete the VMs this attempt asked for (their NICs and IPs stay for the next zone;
         what was adopted is left alone)."""
@@ -388,7 +361,7 @@ class AzureProvider(CloudProvider):
         if gone:
             self.ui.warn(f"azure: deleting the {len(gone)} VM(s) this attempt got in {group}: "
                          + ", ".join(gone))
-            self._delete_vms(api, group, gone)
+            instances.delete_vms(api, group, gone)
 
     # --- nodes as cloudtrain sees them -----------------------------------------------------------
 
@@ -420,6 +393,23 @@ class AzureProvider(CloudProvider):
         found = [v for v in instances.list_vms(api, group) if v.rank is not None and v.owner == owner]
         return self._nodes(api, cluster, group, found)
 
+    # --- what Azure says of each node (ReportsNodeHealth; see health.py) --------------------------
+
+    def node_health(self, cluster: str) -> list[NodeHealth]:
+        n = int(self._record(cluster).get("num_nodes") or 0)
+        sub = self._record(cluster).get("subscription_id") or self.clients.default_subscription()
+        if not sub:
+            return [NodeHealth(r, "", "unknown", "no Azure subscription") for r in range(n)]
+        return health.node_health(self._api(str(sub)), self.group(cluster), cluster,
+                                  self._owner(cluster), n)
+
+    def discard_nodes(self, cluster: str, ranks: list[int]) -> None:
+        gone = health.discard(self._api(self._subscription(cluster)), self.group(cluster),
+                              cluster, self._owner(cluster), ranks)
+        if gone:
+            self.ui.info(f"azure: deleted what was left of node(s) {sorted(ranks)}: "
+                         + ", ".join(gone))
+
     # --- the node guard's self-stop (SelfStops; see selfstop.py) ----------------------------------
 
     def self_stop_command(self, cluster: str, node: Node) -> str:
@@ -446,6 +436,8 @@ class AzureProvider(CloudProvider):
 
     def terminate(self, cluster: str) -> None:
         api = self._api(self._subscription(cluster))
+        identity.revoke(api, list(self._record(cluster).get("blob_scopes") or []),
+                        identity.mark(cluster, self._owner(cluster)))
         teardown.teardown(api, cluster, self._owner(cluster), expected=self.group(cluster), sleep=self.sleep,
                     poll=self.poll)
         self._nets = {k: v for k, v in self._nets.items() if k[0] != cluster}

@@ -163,6 +163,25 @@ class GoogleClients:
                 self._clients[kind] = c
             return c
 
+    def session(self) -> Any:
+        """An authorised HTTP session with the same credentials, for the JSON APIs the
+        compute SDK does not cover (IAM service accounts, Cloud Storage bucket IAM)."""
+        with self._lock:
+            s = self._clients.get(" session")
+        if s is None:
+            creds = self._load_credentials()
+            from google.auth.transport.requests import AuthorizedSession
+
+            s = AuthorizedSession(creds)
+            with self._lock:
+                self._clients[" session"] = s
+        return s
+
+    def rest_url(self, service: str, path: str) -> str:
+        """``https://<service>.googleapis.com<path>``, or the same path on the configured
+        endpoint (tests: the fake serves compute, IAM and storage paths side by side)."""
+        return (self.endpoint or f"https://{service}.googleapis.com").rstrip("/") + path
+
     def message(self, type_name: str, body: dict[str, Any]) -> Any:
         """An SDK message (e.g. ``Instance``) from a REST-shaped dict."""
         from google.cloud import compute_v1
@@ -276,6 +295,34 @@ class Api:
         for attempt in range(self.attempts):
             try:
                 return getattr(self.clients.client(kind), method)(**kw)
+            except Exception as exc:  # noqa: BLE001 - classified below
+                err = classify(exc, what)
+                if not isinstance(err, TransientError) or attempt + 1 == self.attempts:
+                    raise err from None
+            self.delays.append(delay)
+            self.sleep(delay)
+            delay = min(delay * 2, 20.0)
+        raise AssertionError("unreachable")
+
+    def rest(self, service: str, method: str, path: str, body: Any = None,
+             params: dict[str, str] | None = None) -> dict[str, Any]:
+        """A JSON API call (``service``: iam, storage) with the same errors and retries."""
+        what = f"{service} {method} {path.split('?')[0]}"
+
+        def once() -> dict[str, Any]:
+            from google.api_core import exceptions as gexc
+
+            resp = self.clients.session().request(
+                method, self.clients.rest_url(service, path), json=body, params=params,
+                timeout=60)
+            if resp.status_code >= 400:
+                raise gexc.from_http_response(resp)
+            return resp.json() if resp.content else {}
+
+        delay = 1.0
+        for attempt in range(self.attempts):
+            try:
+                return once()
             except Exception as exc:  # noqa: BLE001 - classified below
                 err = classify(exc, what)
                 if not isinstance(err, TransientError) or attempt + 1 == self.attempts:

@@ -284,3 +284,37 @@ def host_keys(api: Api, project: str, zone: str, name: str) -> tuple[str, ...]:
                 and _KEY_B64.match(val):
             out.append(f"{typ} {val}")
     return tuple(sorted(out))
+
+
+def wait_host_keys(api: Api, project: str, zone: str, names: list[str], wait: float,
+                   sleep: Callable[[float], None], warn: Callable[[str], None]
+                   ) -> dict[str, tuple[str, ...]]:
+    """Each node's host keys from its guest attributes, waiting up to ``wait`` seconds
+    (of polling) for the guest agent to publish them. A node still without keys then is
+    learned on first contact, and said so."""
+    found: dict[str, tuple[str, ...]] = {}
+    if wait <= 0 or not names:
+        return found
+    waited, step = 0.0, 2.0
+    while True:
+        try:
+            for n in names:
+                if n not in found:
+                    keys = host_keys(api, project, zone, n)
+                    if keys:
+                        found[n] = keys
+        except ProviderError as exc:
+            # e.g. no compute.instances.getGuestAttributes permission: not fatal, the
+            # keys are then learned on first contact (and status says so)
+            warn(f"gcp: cannot read the nodes' host keys from their guest "
+                         f"attributes ({exc.message}).")
+            break
+        if len(found) == len(names) or waited >= wait:
+            break
+        sleep(step)
+        waited += step
+    missing = [n for n in names if n not in found]
+    if missing:
+        warn(f"gcp: {', '.join(missing)} published no SSH host key in its guest "
+                     f"attributes within {wait:.0f} s; its key is learned on first contact.")
+    return found

@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from cloudtrain.errors import AuthError, ProviderError, UserError, code_of
-from cloudtrain.provider import ClusterRequest, NetworkRef, Node, Plan, SelfStop
+from cloudtrain.provider import ClusterRequest, NetworkRef, Node, NodeHealth, Plan, SelfStop
 from cloudtrain.provider.cloud import CloudProvider, Existing, Pin, Target, Unavailable, worst
 
-from . import images, instances, network, selfstop, tags, teardown
+from . import health, identity, images, instances, network, selfstop, tags, teardown
 from .api import Api, GoogleClients
 from .options import REGION_RE, ZONE_RE, GCPOptions
 
@@ -187,7 +187,9 @@ class GCPProvider(CloudProvider):
                  f"every instance and boot disk is labelled {tags.CLUSTER}={request.name}, "
                  f"{tags.OWNER}={tags.owner_value(owner)}, {tags.RANK}; the firewall "
                  "rules carry the same marks in their description"]
-        return self.plan_of(request, targets, creates, notes)
+        made, said = identity.plan(request.buckets, identity.email_of(
+            request.name, owner, opts.project or "PROJECT"), opts.service_account)
+        return self.plan_of(request, targets, creates + made, notes + said)
 
     # --- contract: network ---------------------------------------------------------------
 
@@ -242,6 +244,7 @@ class GCPProvider(CloudProvider):
         name = request.name
         api, project = self._request_api(request)
         live, dups = self._scan(api, project, name)
+        self._save(name, num_nodes=request.num_nodes)
         self.check_ranks(request, [i.rank for i in live if i.rank is not None])
         if dups:
             self.ui.warn(f"gcp: deleting {len(dups)} duplicate instance(s) of '{name}': "
@@ -294,6 +297,7 @@ class GCPProvider(CloudProvider):
                      have: dict[int, instances.Inst]) -> list[Node]:
         res, opts = request.resources, self._opts(request)
         new: dict[int, str] = {}
+        account = self._account(api, project, request)   # every up: bindings follow the task
         if missing:
             assert image is not None
             owner = self._owner(request.name)
@@ -308,7 +312,7 @@ class GCPProvider(CloudProvider):
                 network=opts.network or network.dedicated_name(base),
                 subnetwork=opts.subnetwork, public_ip=opts.public_ip,
                 ssh_user=opts.ssh_user, public_key=request.public_key,
-                service_account=opts.service_account, install_driver=opts.install_nvidia_driver,
+                service_account=account, install_driver=opts.install_nvidia_driver,
                 max_run_seconds=selfstop.run_seconds(request.max_hours))
             new, errors = instances.launch(api, spec, missing)
             if errors:
@@ -327,8 +331,8 @@ class GCPProvider(CloudProvider):
                        public_ip=opts.public_ip)
             if self.amap is not None:
                 self.amap.wait_for([a for i in running for a in (i.nat_ip, i.internal_ip) if a])
-            keys = self._host_keys(api, project, zone, [i.name for i in running],
-                                   opts.host_key_wait)
+            keys = instances.wait_host_keys(api, project, zone, [i.name for i in running],
+                                            opts.host_key_wait, self.sleep, self.ui.warn)
             self._save(request.name, host_keys={
                 **(self._record(request.name).get("host_keys") or {}),
                 **{k: list(v) for k, v in keys.items()}})
@@ -338,44 +342,21 @@ class GCPProvider(CloudProvider):
             self._rollback(api, project, zone, list(new.values()))
             raise
 
+    def _account(self, api: Api, project: str, request: ClusterRequest) -> str | None:
+        """The nodes' service account: the user's own, or the cluster's (only for gs://)."""
+        own, gs = self._opts(request).service_account, identity.gcs_buckets(request.buckets)
+        if own or not gs:
+            return own
+        known = set(self._record(request.name).get("gcs_buckets") or [])
+        self._save(request.name, gcs_buckets=sorted(known | {b.bucket for b in gs}))
+        return identity.ensure(api, project, request.name, self._owner(request.name), gs)
+
     def _rollback(self, api: Api, project: str, zone: str, names: list[str]) -> None:
         """Delete the instances this attempt made (the ones it adopted are left alone)."""
         if names:
             self.ui.warn(f"gcp: deleting the {len(names)} node(s) this attempt got in {zone}: "
                          + ", ".join(names))
             instances.delete(api, project, {zone: names})
-
-    def _host_keys(self, api: Api, project: str, zone: str, names: list[str],
-                   wait: float) -> dict[str, tuple[str, ...]]:
-        """Each node's host keys from its guest attributes, waiting up to ``wait`` seconds
-        (of polling) for the guest agent to publish them. A node still without keys then is
-        learned on first contact, and said so."""
-        found: dict[str, tuple[str, ...]] = {}
-        if wait <= 0 or not names:
-            return found
-        waited, step = 0.0, 2.0
-        while True:
-            try:
-                for n in names:
-                    if n not in found:
-                        keys = instances.host_keys(api, project, zone, n)
-                        if keys:
-                            found[n] = keys
-            except ProviderError as exc:
-                # e.g. no compute.instances.getGuestAttributes permission: not fatal, the
-                # keys are then learned on first contact (and status says so)
-                self.ui.warn(f"gcp: cannot read the nodes' host keys from their guest "
-                             f"attributes ({exc.message}).")
-                break
-            if len(found) == len(names) or waited >= wait:
-                break
-            self.sleep(step)
-            waited += step
-        missing = [n for n in names if n not in found]
-        if missing:
-            self.ui.warn(f"gcp: {', '.join(missing)} published no SSH host key in its guest "
-                         f"attributes within {wait:.0f} s; its key is learned on first contact.")
-        return found
 
     def _node(self, i: instances.Inst, user: str, public: bool,
               host_keys: tuple[str, ...] = ()) -> Node:
@@ -400,6 +381,23 @@ class GCPProvider(CloudProvider):
                 return []
             raise
         return [self._node(i, user, public) for i in live]
+
+    # --- what GCE says of each node (ReportsNodeHealth; see :mod:`.health`) -----------------
+
+    def node_health(self, cluster: str) -> list[NodeHealth]:
+        n = int(self._record(cluster).get("num_nodes") or 0)
+        try:
+            api, project = self._cluster_api(cluster)
+        except AuthError as exc:
+            return [NodeHealth(r, "", "unknown", exc.message) for r in range(n)]
+        return health.node_health(api, project, cluster, self._owner(cluster), n)
+
+    def discard_nodes(self, cluster: str, ranks: list[int]) -> None:
+        api, project = self._cluster_api(cluster)
+        gone = health.discard(api, project, cluster, self._owner(cluster), ranks)
+        if gone:
+            self.ui.info(f"gcp: deleted what was left of node(s) {sorted(ranks)}: "
+                         + ", ".join(gone))
 
     # --- self-stop: the node guard's last act (SelfStops) -----------------------------------
 
@@ -426,6 +424,9 @@ class GCPProvider(CloudProvider):
         api, project = self._cluster_api(cluster)
         teardown.teardown(api, project, cluster, self._owner(cluster), sleep=self.sleep,
                           poll=self.poll)
+        if "gcs_buckets" in self._record(cluster):   # only clusters that had one
+            identity.teardown(api, project, cluster, tags.owner_value(self._owner(cluster)),
+                              list(self._record(cluster)["gcs_buckets"]))
 
     # --- gc ------------------------------------------------------------------------------
 
@@ -457,7 +458,24 @@ class GCPProvider(CloudProvider):
                     continue
                 r.project, r.credentials_file = project, cred
                 out.append(r)
+            out += self._orphan_accounts(project, cred, live, owner)
         return out
+
+    def _orphan_accounts(self, project: str, cred: str | None, live: set[str],
+                         owner: str | None) -> list[teardown.Resource]:
+        """The nodes' service accounts of clusters no live one owns (see identity.py)."""
+        try:
+            found = identity.find(self._api(cred), project, None,
+                                  tags.owner_value(owner) if owner else None)
+        except AuthError as exc:
+            self.ui.warn(f"gcp: could not list service accounts ({exc.message}); gc skipped them")
+            return []
+        return [teardown.Resource("global", "service-account", str(sa.get("email")),
+                                  m[tags.CLUSTER], m.get(tags.OWNER, ""), "", project=project,
+                                  credentials_file=cred)
+                for sa in found for m in [identity.marks(sa)]
+                if not (m[tags.CLUSTER] in live
+                        and m.get(tags.OWNER) == tags.owner_value(self._owner(m[tags.CLUSTER])))]
 
     def remove(self, resources: list[teardown.Resource]) -> None:
         """Remove what :meth:`orphans` found, cluster by cluster (instances first)."""
@@ -470,6 +488,9 @@ class GCPProvider(CloudProvider):
             api = self._api(cred)
             teardown.teardown(api, project or api.clients.project(None), cluster, owner or None,
                               sleep=self.sleep, poll=self.poll)
+            if any(r.kind == "service-account" and r.cluster == cluster for r in resources):
+                identity.teardown(api, project or api.clients.project(None), cluster,
+                                  owner or None, [])
 
         self.remove_each(list(groups), remove, label=lambda group: f"{group[2]}: ",
                          failed="GCP cleanup did not finish: ", hint="Run 'cloudtrain gc' again.")

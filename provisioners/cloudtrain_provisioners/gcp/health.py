@@ -1,0 +1,73 @@
+"""What Compute Engine says of each node of a cluster (``ReportsNodeHealth``), and clearing
+what a lost node left so that ``create_nodes`` makes a fresh one in its rank.
+
+Only GCE's answer counts: RUNNING (or on its way: PROVISIONING, STAGING, REPAIRING) is
+running, even when SSH to it fails. TERMINATED/STOPPING/SUSPENDED, or no instance for a rank
+(a spot VM whose termination action is DELETE is simply gone), is lost. GCE does not mark a
+preempted instance itself: it records a ``compute.instances.preempted`` operation in the
+zone, which is where the reason "preempted" comes from; without one, a TERMINATED instance
+was stopped (a guest shutdown, the console, a run-duration limit). An API error: unknown.
+"""
+
+from __future__ import annotations
+
+from cloudtrain.errors import CloudtrainError, ProviderError
+from cloudtrain.provider import NodeHealth
+
+from . import instances
+from .api import Api
+
+RUNNING = ("RUNNING", "PROVISIONING", "STAGING", "REPAIRING")
+PREEMPTED_OP = "compute.instances.preempted"
+
+
+def preempted(api: Api, project: str, zone: str) -> set[str]:
+    """Names of the instances of ``zone`` GCE preempted (from its operations)."""
+    ops = api.items("zone_operations", "list", request={
+        "project": project, "zone": zone, "filter": f'operationType="{PREEMPTED_OP}"'})
+    return {str(o.get("targetLink", "")).rsplit("/", 1)[-1] for o in ops
+            if o.get("operationType") == PREEMPTED_OP}
+
+
+def node_health(api: Api, project: str, cluster: str, owner: str,
+                ranks: int) -> list[NodeHealth]:
+    try:
+        every = instances.describe(api, project, cluster, owner)
+        stopped_zones = {i.zone for i in every if i.status not in RUNNING}
+        taken = {(z, n) for z in sorted(stopped_zones) for n in preempted(api, project, z)}
+    except (ProviderError, CloudtrainError) as exc:
+        return [NodeHealth(r, "", "unknown", f"GCE could not be asked: {exc.message}")
+                for r in range(ranks)]
+    newest: dict[int, instances.Inst] = {}
+    for i in sorted(every, key=lambda i: (i.created_at, i.id)):
+        if i.rank is not None and (i.rank not in newest or i.status in RUNNING):
+            newest[i.rank] = i
+    out = []
+    for rank in range(max([ranks, *(r + 1 for r in newest)])):
+        i = newest.get(rank)
+        if i is None:
+            out.append(NodeHealth(rank, "", "lost", "GCE lists no instance for this rank "
+                                                    "(deleted, or a spot VM taken back)"))
+            continue
+        ident = f"{i.name}/{i.id}" if i.id else i.name
+        if i.status in RUNNING:
+            out.append(NodeHealth(rank, ident, "running"))
+        elif (i.zone, i.name) in taken:
+            out.append(NodeHealth(rank, ident, "lost", f"instance {i.name} was preempted "
+                                  "by GCE (spot capacity taken back)"))
+        else:
+            when = f" at {i.last_stop}" if i.last_stop else ""
+            out.append(NodeHealth(rank, ident, "lost",
+                                  f"instance {i.name} is {i.status}{when}"))
+    return out
+
+
+def discard(api: Api, project: str, cluster: str, owner: str, ranks: list[int]) -> list[str]:
+    """Delete the instances (and their auto-delete disks) of ``ranks``; returns their names."""
+    wanted = set(ranks)
+    by_zone: dict[str, list[str]] = {}
+    for i in instances.describe(api, project, cluster, owner):
+        if i.rank in wanted and i.cluster == cluster:
+            by_zone.setdefault(i.zone, []).append(i.name)
+    instances.delete(api, project, by_zone)
+    return [n for names in by_zone.values() for n in names]
