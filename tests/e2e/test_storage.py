@@ -6,7 +6,8 @@ cloud's storage emulator on loopback (moto's S3 server, gcp-storage-emulator, Az
 - ``checkpoints:`` makes the template write into $CLOUDTRAIN_CHECKPOINT_DIR, and complete
   checkpoints (objects, then a manifest) appear in the bucket while the job runs;
 - ``launch --down`` and a new launch with the same ``checkpoints:`` on a NEW cluster resume
-  where the first stopped (result.json's start_step), restored from the bucket."""
+  where the first stopped (result.json's start_step), restored from the bucket, passing over a
+  newer half-uploaded checkpoint."""
 
 from __future__ import annotations
 
@@ -87,11 +88,21 @@ def test_bucket_mounts_and_checkpoints_resume_on_a_new_cluster(
     res = _result(proj)
     assert res["start_step"] == 0 and res["final_step"] == 10, res
 
+    # A half-uploaded newer checkpoint: its object is in the bucket, and a manifest naming a
+    # second object that never arrived; and objects of a step 20 without any manifest.
+    emu.put("ckpt/run1/objects/" + "ef" * 32, b"x" * 100)
+    half = {**newest, "step": 20, "files": [
+        {"path": "step-000020.pt", "size": 100, "sha256": "ef" * 32},
+        {"path": "latest", "size": 15, "sha256": "01" * 32}]}
+    emu.put("ckpt/run1/manifests/29990101T000000000000Z-gone-step-000020.json",
+            json.dumps(half).encode())
+
     # 2. a NEW cluster with the same checkpoints: resumes at step 10 from the bucket
     r = cli.run("launch", str(task_file(proj, "b.yaml", emu, 15)), "-y", "--down", timeout=400)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-4000:]
     assert "Resuming from checkpoint step-000010" in out, out[-4000:]
+    assert "step-000020" not in out.split("Resuming from")[0].split("skipping manifest")[0]
     res = _result(proj)
     assert res["start_step"] == 10 and res["final_step"] == 15, res
     assert "step-000010.pt" in (res.get("resumed_from") or ""), res
