@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import json
 import re
+import signal
+import threading
 from pathlib import Path
 
 import pytest
 
 import storage_emulators as emus
-from conftest import CLI, needs_sshd, needs_torch
+from conftest import CLI, needs_sshd, needs_torch, wait_until
 
 pytestmark = [needs_sshd, needs_torch, pytest.mark.e2e]
 
@@ -102,9 +104,64 @@ def test_bucket_mounts_and_checkpoints_resume_on_a_new_cluster(
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-4000:]
     assert "Resuming from checkpoint step-000010" in out, out[-4000:]
-    assert "step-000020" not in out.split("Resuming from")[0].split("skipping manifest")[0]
+    assert "skipping manifest 29990101T000000000000Z-gone-step-000020.json" in out, out[-4000:]
     res = _result(proj)
     assert res["start_step"] == 10 and res["final_step"] == 15, res
     assert "step-000010.pt" in (res.get("resumed_from") or ""), res
     assert any(k.endswith("-step-000015.json") for k in emu.keys("ckpt/run1/manifests")), \
         emu.keys("ckpt/run1")
+
+
+def test_stopped_job_uploads_its_last_checkpoint_and_the_next_launch_resumes(
+        cli: CLI, tmp_path: Path) -> None:
+    """Ctrl-C on a launch: every node gets SIGTERM, the template saves a checkpoint at that step
+    and exits; the watch on the head node uploads it after the job ended (within stop_grace),
+    and a new cluster resumes from exactly that step."""
+    emu = emus.start("s3", tmp_path / "emulator")
+    try:
+        proj = tmp_path / "proj"
+        assert cli.run("init", str(proj)).returncode == 0
+        emu.put("datasets/d1/corpus.txt", CORPUS)
+        task = task_file(proj, "slow.yaml", emu, 1000)
+        doc = json.loads(task.read_text())
+        doc["train"]["args"] += ["--sleep-per-step", "0.3", "--ckpt-every", "1000"]
+        doc["stop_grace"] = 60
+        task.write_text(json.dumps(doc))
+        proc = cli.popen("launch", str(task), "-y", "--down")
+        seen: list[int] = []
+        lines: list[str] = []
+
+        def reader() -> None:
+            assert proc.stdout is not None
+            for ln in proc.stdout:
+                lines.append(ln)
+                m = re.search(r"\bstep (\d+)/1000\b", ln)
+                if m:
+                    seen.append(int(m.group(1)))
+
+        t = threading.Thread(target=reader, daemon=True)
+        t.start()
+        try:
+            assert wait_until(lambda: seen and seen[-1] >= 8, 240), "".join(lines)[-3000:]
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=180)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        t.join(timeout=10)
+        out = "".join(lines)
+        store_lines = "".join(ln for ln in lines if "[store]" in ln)
+        assert "failed" not in store_lines, store_lines
+        got = sorted(emu.keys("ckpt/run1/manifests"))
+        step = int(re.search(r"step-(\d+)\.json$", got[-1]).group(1))  # type: ignore[union-attr]
+        assert 8 <= step < 1000, (step, out[-3000:])
+        assert f"Uploaded checkpoint step-{step:06d}" in out, out[-3000:]
+
+        r = cli.run("launch", str(task_file(proj, "more.yaml", emu, step + 3)), "-y", "--down",
+                    timeout=400)
+        assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+        assert f"Resuming from checkpoint step-{step:06d}" in r.stdout, r.stdout[-4000:]
+        res = _result(proj)
+        assert res["start_step"] == step and res["final_step"] == step + 3, res
+    finally:
+        emu.stop()
