@@ -342,8 +342,13 @@ def watch(url_text: str, directory: str, pid: int | None, interval: float) -> in
                 upload(url_text, directory, rc)
                 last_sent = cur
             except StoreError as exc:
-                failures += 1
-                _say(f"upload failed ({exc}); retrying at the next change")
+                if stopping["term"]:
+                    # The stop's SIGTERM reached rclone too (it carries the job's marker): the
+                    # last pass below uploads this state again once the job has ended.
+                    _say("upload interrupted by the stop; the last pass redoes it")
+                else:
+                    failures += 1
+                    _say(f"upload failed ({exc}); retrying at the next change")
         prev = cur
     cur = scan(directory)
     if cur and cur != last_sent:
