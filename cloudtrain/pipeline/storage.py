@@ -105,18 +105,15 @@ def wrap_body(task: Task, node: NodeRow, command: str) -> str:
         '    echo "cloudtrain: restoring the checkpoint failed (exit $ct_rc)" >&2; exit "$ct_rc"',
         "fi",
     ]
-    if node.rank != 0:
-        return "\n".join(lines + [command])
-    lines += [
-        f"{command} &",
-        "ct_job=$!",
-        f'python3 {store} watch {url} "$CLOUDTRAIN_CHECKPOINT_DIR" --pid "$ct_job" &',
-        "ct_watch=$!",
-        # A stop signals the whole group: the job saves and exits, the watch uploads after it.
-        "trap ':' TERM",
-        'while kill -0 "$ct_job" 2>/dev/null; do wait "$ct_job"; done',
-        'wait "$ct_job"; ct_rc=$?',
-        'wait "$ct_watch" || echo "cloudtrain: the last checkpoint upload failed" >&2',
-        'exit "$ct_rc"',
-    ]
+    # Not exec'd, so this shell must outlive a stop's SIGTERM (which reaches the whole group)
+    # and exit with the job's own code once the job has saved and ended.
+    lines += [f"{command} &", "ct_job=$!", "trap ':' TERM"]
+    if node.rank == 0:
+        lines += [f'python3 {store} watch {url} "$CLOUDTRAIN_CHECKPOINT_DIR" --pid "$ct_job" &',
+                  "ct_watch=$!"]
+    lines += ['while kill -0 "$ct_job" 2>/dev/null; do wait "$ct_job"; done',
+              'wait "$ct_job"; ct_rc=$?']
+    if node.rank == 0:
+        lines.append('wait "$ct_watch" || echo "cloudtrain: the last checkpoint upload failed" >&2')
+    lines.append('exit "$ct_rc"')
     return "\n".join(lines)

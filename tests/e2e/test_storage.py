@@ -165,3 +165,32 @@ def test_stopped_job_uploads_its_last_checkpoint_and_the_next_launch_resumes(
         assert res["start_step"] == step and res["final_step"] == step + 3, res
     finally:
         emu.stop()
+
+
+def test_run_body_with_checkpoints_keeps_its_exit_code(cli: CLI, tmp_path: Path) -> None:
+    """A plain ``run:`` body with ``checkpoints:``: it sees $CLOUDTRAIN_CHECKPOINT_DIR, what it
+    leaves there goes up after it ends, and the launch fails with the body's own exit code."""
+    emu = emus.start("s3", tmp_path / "emulator")
+    try:
+        proj = tmp_path / "proj"
+        proj.mkdir()
+        doc = {"name": "st-run", "num_nodes": 2, "resources": {"provider": "local"},
+               "envs": {**emu.envs, "CLOUDTRAIN_CHECKPOINT_INTERVAL": "0.5"},
+               "checkpoints": emu.url("ckpt/run-body"),
+               "run": 'test -n "$CLOUDTRAIN_CHECKPOINT_DIR" || exit 9\n'
+                      'mkdir -p "$CLOUDTRAIN_CHECKPOINT_DIR"\n'
+                      'echo "$CLOUDTRAIN_NODE_RANK" > "$CLOUDTRAIN_CHECKPOINT_DIR/step-000007.txt"\n'
+                      'exit 3'}
+        task = proj / "t.yaml"
+        task.write_text(json.dumps(doc))
+        r = cli.run("launch", str(task), "-y", "--down", timeout=300)
+        out = r.stdout + r.stderr
+        assert r.returncode == 3, out[-3000:]
+        assert "Uploaded checkpoint step-000007" in out, out[-3000:]
+        got = sorted(emu.keys("ckpt/run-body/manifests"))
+        assert len(got) == 1 and got[0].endswith("-step-000007.json"), got
+        man = json.loads(emu.cat("ckpt/run-body/manifests/" + got[0]))
+        assert [f["path"] for f in man["files"]] == ["step-000007.txt"]
+        assert emu.cat(f"ckpt/run-body/objects/{man['files'][0]['sha256']}") == b"0\n"   # the head's
+    finally:
+        emu.stop()
