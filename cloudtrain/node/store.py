@@ -41,6 +41,7 @@ REMOTE = "cts"
 NOTHING, USAGE, NO_RCLONE, FAILED = 3, 2, 4, 1
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 STEP = re.compile(r"step-0*(\d+)")
+MAX_MANIFEST = 16 << 20   # bytes read of one manifest (the bucket's content is untrusted)
 PARTIAL = (".tmp", ".part", ".partial", ".incomplete")
 
 
@@ -195,6 +196,10 @@ def fetch(url_text: str, dest: str) -> int:
     listing = rc.lsjson(hashes=True)
     if not listing:
         raise StoreError(f"{url_text} holds no objects (or cannot be listed with the node's credentials)")
+    bad = [i["Path"] for i in listing if safe_rel(i.get("Path")) is None]
+    if bad:
+        # An object key such as 'a/../../x' would name a file outside DEST: refuse them all.
+        raise StoreError(f"{url_text} has object names that would leave {dest}: {bad[0][:80]!r}")
     digest = hashlib.sha256(json.dumps(sorted((i["Path"], i["Size"], i.get("Hashes", {}).get("md5", ""),
                                                i.get("ModTime", "")) for i in listing)).encode()).hexdigest()
     stamp = os.path.join(dest, ".cloudtrain-fetched")
@@ -395,7 +400,8 @@ def restore(url_text: str, directory: str) -> int:
     os.makedirs(directory, exist_ok=True)
     for name in names:
         try:
-            manifest = json.loads(rc.run("cat", remote_path(rc.url, "manifests", name)))
+            manifest = json.loads(rc.run("cat", "--count", str(MAX_MANIFEST),
+                                         remote_path(rc.url, "manifests", name)))
         except (StoreError, ValueError) as exc:
             _say(f"skipping manifest {name}: unreadable ({exc})")
             continue

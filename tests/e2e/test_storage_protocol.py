@@ -137,3 +137,30 @@ def test_restore_with_nothing_and_watch_final_pass(s3: emus.Emulator, tmp_path: 
             if p.poll() is None:
                 p.kill()
     assert any(k.endswith("step-000006.json") for k in manifests(s3, pre)), manifests(s3, pre)
+
+
+def test_fetch_copies_skips_unchanged_and_refuses_escaping_names(s3: emus.Emulator,
+                                                                  tmp_path: Path) -> None:
+    s3.put("proto/f/a.txt", b"a")
+    s3.put("proto/f/sub/b.txt", b"bb")
+    dest = tmp_path / "mnt"
+    r = store(s3, "fetch", s3.url("proto/f"), str(dest))
+    assert r.returncode == 0 and "fetched" in r.stdout, r.stdout + r.stderr
+    assert (dest / "sub" / "b.txt").read_bytes() == b"bb"
+    r = store(s3, "fetch", s3.url("proto/f"), str(dest))
+    assert r.returncode == 0 and "unchanged" in r.stdout, r.stdout + r.stderr
+
+    s3.put("proto/g/ok.txt", b"ok")
+    import boto3   # a raw key with '..' segments (rclone itself would clean the name)
+
+    boto3.client("s3", endpoint_url=s3.envs["AWS_ENDPOINT_URL"], region_name="us-east-1",
+                 aws_access_key_id="testing", aws_secret_access_key="testing").put_object(
+        Bucket=emus.BUCKET, Key="proto/g/../../escaped.txt", Body=b"evil")
+    dest = tmp_path / "deep" / "er" / "mnt"
+    r = store(s3, "fetch", s3.url("proto/g"), str(dest))
+    # rclone lists such a key with its '..' segments encoded (as fullwidth dots), so the file,
+    # if written at all, stays inside DEST; store.py refuses real '..' names itself as well.
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (dest / "ok.txt").read_bytes() == b"ok"
+    for hit in tmp_path.rglob("escaped.txt"):
+        assert dest.resolve() in hit.resolve().parents, hit
