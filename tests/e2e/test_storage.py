@@ -194,3 +194,36 @@ def test_run_body_with_checkpoints_keeps_its_exit_code(cli: CLI, tmp_path: Path)
         assert emu.cat(f"ckpt/run-body/objects/{man['files'][0]['sha256']}") == b"0\n"   # the head's
     finally:
         emu.stop()
+
+
+def test_a_node_without_rclone_stops_a_bucket_task_before_it_runs(cli: CLI, tmp_path: Path) -> None:
+    """Bootstrap reports rclone on every node (the `rclone` step's result); a local node that
+    has none stops a task with buckets before anything runs, exit 2, naming the node and the
+    fix. (The node's answer is set in the state: this machine's nodes all have rclone.)"""
+    import sqlite3
+
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    plain = proj / "plain.yaml"
+    plain.write_text(json.dumps({"name": "st-norc", "num_nodes": 2,
+                                 "resources": {"provider": "local"}, "run": "echo ok"}))
+    r = cli.run("launch", str(plain), "-y", timeout=300)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    db = cli.home / "state.db"
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute("SELECT rank, bootstrap_json FROM nodes WHERE cluster='st-norc'").fetchall()
+        assert {json.loads(b).get("rclone", "") not in ("", "missing") for _, b in rows} == {True}, rows
+        info = json.loads(dict(rows)[1])
+        info["rclone"] = "missing"
+        conn.execute("UPDATE nodes SET bootstrap_json=? WHERE cluster='st-norc' AND rank=1",
+                     (json.dumps(info),))
+    marker = tmp_path / "ran"
+    bucket = proj / "bucket.yaml"
+    bucket.write_text(json.dumps({"name": "st-norc", "num_nodes": 2,
+                                  "resources": {"provider": "local"},
+                                  "checkpoints": "s3://ct-bucket/x", "run": f"touch {marker}"}))
+    r = cli.run("launch", str(bucket), "-y", timeout=300)
+    assert r.returncode == 2, (r.stdout + r.stderr)[-3000:]
+    assert "node(s) [1]" in r.stderr and "apt-get install rclone" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and not marker.exists()
+    assert cli.run("down", "st-norc", "-y").returncode == 0
