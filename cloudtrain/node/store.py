@@ -168,11 +168,17 @@ class Rclone:
         args = ["lsjson", "--files-only", "-R", remote_path(self.url, *parts)]
         if hashes:
             args.insert(1, "--hash")
-        out = self.run(*args, check=False)
+        cmd = ["rclone", "--retries", "3", "--low-level-retries", "3", *args]
+        p = subprocess.run(cmd, env=self.env, capture_output=True)
+        if p.returncode == 3:      # rclone: directory not found (nothing under this prefix yet)
+            return []
+        if p.returncode != 0:      # e.g. no access: never mistaken for "no checkpoint yet"
+            err = [ln for ln in p.stderr.decode(errors="replace").splitlines() if ln.strip()]
+            raise StoreError(f"cannot list {self.url_text}: " + (err[-1][:400] if err else f"exit {p.returncode}"))
         try:
-            items = json.loads(out or b"[]")
+            items = json.loads(p.stdout or b"[]")
         except ValueError:
-            items = []
+            raise StoreError(f"cannot list {self.url_text}: rclone gave no JSON") from None
         return [i for i in items if isinstance(i, dict) and not i.get("IsDir")]
 
 

@@ -164,3 +164,13 @@ def test_fetch_copies_skips_unchanged_and_refuses_escaping_names(s3: emus.Emulat
     assert (dest / "ok.txt").read_bytes() == b"ok"
     for hit in tmp_path.rglob("escaped.txt"):
         assert dest.resolve() in hit.resolve().parents, hit
+
+
+def test_no_access_is_an_error_never_a_fresh_start(s3: emus.Emulator, tmp_path: Path) -> None:
+    """A restore that cannot list the bucket (here: the endpoint refuses connections) fails
+    with exit 1 and rclone's reason; it must not say "starting fresh" (the job would then
+    train from scratch over a checkpoint it could not see)."""
+    env = _env(s3, {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{emus.free_port()}"})
+    r = store(s3, "restore", s3.url("proto/a"), str(tmp_path / "d"), env=env)
+    assert r.returncode == 1 and "cannot list" in r.stderr, r.stdout + r.stderr
+    assert "fresh" not in r.stdout
