@@ -17,6 +17,7 @@
 #   CLOUDTRAIN_TORCH_INDEX_BASE  where the table's index suffixes live
 #   CLOUDTRAIN_CUDA_TOOLKIT   1: also install the CUDA toolkit (nvcc) where missing
 #   CLOUDTRAIN_OS_RELEASE     the os-release file to read (tests)
+#   CLOUDTRAIN_RCLONE         install: install rclone when missing (cloud nodes); check: only look
 #   CLOUDTRAIN_CUDA_HOME      where a CUDA toolkit would be (default /usr/local/cuda)
 # shellcheck source-path=SCRIPTDIR
 set -euo pipefail
@@ -286,6 +287,41 @@ else
         found "PyTorch $TORCH sees $seen GPU(s)"
     fi
 fi
+
+# ---------------------------------------------------------------------------------------------
+step rclone
+# Bucket file_mounts and checkpoints move through rclone (cloudtrain/node/store.py drives it).
+# Cloud nodes get it when missing (the distro package, else rclone's official release zip,
+# checked against its SHA256SUMS); on local/ssh nodes cloudtrain installs nothing system-wide:
+# the result says 'missing' and a task that needs buckets is stopped with the fix.
+RCLONE_V=missing
+if command -v rclone >/dev/null 2>&1; then
+    RCLONE_V=$(rclone version 2>/dev/null | awk 'NR == 1 {print $2}')
+    found "rclone ${RCLONE_V:-?}"
+elif [ "${CLOUDTRAIN_RCLONE:-check}" = install ]; then
+    if [ "$PKG" = apt ] && pkg_install rclone >/dev/null 2>&1 && command -v rclone >/dev/null 2>&1; then
+        :
+    else
+        rarch=""
+        case "$ARCH" in x86_64) rarch=amd64 ;; aarch64) rarch=arm64 ;; esac
+        [ -n "$rarch" ] || fail "rclone is needed for buckets and there is no release for $ARCH."
+        rbase=${CLOUDTRAIN_RCLONE_BASE:-https://downloads.rclone.org/v1.68.2}
+        rzip="rclone-v1.68.2-linux-$rarch.zip"
+        rtmp=$(mktemp -d)
+        download "$rbase/$rzip" "$rtmp/$rzip"
+        download "$rbase/SHA256SUMS" "$rtmp/SHA256SUMS"
+        (cd "$rtmp" && grep " $rzip\$" SHA256SUMS | sha256sum -c --status) \
+            || fail "the rclone download did not match its SHA256SUMS." "Try again later."
+        python3 -m zipfile -e "$rtmp/$rzip" "$rtmp/x"
+        as_root install -m 0755 "$rtmp/x/${rzip%.zip}/rclone" /usr/local/bin/rclone
+        rm -rf "$rtmp"
+    fi
+    RCLONE_V=$(rclone version 2>/dev/null | awk 'NR == 1 {print $2}')
+    installed rclone "rclone ${RCLONE_V:-?}"
+else
+    skip "rclone is not installed (needed only for bucket file_mounts and checkpoints: apt-get install rclone)"
+fi
+result rclone "$RCLONE_V"
 
 # ---------------------------------------------------------------------------------------------
 step network

@@ -12,6 +12,7 @@ command -v rsync >/dev/null 2>&1 || need+=(rsync)
 command -v shellcheck >/dev/null 2>&1 || need+=(shellcheck)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v pgrep >/dev/null 2>&1 || need+=(procps)
+command -v rclone >/dev/null 2>&1 || need+=(rclone)   # buckets: the nodes' transfers (docs/storage.md)
 if [ "${#need[@]}" -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         echo "setup: installing ${need[*]}"
@@ -32,5 +33,15 @@ if ! .venv/bin/python -c "import cloudtrain, torch, pytest, paramiko" >/dev/null
     .venv/bin/python -m pip install -q --upgrade pip >/dev/null
     .venv/bin/python -m pip install -q -c constraints-dev.txt torch numpy -e ".[dev]"
     touch .venv/.installed
+fi
+# Azurite (the Azure Blob emulator the storage tests start) from npm, into tests/.npm; optional:
+# without Node.js those tests say what is missing.
+if [ ! -x tests/.npm/node_modules/.bin/azurite-blob ]; then
+    if command -v npm >/dev/null 2>&1; then
+        npm install --prefix tests/.npm --no-audit --no-fund --loglevel=error azurite@3 >/dev/null \
+            || echo "setup: warning: 'npm install azurite' failed; the Azure storage tests will fail" >&2
+    else
+        echo "setup: note: no npm here; install Node.js to run the Azure Blob storage tests" >&2
+    fi
 fi
 echo "setup: ready ($(.venv/bin/python -c 'import torch, cloudtrain; print("cloudtrain", cloudtrain.__version__, "torch", torch.__version__)'))"

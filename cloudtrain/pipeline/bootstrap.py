@@ -13,7 +13,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from functools import lru_cache
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Callable
 
 from cloudtrain.errors import RemoteError
@@ -32,12 +32,14 @@ TAIL_LINES = 20
 @lru_cache(maxsize=1)
 def _bundle() -> tuple[str, bytes]:
     root = bootstrap_dir()
-    files = sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    files = [(p.relative_to(root).as_posix(), p)
+             for p in sorted(root.rglob("*")) if p.is_file() and "__pycache__" not in p.parts]
+    # The node's storage agent travels with the scripts: store.py next to ctjob.sh.
+    files.append(("store.py", Path(__file__).resolve().parent.parent / "node" / "store.py"))
     h = hashlib.sha256()
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=6) as tar:
-        for p in files:
-            rel = p.relative_to(root).as_posix()
+        for rel, p in files:
             data = p.read_bytes()
             h.update(rel.encode() + b"\0" + data + b"\0")
             info = tarfile.TarInfo(rel)
@@ -214,7 +216,9 @@ def provider_node_env(handle: Handle) -> dict[str, str]:
 
 
 def bootstrap_env(handle: Handle, cfg: BootstrapSpec) -> Callable[[NodeRow], dict[str, str]]:
-    extra = provider_node_env(handle)
+    # rclone (buckets): installed when missing on cloud nodes, only looked for on local/ssh ones.
+    rclone = "check" if handle.row.provider in ("local", "ssh") else "install"
+    extra = {**provider_node_env(handle), "CLOUDTRAIN_RCLONE": rclone}
     return lambda n: node_env(cfg, n, extra)
 
 

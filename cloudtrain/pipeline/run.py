@@ -16,7 +16,7 @@ from cloudtrain import paths
 from cloudtrain.cluster import Handle, cluster_uid
 from cloudtrain.context import Env
 from cloudtrain.errors import Interrupted, JobFailed, RemoteError, UserError
-from cloudtrain.pipeline import bootstrap, sync, torchrun
+from cloudtrain.pipeline import bootstrap, storage, sync, torchrun
 from cloudtrain.pipeline.bootstrap import bootstrap_env, run_bootstrap
 from cloudtrain.pipeline.remote_job import (LogSink, RemoteJob, job_dir, new_job_id,
                                             read_worker_failures)
@@ -42,7 +42,7 @@ class Outcome:
 # --- environment and scripts -----------------------------------------------------------------
 
 def job_env(env: Env, handle: Handle, node: NodeRow, envs: dict[str, str], job_id: str,
-            overrides: dict[str, str]) -> dict[str, str]:
+            overrides: dict[str, str], task: Task | None = None) -> dict[str, str]:
     nodes = handle.nodes
     gpus = min((n.gpus or 0) for n in nodes) if nodes else 0
     head = nodes[0]
@@ -63,6 +63,7 @@ def job_env(env: Env, handle: Handle, node: NodeRow, envs: dict[str, str], job_i
         out["NCCL_SOCKET_IFNAME"] = node.iface
     out.update(envs)
     out.update(overrides)
+    out.update(storage.job_env(task, node) if task is not None else {})
     # The markers every process of the job inherits; never overridable (stopping relies on them).
     out["CLOUDTRAIN_JOB_ID"] = job_id
     out["CLOUDTRAIN_JOB_DIR"] = job_dir(node, job_id)
@@ -89,7 +90,14 @@ def train_body(handle: Handle, node: NodeRow, task: Task, job_id: str) -> str:
     info = torchrun.NodeInfo(rank=node.rank, num_nodes=len(handle.nodes), node_ip=node.internal_ip,
                              head_ip=head.internal_ip, master_port=handle.row.master_port, gpus=gpus)
     wrapper = str(PurePosixPath(bootstrap.script_dir(node)) / "ctworker.sh")
-    return "exec " + torchrun.shell(torchrun.command(task.train, info, job_id, wrapper))
+    cmd = torchrun.shell(torchrun.command(task.train, info, job_id, wrapper))
+    # With checkpoints the job is not exec'd: the restore comes first, the watch beside it.
+    return storage.wrap_body(task, node, cmd) if task.checkpoints else "exec " + cmd
+
+
+def run_body(task: Task, node: NodeRow) -> str:
+    body = str(task.run)
+    return storage.wrap_body(task, node, "{\n" + body + "\n}") if task.checkpoints else body
 
 
 @dataclass(frozen=True)
@@ -140,6 +148,7 @@ def sync_plan(task: Task) -> sync.SyncPlan:
                    for remote, local in task.local_mounts().items())
     # Outputs and mount targets inside the workdir survive the workdir sync's --delete.
     inside = tuple(m.remote for m in mounts if not m.remote.startswith(("/", "~")))
+    inside += tuple(t for t in task.bucket_mounts() if not t.startswith(("/", "~")))
     return sync.SyncPlan(workdir=wd, mounts=mounts, protect=tuple(task.outputs) + inside,
                          exclude=tuple(exclude))
 
@@ -231,6 +240,12 @@ def _run_task(env: Env, handle: Handle, group: Group, task: Task, *, detach: boo
     _mark(group, [n.rank for n in stale], ".sync-fp", fp)
     _budget_spent(env, guard, None)
 
+    # 1b. bucket file_mounts: every node fetches them itself, before setup
+    storage.check_rclone(handle, task)
+    storage.fetch_mounts(env, handle, group, task, {
+        n.rank: job_env(env, handle, n, task.envs, job_id + "-fetch", overrides) for n in nodes})
+    _budget_spent(env, guard, None)
+
     logs = env.logs_dir(handle.name) / job_id
     env.state.add_launch(handle.name, job_id, task.name, detach)
     env.state.set_job_envs(handle.name, {**task.envs, **overrides})   # for exec
@@ -268,8 +283,9 @@ def _run_task(env: Env, handle: Handle, group: Group, task: Task, *, detach: boo
     if task.train is not None:
         bodies = {n.rank: train_body(handle, n, task, job_id) for n in nodes}
     else:
-        bodies = {n.rank: str(task.run) for n in nodes}
-    scripts = {n.rank: script(n, job_env(env, handle, n, task.envs, job_id, overrides), bodies[n.rank])
+        bodies = {n.rank: run_body(task, n) for n in nodes}
+    scripts = {n.rank: script(n, job_env(env, handle, n, task.envs, job_id, overrides, task),
+                              bodies[n.rank])
                for n in nodes}
     sink = LogSink(env, logs, "", echo=True)
     with open(logs / "job.txt", "w", opener=paths.private_opener) as f:

@@ -31,6 +31,10 @@ writes the rest):
     checkpoints/latest     the file name of the newest step checkpoint
     checkpoints/best.pt    the state with the lowest validation loss so far (never pruned)
 
+The checkpoints go to $CLOUDTRAIN_CHECKPOINT_DIR instead when it is set: cloudtrain sets it when
+the task has ``checkpoints: s3://...`` (or gs://, Azure Blob), restores the newest complete
+checkpoint there before the job starts and uploads new ones while it runs.
+
 Exit codes: 0 finished (or stopped early), 2 bad arguments or data, 143 stopped by SIGTERM.
 """
 
@@ -662,6 +666,13 @@ class Checkpoints:
         return len(steps), dest
 
 
+def checkpoint_dir(args: argparse.Namespace) -> Path:
+    """$CLOUDTRAIN_CHECKPOINT_DIR when cloudtrain sets it (the task has ``checkpoints:``, a
+    bucket the node uploads them to and restores them from), else --out/checkpoints."""
+    env = os.environ.get("CLOUDTRAIN_CHECKPOINT_DIR")
+    return Path(env) if env else Path(args.out) / "checkpoints"
+
+
 def load_checkpoint(path: Path) -> dict[str, Any]:
     # weights_only: tensors and plain Python values only, nothing that runs code when loaded.
     return torch.load(path, map_location="cpu", weights_only=True)
@@ -1127,7 +1138,7 @@ def main(argv: list[str] | None = None) -> int:
     rt = init_runtime()
     try:
         data = load_data(args)
-        ckpts = Checkpoints(Path(args.out) / "checkpoints", args.keep_ckpts)
+        ckpts = Checkpoints(checkpoint_dir(args), args.keep_ckpts)
         start = resolve_start(args, rt, ckpts)
         if start is None:
             return 0
