@@ -152,9 +152,13 @@ def check(env: Env, task: Task, plan: Plan) -> Recovery:
 
 
 def last_checkpoint_at(group: Group, handle: Handle, task: Task) -> float | None:
-    """When the surviving head last wrote a checkpoint: the newest file under
-    CLOUDTRAIN_CHECKPOINT_DIR (task envs) on rank 0, or None."""
-    where = task.envs.get("CLOUDTRAIN_CHECKPOINT_DIR")
+    """When the surviving head last wrote a checkpoint: the newest file under its
+    CLOUDTRAIN_CHECKPOINT_DIR (``checkpoints:``'s directory, or the task envs' value) on
+    rank 0, or None."""
+    from cloudtrain.pipeline import storage
+
+    where = (storage.checkpoint_dir(handle.nodes[0]) if task.checkpoints
+             else task.envs.get("CLOUDTRAIN_CHECKPOINT_DIR"))
     if not where or 0 not in group.conns:
         return None
     d = shlex.quote(where)
