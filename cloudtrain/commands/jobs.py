@@ -14,7 +14,14 @@ from cloudtrain.commands.base import (CONTEXT, check_name, confirm_cost, finite,
                                       open_env)
 
 if TYPE_CHECKING:
+    from typing import Any, Callable
+
+    from cloudtrain.budget import Budget
     from cloudtrain.cluster import Handle
+    from cloudtrain.context import Env
+    from cloudtrain.pipeline.run import Outcome
+    from cloudtrain.provider.contract import Plan
+    from cloudtrain.spec import Task
 
 
 @click.command(context_settings=CONTEXT)
@@ -75,19 +82,24 @@ def launch(task_file: str, cluster_name: str | None, down_after: bool, detach: b
     env.ui.ok(f"Job {outcome.job_id} succeeded on every node")
 
 
-def start(env, task, name, planned, *, recover: bool, detach: bool, **kw):  # type: ignore[no-untyped-def]
+def start(env: Env, task: Task, name: str, planned: Plan, *, recover: bool, detach: bool,
+          down_after: bool, overrides: dict[str, str], limit: Budget | None,
+          confirm: Callable[[Plan], None], options: dict[str, Any]) -> Outcome | None:
     """The launch chain, or the recovery controller that runs it (``--recover``); with -d
-    the controller runs in the background (``cloudtrain jobs``)."""
+    the controller runs in the background (``cloudtrain jobs``) and None is returned.
+    ``options``: the command line's task_file, max_cost, hours and no_budget, which a
+    background controller is started with."""
     from cloudtrain.pipeline import job, recover as recovery
 
-    options = kw.pop("options")
     if not recover:
-        return job.launch(env, task, name, planned, detach=detach, **kw)
+        return job.launch(env, task, name, planned, down_after=down_after, detach=detach,
+                          overrides=overrides, limit=limit, confirm=confirm)
     if not detach:
-        return recovery.launch(env, task, name, planned, **kw)
-    kw.pop("limit")
-    kw.update(options)
-    return recovery.detached(env, task, name, planned, **kw)
+        return recovery.launch(env, task, name, planned, down_after=down_after,
+                               overrides=overrides, limit=limit, confirm=confirm)
+    recovery.detached(env, task, name, planned, down_after=down_after, overrides=overrides,
+                      confirm=confirm, **options)
+    return None
 
 
 def parse_env(pairs: tuple[str, ...]) -> dict[str, str]:
