@@ -13,19 +13,11 @@ pytest.importorskip("boto3")
 
 from cloudtrain.provider import ReportsNodeHealth  # noqa: E402
 from cloudtrain_provisioners.aws import tags as T  # noqa: E402
-from aws_moto import Harness, add_images_to_moto, hermetic_env  # noqa: E402
+from aws_moto import Harness  # noqa: E402
 
 REGION = "us-east-1"
 
 
-@pytest.fixture
-def aws(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):  # type: ignore[no-untyped-def]
-    from moto import mock_aws
-
-    hermetic_env(monkeypatch)
-    with mock_aws():
-        add_images_to_moto(REGION)
-        yield Harness(tmp_path / "home")
 
 
 def _up(h: Harness, req):  # type: ignore[no-untyped-def]

@@ -18,19 +18,11 @@ from cloudtrain.errors import UserError  # noqa: E402
 from cloudtrain.storage.url import parse  # noqa: E402
 from cloudtrain_provisioners.aws import identity  # noqa: E402
 from cloudtrain_provisioners.aws import tags as T  # noqa: E402
-from aws_moto import Harness, add_images_to_moto, hermetic_env  # noqa: E402
+from aws_moto import Harness  # noqa: E402
 
 REGION = "us-east-1"
 
 
-@pytest.fixture
-def aws(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):  # type: ignore[no-untyped-def]
-    from moto import mock_aws
-
-    hermetic_env(monkeypatch)
-    with mock_aws():
-        add_images_to_moto(REGION)
-        yield Harness(tmp_path / "home")
 
 
 def _req(h: Harness, *urls: str, name: str = "demo", **kw):  # type: ignore[no-untyped-def]

@@ -20,22 +20,13 @@ from cloudtrain.errors import UserError  # noqa: E402
 from cloudtrain_provisioners.aws import tags as T  # noqa: E402
 from cloudtrain_provisioners.aws.instances import parse_host_keys  # noqa: E402
 from aws_moto import (NEWEST_DLAMI, TEST_CALLER_IP, Harness,  # noqa: E402
-                                                 add_images_to_moto, dlami_images,
-                                                 hermetic_env, host_key_console)
+                      add_images_to_moto, dlami_images, host_key_console)
 
 REGION = "us-east-1"
 TAG_KEYS = {T.CLUSTER, T.RANK, T.OWNER, T.CREATED}
 ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
 
 
-@pytest.fixture
-def aws(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):  # type: ignore[no-untyped-def]
-    from moto import mock_aws
-
-    hermetic_env(monkeypatch)
-    with mock_aws():
-        add_images_to_moto(REGION)
-        yield Harness(tmp_path / "home")
 
 
 def _up(h: Harness, req, **kw):  # type: ignore[no-untyped-def]

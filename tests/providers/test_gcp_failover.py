@@ -19,21 +19,10 @@ from cloudtrain.errors import AuthError, CapacityError, QuotaError, TransientErr
 from cloudtrain.spec import parse_task  # noqa: E402
 from cloudtrain.ui import UI  # noqa: E402
 from cloudtrain_provisioners.gcp import tags as L  # noqa: E402
-from gce_fake import GCEFake, Harness, hermetic_env, fake_offers  # noqa: E402
+from gce_fake import Harness, fake_offers  # noqa: E402
 
 EXHAUSTED = "ZONE_RESOURCE_POOL_EXHAUSTED"
 
-
-@pytest.fixture
-def gcp(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):  # type: ignore[no-untyped-def]
-    hermetic_env(monkeypatch, tmp_path)
-    monkeypatch.setenv("CLOUDTRAIN_HOME", str(tmp_path / "home"))
-    with GCEFake() as fake:
-        fake.guard_env(monkeypatch)
-        yield Harness(fake, tmp_path / "home")
-        # nothing tried to leave loopback (google-auth's own boundary lookup aside)
-        assert not [h for h in fake.outside if not h.startswith("iamcredentials.")], fake.outside
-        registry.unregister_instance("gcp")
 
 
 def _req(h: Harness, **kw):  # type: ignore[no-untyped-def]

@@ -13,16 +13,8 @@ pytest.importorskip("google.cloud.compute_v1")
 
 from cloudtrain.provider import ReportsNodeHealth  # noqa: E402
 from cloudtrain_provisioners.gcp import tags as L  # noqa: E402
-from gce_fake import GCEFake, Harness, hermetic_env  # noqa: E402
+from gce_fake import Harness  # noqa: E402
 
-
-@pytest.fixture
-def gcp(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):  # type: ignore[no-untyped-def]
-    hermetic_env(monkeypatch, tmp_path)
-    monkeypatch.setenv("CLOUDTRAIN_HOME", str(tmp_path / "home"))
-    with GCEFake() as fake:
-        fake.guard_env(monkeypatch)
-        yield Harness(fake, tmp_path / "home")
 
 
 def _mine(h: Harness, cluster: str = "demo") -> dict[int, tuple[str, str]]:

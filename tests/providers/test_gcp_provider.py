@@ -15,21 +15,10 @@ pytest.importorskip("google.cloud.compute_v1")
 
 from cloudtrain.errors import AuthError, UserError  # noqa: E402
 from cloudtrain_provisioners.gcp import tags as L  # noqa: E402
-from gce_fake import (DLVM_FAMILIES, DLVM_PROJECT, TEST_CALLER_IP, GCEFake, Harness,  # noqa: E402
-                      hermetic_env)
+from gce_fake import DLVM_FAMILIES, DLVM_PROJECT, TEST_CALLER_IP, Harness  # noqa: E402
 
 OWNER = L.owner_value("alice@laptop.example")
 
-
-@pytest.fixture
-def gcp(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):  # type: ignore[no-untyped-def]
-    hermetic_env(monkeypatch, tmp_path)
-    monkeypatch.setenv("CLOUDTRAIN_HOME", str(tmp_path / "home"))
-    with GCEFake() as fake:
-        fake.guard_env(monkeypatch)
-        yield Harness(fake, tmp_path / "home")
-        # nothing tried to leave loopback (google-auth's own boundary lookup aside)
-        assert not [h for h in fake.outside if not h.startswith("iamcredentials.")], fake.outside
 
 
 def _base(name: str = "demo") -> str:
