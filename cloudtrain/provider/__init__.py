@@ -42,7 +42,7 @@ from cloudtrain.provider.contract import (ClusterRequest, CollectsOrphans, HasHo
                                           Provider, ProviderContext, ReportsAttempts,
                                           ReportsInterruptions, ReportsNodeHealth, SelfStop,
                                           SelfStops)
-from cloudtrain.storage.url import BucketURL
+from cloudtrain.storage.url import BucketURL, of_scheme as buckets_of_scheme
 
 if TYPE_CHECKING:   # what the lazy names below are, for type checkers
     from cloudtrain import planner
@@ -85,6 +85,7 @@ __all__ = [
     "CollectsOrphans", "HasHostKeySource", "HasMasterPort", "HasNodeEnv", "MarksOwner",
     "NetworkRef", "Node", "NodeStatus", "Plan", "Provider", "ProviderContext", "ReportsAttempts",
     "ReportsInterruptions", "ReportsNodeHealth", "NodeHealth", "NodeState", "BucketURL",
+    "buckets_of_scheme",
     "SelfStop", "SelfStops", "check_name", "default_owner", "generate_host_key",
     "host_entry_name", "host_key_cloud_config", "now", "owner_hash", "owner_of_cluster",
     "split_owner", *_LAZY, *_MODULES,

@@ -20,7 +20,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import Iterable, Literal
 from urllib.parse import urlsplit
 
 Scheme = Literal["s3", "gs", "az"]
@@ -72,6 +72,15 @@ class BucketURL:
                     _check_segment(s, str(self))
                     segs.append(s)
         return BucketURL(self.scheme, self.bucket, "/".join(segs), self.account, self.endpoint)
+
+
+def of_scheme(buckets: Iterable[BucketURL], scheme: Scheme) -> list[BucketURL]:
+    """The buckets of one scheme (``s3``, ``gs``, ``az``), each once, in order."""
+    out: list[BucketURL] = []
+    for b in buckets:
+        if b.scheme == scheme and b not in out:
+            out.append(b)
+    return out
 
 
 def is_bucket_url(text: str) -> bool:

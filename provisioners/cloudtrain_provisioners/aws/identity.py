@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from cloudtrain.errors import ProviderError, UserError, code_of
-from cloudtrain.provider import BucketURL
+from cloudtrain.provider import BucketURL, buckets_of_scheme
 
 from . import tags, teardown
 from .api import Api
@@ -42,11 +42,7 @@ OBJECT_ACTIONS = ["s3:GetObject", "s3:PutObject", "s3:AbortMultipartUpload",
 
 def s3_buckets(buckets: Iterable[BucketURL]) -> list[BucketURL]:
     """The task's buckets on S3 (one entry per bucket/prefix, in order)."""
-    out: list[BucketURL] = []
-    for b in buckets:
-        if b.scheme == "s3" and b not in out:
-            out.append(b)
-    return out
+    return buckets_of_scheme(buckets, "s3")
 
 
 def foreign(buckets: Iterable[BucketURL]) -> list[BucketURL]:

@@ -35,6 +35,7 @@ import os
 import random
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any, Callable
 
@@ -351,3 +352,36 @@ def as_dict(model: Any) -> dict[str, Any]:
         return model
     fn = getattr(model, "as_dict", None)
     return dict(fn()) if callable(fn) else dict(model)
+
+
+AUTHZ_API = "2022-04-01"   # Microsoft.Authorization role assignments
+
+
+def assign_role(api: Api, principal: str, role: str, scope: str, what: str, *,
+                sleep: Callable[[float], None], tries: int = 12, description: str | None = None,
+                denied: Callable[[ProviderError], Exception] | None = None) -> None:
+    """Give ``principal`` the role (its definition id) at ``scope``: one assignment named from
+    the principal, role and scope, so a repeated ``up`` writes the same one. A brand-new
+    identity may not have reached Azure AD's replicas yet (``PrincipalNotFound``): retried
+    with backoff. ``denied`` turns ARM's refusal (``AuthorizationFailed``) into the caller's
+    own error."""
+    name = uuid.uuid5(uuid.NAMESPACE_URL, f"{principal}|{role}|{scope.lower()}")
+    props = {"roleDefinitionId": f"/subscriptions/{api.subscription_id}/providers/"
+                                 f"Microsoft.Authorization/roleDefinitions/{role}",
+             "principalId": principal, "principalType": "ServicePrincipal"}
+    if description is not None:
+        props["description"] = description
+    for attempt in range(tries):
+        try:
+            api.rest(what, "PUT", f"{scope}/providers/Microsoft.Authorization/roleAssignments/"
+                                  f"{name}?api-version={AUTHZ_API}", {"properties": props})
+            return
+        except ProviderError as exc:
+            code = code_of(exc)
+            if code == "RoleAssignmentExists":
+                return
+            if denied is not None and code in ("AuthorizationFailed", "LinkedAuthorizationFailed"):
+                raise denied(exc) from None
+            if code != "PrincipalNotFound" or attempt + 1 == tries:
+                raise
+            sleep(min(10.0, 1.0 * 2 ** attempt))

@@ -18,17 +18,15 @@ and the scopes are recorded (the cluster's ``azure.json``, before anything is gr
 
 from __future__ import annotations
 
-import uuid
 from typing import Any, Callable, Iterable
 
 from cloudtrain.errors import ProviderError, UserError, code_of
 from cloudtrain.provider import BucketURL
 
-from .api import Api
+from .api import AUTHZ_API, Api, assign_role
 
 ROLE = "ba92f5b4-2d11-453d-a403-e96b0029c9fe"
 ROLE_NAME = "Storage Blob Data Contributor"
-AUTHZ_API = "2022-04-01"
 STORAGE_API = "2023-01-01"
 
 
@@ -89,25 +87,9 @@ def grant(api: Api, vms: list[Any], where: list[str], note: str,
             raise ProviderError(f"VM {vm.name} has no managed identity.",
                                 "Run 'cloudtrain down' and 'up' again.")
         for scope in where:
-            name = uuid.uuid5(uuid.NAMESPACE_URL, f"{vm.principal}|{ROLE}|{scope.lower()}")
-            body = {"properties": {
-                "roleDefinitionId": f"/subscriptions/{api.subscription_id}/providers/"
-                                    f"Microsoft.Authorization/roleDefinitions/{ROLE}",
-                "principalId": vm.principal, "principalType": "ServicePrincipal",
-                "description": note}}
-            for attempt in range(tries):
-                try:
-                    api.rest(f"give VM {vm.name}'s identity {ROLE_NAME} on {scope}", "PUT",
-                             f"{scope}/providers/Microsoft.Authorization/roleAssignments/"
-                             f"{name}?api-version={AUTHZ_API}", body)
-                    break
-                except ProviderError as exc:
-                    code = code_of(exc)
-                    if code == "RoleAssignmentExists":
-                        break
-                    if code != "PrincipalNotFound" or attempt + 1 == tries:
-                        raise
-                    sleep(min(10.0, 1.0 * 2 ** attempt))
+            assign_role(api, vm.principal, ROLE, scope,
+                        f"give VM {vm.name}'s identity {ROLE_NAME} on {scope}",
+                        sleep=sleep, tries=tries, description=note)
 
 
 def revoke(api: Api, where: list[str], note: str) -> int:

@@ -33,19 +33,17 @@ from __future__ import annotations
 import fnmatch
 import re
 import shlex
-import uuid
 from datetime import datetime
 from typing import Any, Callable
 
-from cloudtrain.errors import ProviderError, UserError, code_of
+from cloudtrain.errors import ProviderError, UserError
 from cloudtrain.provider import SelfStop
 
-from .api import Api
+from .api import AUTHZ_API, Api, assign_role
 
 ROLE = "9980e02c-c2be-4d73-94e8-173b1dc7cf3c"
 ROLE_NAME = "Virtual Machine Contributor"
 WRITE = "Microsoft.Authorization/roleAssignments/write"
-AUTHZ_API = "2022-04-01"
 COMPUTE_API = "2024-03-01"
 IMDS = "http://169.254.169.254"
 GUEST_SHUTDOWN = "sudo -n shutdown -h now || shutdown -h now"
@@ -119,27 +117,11 @@ def grant(api: Api, group: str, vms: list[Any], sleep: Callable[[float], None],
             raise ProviderError(f"VM {vm.name} has no managed identity.",
                                 "Run 'cloudtrain down' and 'up' again (VMs made before the "
                                 "self-stop have none).")
-        name = uuid.uuid5(uuid.NAMESPACE_URL, f"{vm.principal}|{ROLE}|{scope.lower()}")
-        body = {"properties": {
-            "roleDefinitionId": f"/subscriptions/{api.subscription_id}/providers/"
-                                f"Microsoft.Authorization/roleDefinitions/{ROLE}",
-            "principalId": vm.principal, "principalType": "ServicePrincipal"}}
-        for attempt in range(tries):
-            try:
-                api.rest(f"give VM {vm.name}'s identity the {ROLE_NAME} role on {group}", "PUT",
-                         f"{scope}/providers/Microsoft.Authorization/roleAssignments/{name}"
-                         f"?api-version={AUTHZ_API}", body)
-                break
-            except ProviderError as exc:
-                code = code_of(exc)
-                if code == "RoleAssignmentExists":
-                    break
-                if code in ("AuthorizationFailed", "LinkedAuthorizationFailed"):
-                    raise permission_error(api.subscription_id,
-                                           f" (ARM refused: {exc.message})") from None
-                if code != "PrincipalNotFound" or attempt + 1 == tries:
-                    raise
-                sleep(min(10.0, 1.0 * 2 ** attempt))
+        assign_role(api, vm.principal, ROLE, scope,
+                    f"give VM {vm.name}'s identity the {ROLE_NAME} role on {group}",
+                    sleep=sleep, tries=tries,
+                    denied=lambda exc: permission_error(api.subscription_id,
+                                                        f" (ARM refused: {exc.message})"))
 
 
 # The node's side: python3 standard library only; no single quote in it (it is quoted so).

@@ -25,7 +25,7 @@ import re
 from typing import Any, Iterable
 
 from cloudtrain.errors import ProviderError, UserError
-from cloudtrain.provider import BucketURL, now, owner_hash
+from cloudtrain.provider import BucketURL, buckets_of_scheme, now, owner_hash
 
 from . import tags
 from .api import Api, Conflict, NotFound
@@ -36,11 +36,7 @@ _MARK = re.compile(r"(cloudtrain-[a-z-]+)=(\S*)")
 
 
 def gcs_buckets(buckets: Iterable[BucketURL]) -> list[BucketURL]:
-    out: list[BucketURL] = []
-    for b in buckets:
-        if b.scheme == "gs" and b not in out:
-            out.append(b)
-    return out
+    return buckets_of_scheme(buckets, "gs")
 
 
 def account_id(cluster: str, owner: str) -> str:
