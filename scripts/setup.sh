@@ -13,6 +13,7 @@ command -v shellcheck >/dev/null 2>&1 || need+=(shellcheck)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v pgrep >/dev/null 2>&1 || need+=(procps)
 command -v rclone >/dev/null 2>&1 || need+=(rclone)   # buckets: the nodes' transfers (docs/storage.md)
+command -v npm >/dev/null 2>&1 || need+=(npm)         # tests: Azurite, the Azure Blob emulator
 if [ "${#need[@]}" -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         echo "setup: installing ${need[*]}"
@@ -34,8 +35,8 @@ if ! .venv/bin/python -c "import cloudtrain, torch, pytest, paramiko" >/dev/null
     .venv/bin/python -m pip install -q -c constraints-dev.txt torch numpy -e ".[dev]"
     touch .venv/.installed
 fi
-# Azurite (the Azure Blob emulator the storage tests start) from npm, into tests/.npm; optional:
-# without Node.js those tests say what is missing.
+# Azurite (the Azure Blob emulator the storage tests start) from npm, into tests/.npm (without
+# Node.js, where apt could not install it, those tests say what is missing).
 if [ ! -x tests/.npm/node_modules/.bin/azurite-blob ]; then
     if command -v npm >/dev/null 2>&1; then
         npm install --prefix tests/.npm --no-audit --no-fund --loglevel=error azurite@3 >/dev/null \
