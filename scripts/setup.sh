@@ -13,7 +13,9 @@ command -v shellcheck >/dev/null 2>&1 || need+=(shellcheck)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v pgrep >/dev/null 2>&1 || need+=(procps)
 command -v rclone >/dev/null 2>&1 || need+=(rclone)   # buckets: the nodes' transfers (docs/storage.md)
-command -v npm >/dev/null 2>&1 || need+=(npm)         # tests: Azurite, the Azure Blob emulator
+# --tests: also what only the tests need (npm, for Azurite, the Azure Blob emulator)
+for_tests=0; [ "${1:-}" = "--tests" ] && for_tests=1
+[ "$for_tests" = 1 ] && { command -v npm >/dev/null 2>&1 || need+=(npm); }
 if [ "${#need[@]}" -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         echo "setup: installing ${need[*]}"
@@ -37,7 +39,7 @@ if ! .venv/bin/python -c "import cloudtrain, torch, pytest, paramiko" >/dev/null
 fi
 # Azurite (the Azure Blob emulator the storage tests start) from npm, into tests/.npm (without
 # Node.js, where apt could not install it, those tests say what is missing).
-if [ ! -x tests/.npm/node_modules/.bin/azurite-blob ]; then
+if [ "$for_tests" = 1 ] && [ ! -x tests/.npm/node_modules/.bin/azurite-blob ]; then
     if command -v npm >/dev/null 2>&1; then
         npm install --prefix tests/.npm --no-audit --no-fund --loglevel=error azurite@3 >/dev/null \
             || echo "setup: warning: 'npm install azurite' failed; the Azure storage tests will fail" >&2

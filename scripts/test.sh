@@ -2,5 +2,5 @@
 # Set up (if needed) and run the whole test suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh --tests
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
