@@ -93,7 +93,28 @@ def take(node_dir: Path) -> None:
 
 
 def sshd_processes(node_dir: Path) -> list[int]:
-    return processes_with(str(node_dir / "sshd_config"))
+    """The node's SSH: its listening sshd and every sshd under it (the sessions the CLI has
+    open to the node: the job's, the log follower's), not the job's own processes."""
+    parent: dict[int, int] = {}
+    comm: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        name, rest = stat.split("(", 1)[1].rsplit(")", 1)
+        parent[int(entry.name)] = int(rest.split()[1])
+        comm[int(entry.name)] = name
+    found = processes_with(str(node_dir / "sshd_config"))
+    todo = list(found)
+    while todo:
+        p = todo.pop()
+        kids = [c for c, pp in parent.items() if pp == p and comm[c].startswith("sshd")]
+        found += kids
+        todo += kids
+    return sorted(set(found))
 
 
 def recoveries(run: Callable[..., subprocess.CompletedProcess[str]],

@@ -215,6 +215,7 @@ def test_aws_spot_interruption_is_recovered_and_the_job_ends_as_uninterrupted(
     assert (f"the cloud took node 1: instance {before[1]['InstanceId']} is terminated: "
             "spot capacity taken back") in text, text[-6000:]
     assert "Recovered: job" in text
+    print(*[ln for ln in text.splitlines() if "Recovered: job" in ln])   # the phases, in s
     resumed = resumed_steps(text)
     assert resumed[0] == 0 and len(resumed) == 2 and resumed[1] >= 8, resumed
     assert order(head) == uninterrupted_order()      # same final step, same data order
@@ -258,8 +259,8 @@ def test_aws_ssh_drop_while_ec2_says_running_is_no_recovery(
     try:
         assert wait_until(lambda: len(order(head)) >= 6, 240), "the job did not train"
         sshds = sshd_processes(nodes.nodes[1]["dir"])
-        assert sshds
-        for p in sshds:              # node 1 stops answering SSH; EC2 still says running
+        assert len(sshds) >= 2, sshds       # the listener and the job's session at least
+        for p in sshds:              # node 1's SSH stalls, sessions too; EC2 says running
             os.kill(p, signal.SIGSTOP)
         try:
             time.sleep(4)            # four polls

@@ -133,6 +133,7 @@ def test_azure_eviction_is_recovered_and_the_job_ends_as_uninterrupted(
     text = out + err
     assert proc.returncode == 0, text[-6000:]
     assert "the cloud took node 1:" in text and "Recovered: job" in text, text[-6000:]
+    print(*[ln for ln in text.splitlines() if "Recovered: job" in ln])   # the phases, in s
     resumed = resumed_steps(text)
     assert resumed[0] == 0 and len(resumed) == 2 and resumed[1] >= 8, resumed
     assert order(head) == uninterrupted_order()      # same final step, same data order
