@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 from typing import Callable
 
-from conftest import processes_with
+from conftest import processes_with, wait_until
 
 STEPS = 40
 
@@ -64,6 +64,16 @@ def write_job(proj: Path) -> Path:
     proj.mkdir(parents=True, exist_ok=True)
     (proj / "steps.py").write_text(TRAIN)
     return proj
+
+
+def wait_or_fail(proc: subprocess.Popen[str], pred: Callable[[], bool], timeout: float,
+                 what: str = "the job did not train") -> None:
+    """Wait for ``pred``; when it does not come, stop the launch and fail with its output."""
+    if wait_until(pred, timeout):
+        return
+    proc.kill()
+    out, err = proc.communicate()
+    raise AssertionError(f"{what}; the launch said:\n{(out + err)[-6000:]}")
 
 
 def order(home: Path) -> list[str]:

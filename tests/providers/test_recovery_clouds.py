@@ -28,12 +28,13 @@ from typing import Any
 
 import pytest
 
-from conftest import needs_sshd, wait_until
+from conftest import needs_sshd
 
 pytest.importorskip("moto")
 pytest.importorskip("boto3")
 
 from aws_interruption import interrupt  # noqa: E402
+from recovery_job import wait_or_fail  # noqa: E402
 from recovery_job import (STEPS, order, recoveries, resumed_steps, sshd_processes,  # noqa: E402
                           take, uninterrupted_order, write_job)
 from test_aws_cli import (FAKES, LocalNodes, _cloudtrain, _free_port, _guard_log,  # noqa: E402,F401
@@ -198,7 +199,7 @@ def test_aws_spot_interruption_is_recovered_and_the_job_ends_as_uninterrupted(
     head = nodes.nodes[0]["dir"] / "root"
     proc = _popen(env, "launch", str(_project(tmp_path, "awsrec")), "-y", "--recover")
     try:
-        assert wait_until(lambda: len(order(head)) >= 10, 240), "the job did not train"
+        wait_or_fail(proc, lambda: len(order(head)) >= 10, 240, "the job did not train")
         before = _rank_instances(ec2, "awsrec")
         assert sorted(before) == [0, 1]
         assert all(i.get("InstanceLifecycle") == "spot" for i in before.values()), before
@@ -257,7 +258,7 @@ def test_aws_ssh_drop_while_ec2_says_running_is_no_recovery(
     head = nodes.nodes[0]["dir"] / "root"
     proc = _popen(env, "launch", str(_project(tmp_path, "awsdrop")), "-y", "--recover")
     try:
-        assert wait_until(lambda: len(order(head)) >= 6, 240), "the job did not train"
+        wait_or_fail(proc, lambda: len(order(head)) >= 6, 240, "the job did not train")
         sshds = sshd_processes(nodes.nodes[1]["dir"])
         assert len(sshds) >= 2, sshds       # the listener and the job's session at least
         for p in sshds:              # node 1's SSH stalls, sessions too; EC2 says running

@@ -21,11 +21,12 @@ from typing import Any
 
 import pytest
 
-from conftest import needs_sshd, wait_until
+from conftest import needs_sshd
 
 pytest.importorskip("azure.mgmt.compute")
 
 from arm_fake import ArmFake  # noqa: E402
+from recovery_job import wait_or_fail  # noqa: E402
 from recovery_job import order, recoveries, resumed_steps, take, uninterrupted_order, write_job  # noqa: E402
 from test_azure_e2e import SSH_RECORDER, Booter, Nodes, _cloudtrain, cli_env  # noqa: E402
 
@@ -119,7 +120,7 @@ def test_azure_eviction_is_recovered_and_the_job_ends_as_uninterrupted(
                              "--recover"], env=env, text=True, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
     try:
-        assert wait_until(lambda: len(order(head)) >= 10, 240), "the job did not train"
+        wait_or_fail(proc, lambda: len(order(head)) >= 10, 240, "the job did not train")
         before = _vms(fake)
         assert sorted(before) == [0, 1]
         assert all(v["properties"]["priority"] == "Spot" for v in before.values())

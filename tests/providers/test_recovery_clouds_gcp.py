@@ -22,11 +22,12 @@ from typing import Any
 
 import pytest
 
-from conftest import CLI, needs_sshd, processes_with, wait_until
+from conftest import CLI, needs_sshd, processes_with
 
 pytest.importorskip("google.cloud.compute_v1")
 
 from gce_fake import GCEFake  # noqa: E402
+from recovery_job import wait_or_fail  # noqa: E402
 from recovery_job import order, recoveries, resumed_steps, take, uninterrupted_order, write_job  # noqa: E402
 from test_gcp_e2e import Nodes, _entry_point_shim, _free_port  # noqa: E402
 
@@ -102,16 +103,20 @@ def test_gcp_preemption_is_recovered_and_the_job_ends_as_uninterrupted(
                     "resources:\n  provider: gcp\n  region: us-central1\n  accelerators: T4:1\n"
                     "  use_spot: true\n  ssh_cidr: 198.51.100.7/32\n"
                     "recovery: {poll_seconds: 1, max_recoveries: 1}\nrun: python steps.py\n")
-    head = nodes.dirs[0] / "root"
     proc = cli.popen("launch", str(task), "-y", "--recover", **env)
     try:
-        assert wait_until(lambda: len(order(head)) >= 10, 240), "the job did not train"
+        # the ranks are created in parallel: which pooled address (local node) each got
+        wait_or_fail(proc, lambda: len(_by_rank(fake)) == 2, 240, "no instances")
+        node_of = {r: NAT.index(i["networkInterfaces"][0]["accessConfigs"][0]["natIP"])
+                   for r, i in _by_rank(fake).items()}
+        assert sorted(node_of.values()) == [0, 1], node_of
+        head = nodes.dirs[node_of[0]] / "root"
+        wait_or_fail(proc, lambda: len(order(head)) >= 10, 240, "the job did not train")
         before = _by_rank(fake)
         assert all(i["scheduling"]["provisioningModel"] == "SPOT" for i in before.values())
         one = before[1]
-        assert one["networkInterfaces"][0]["accessConfigs"][0]["natIP"] == NAT[1]
         fake.preempt(one["zone"].rsplit("/", 1)[-1], one["name"], action=action)
-        take(nodes.dirs[1])
+        take(nodes.dirs[node_of[1]])
         out, err = proc.communicate(timeout=400)
     finally:
         if proc.poll() is None:
