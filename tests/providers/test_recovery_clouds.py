@@ -34,9 +34,8 @@ pytest.importorskip("moto")
 pytest.importorskip("boto3")
 
 from aws_interruption import interrupt  # noqa: E402
-from recovery_job import wait_or_fail  # noqa: E402
-from recovery_job import (STEPS, order, recoveries, resumed_steps, sshd_processes,  # noqa: E402
-                          take, uninterrupted_order, write_job)
+from recovery_job import (order, recoveries, resumed_steps, sshd_processes, take,  # noqa: E402
+                          uninterrupted_order, wait_or_fail, write_job)
 from test_aws_cli import (FAKES, LocalNodes, _cloudtrain, _free_port, _guard_log,  # noqa: E402,F401
                           _moto, _tagged, guarded)
 
@@ -146,7 +145,8 @@ run: python steps.py
 
 
 @pytest.fixture
-def aws_world(guarded: dict[str, str], moto_server: str, tmp_path: Path):  # type: ignore[no-untyped-def]
+def aws_world(guarded: dict[str, str], moto_server: str,  # type: ignore[no-untyped-def]
+              tmp_path: Path):
     """(env for the CLI, moto client, the local nodes: 2 for the instances and 1 spare for a
     replacement, a function starting the mapper for a cluster)."""
     map_file = tmp_path / "address-map.json"

@@ -26,8 +26,8 @@ from conftest import needs_sshd
 pytest.importorskip("azure.mgmt.compute")
 
 from arm_fake import ArmFake  # noqa: E402
-from recovery_job import wait_or_fail  # noqa: E402
-from recovery_job import order, recoveries, resumed_steps, take, uninterrupted_order, write_job  # noqa: E402
+from recovery_job import (order, recoveries, resumed_steps, take,  # noqa: E402
+                          uninterrupted_order, wait_or_fail, write_job)
 from test_azure_e2e import SSH_RECORDER, Booter, Nodes, _cloudtrain, cli_env  # noqa: E402
 
 pytestmark = [needs_sshd, pytest.mark.e2e]

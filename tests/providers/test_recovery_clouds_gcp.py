@@ -27,8 +27,8 @@ from conftest import CLI, needs_sshd, processes_with
 pytest.importorskip("google.cloud.compute_v1")
 
 from gce_fake import GCEFake  # noqa: E402
-from recovery_job import wait_or_fail  # noqa: E402
-from recovery_job import order, recoveries, resumed_steps, take, uninterrupted_order, write_job  # noqa: E402
+from recovery_job import (order, recoveries, resumed_steps, take,  # noqa: E402
+                          uninterrupted_order, wait_or_fail, write_job)
 from test_gcp_e2e import Nodes, _entry_point_shim, _free_port  # noqa: E402
 
 pytestmark = [needs_sshd, pytest.mark.e2e]
