@@ -15,50 +15,14 @@ from pathlib import Path
 import pytest
 
 from conftest import CLI, needs_sshd, processes_with, wait_until
+from recovery_job import STEPS, recoveries, resumed_steps, take, uninterrupted_order, write_job
+from recovery_job import order as home_order
 
 pytestmark = [needs_sshd, pytest.mark.e2e]
 
-STEPS = 40
-
-TRAIN = '''
-import hashlib, os, signal, sys, time
-rank = int(os.environ["CLOUDTRAIN_NODE_RANK"])
-d = os.path.join(os.environ["HOME"], "trainstate")
-os.makedirs(d, exist_ok=True)
-ck, order = os.path.join(d, "ckpt"), os.path.join(d, "order.txt")
-def sample(step):   # the data order: which sample each step trains on
-    return int(hashlib.sha256(f"seed-{step}".encode()).hexdigest()[:8], 16) % 1000
-start = int(open(ck).read()) if os.path.exists(ck) else 0
-print(f"rank {rank} resumed from step {start}", flush=True)
-if rank == 0:
-    kept = open(order).read().splitlines()[:start] if os.path.exists(order) else []
-    open(order, "w").write("".join(x + "\\n" for x in kept))
-step = start
-def save(*_):
-    if rank == 0:
-        open(ck + ".tmp", "w").write(str(step))
-        os.replace(ck + ".tmp", ck)
-def term(*_):
-    save()
-    print(f"rank {rank} checkpointed at step {step} on SIGTERM", flush=True)
-    sys.exit(143)
-signal.signal(signal.SIGTERM, term)
-while step < STEPS:
-    time.sleep(0.25)
-    if rank == 0:
-        with open(order, "a") as f:
-            f.write(f"{step} {sample(step)}\\n")
-    step += 1
-    if step % 4 == 0:
-        save()
-print(f"rank {rank} done at step {step}", flush=True)
-'''.replace("STEPS", str(STEPS))
-
 
 def _task(d: Path, name: str, recovery: str = "{poll_seconds: 1, max_recoveries: 1}") -> Path:
-    proj = d / "proj"
-    proj.mkdir(exist_ok=True)
-    (proj / "steps.py").write_text(TRAIN)
+    write_job(d / "proj")
     p = d / f"{name}.yaml"
     p.write_text(f"name: {name}\nnum_nodes: 2\nresources: {{provider: local}}\nworkdir: proj\n"
                  f"stop_grace: 5\nrecovery: {recovery}\nrun: python steps.py\n")
@@ -70,26 +34,16 @@ def _node(cli: CLI, name: str, rank: int) -> Path:
 
 
 def _order(cli: CLI, name: str) -> list[str]:
-    f = _node(cli, name, 0) / "root" / "trainstate" / "order.txt"
-    return f.read_text().splitlines() if f.exists() else []
+    return home_order(_node(cli, name, 0) / "root")
 
 
 def _take(cli: CLI, name: str, rank: int) -> None:
     """The local 'preemption': the node's sshd and everything under it die at once."""
-    node = _node(cli, name, rank)
-    pids = [int((node / "sshd.pid").read_text())]
-    pids += processes_with(f"HOME={node / 'root'}")
-    for p in pids:
-        try:
-            os.kill(p, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    take(_node(cli, name, rank))
 
 
 def _recoveries(cli: CLI, name: str) -> list[dict[str, object]]:
-    r = cli.run("cost-report", "--json")
-    assert r.returncode == 0, r.stderr
-    return [x for x in json.loads(r.stdout).get("recoveries", []) if x["cluster"] == name]
+    return recoveries(cli.run, name)
 
 
 def test_lost_node_is_replaced_and_the_job_resumes_with_the_same_steps_and_order(
@@ -99,6 +53,7 @@ def test_lost_node_is_replaced_and_the_job_resumes_with_the_same_steps_and_order
     assert ref.returncode == 0, ref.stdout + ref.stderr
     expected = _order(cli, "plain")
     assert len(expected) == STEPS
+    assert expected == uninterrupted_order()     # what the cloud tests compare with
 
     proc = cli.popen("launch", str(_task(tmp_path, "rec")), "-y", "--recover",
                      CLOUDTRAIN_NODE_TIMEOUT="20")
@@ -110,8 +65,7 @@ def test_lost_node_is_replaced_and_the_job_resumes_with_the_same_steps_and_order
     text = out + err
     assert "the cloud took node 1: sshd exited (the local 'cloud' took the node)" in text, text
     assert "Recovered: job" in text
-    resumed = [int(x.rsplit(" ", 1)[1]) for x in text.splitlines()
-               if "rank 0 resumed from step" in x]
+    resumed = resumed_steps(text)
     assert resumed[0] == 0 and len(resumed) == 2 and resumed[1] >= 10, resumed
     assert _order(cli, "rec") == expected            # same final step, same data order
     # A fresh node in rank 1: a new host key, pinned afresh (the job's SSH worked with it).

@@ -39,7 +39,9 @@ def test_running_preempted_stopped_missing_and_unknown(gcp: Harness) -> None:
     assert got[1].instance_id.startswith(where[1][1])
     assert got[2].state == "lost" and "TERMINATED" in got[2].reason \
         and "preempted" not in got[2].reason
-    assert got[3].state == "lost" and "no instance" in got[3].reason
+    assert got[3].state == "lost" and f"{where[3][1]} was preempted" in got[3].reason
+    gcp.fake._remove_instance(*where[0])          # deleted, not preempted: no record
+    assert {h.rank: h for h in fresh.node_health("demo")}[0].reason.startswith("GCE lists no")
 
     gcp.fake.fail_http(403, "forbidden", "Required 'compute.instances.list' permission",
                        path="aggregated/instances")

@@ -6,7 +6,8 @@ running, even when SSH to it fails. TERMINATED/STOPPING/SUSPENDED, or no instanc
 (a spot VM whose termination action is DELETE is simply gone), is lost. GCE does not mark a
 preempted instance itself: it records a ``compute.instances.preempted`` operation in the
 zone, which is where the reason "preempted" comes from; without one, a TERMINATED instance
-was stopped (a guest shutdown, the console, a run-duration limit). An API error: unknown.
+was stopped (a guest shutdown, the console, a run-duration limit); a missing rank whose
+instance name has such an operation was preempted and deleted. An API error: unknown.
 """
 
 from __future__ import annotations
@@ -33,21 +34,30 @@ def node_health(api: Api, project: str, cluster: str, owner: str,
                 ranks: int) -> list[NodeHealth]:
     try:
         every = instances.describe(api, project, cluster, owner)
-        stopped_zones = {i.zone for i in every if i.status not in RUNNING}
-        taken = {(z, n) for z in sorted(stopped_zones) for n in preempted(api, project, z)}
+        newest: dict[int, instances.Inst] = {}
+        for i in sorted(every, key=lambda i: (i.created_at, i.id)):
+            if i.rank is not None and (i.rank not in newest or i.status in RUNNING):
+                newest[i.rank] = i
+        # a missing rank may be a spot VM deleted on preemption: its zone's record says so
+        missing = any(r not in newest for r in range(ranks))
+        zones = {i.zone for i in every if missing or i.status not in RUNNING}
+        taken = {(z, n) for z in sorted(zones) for n in preempted(api, project, z)}
     except (ProviderError, CloudtrainError) as exc:
         return [NodeHealth(r, "", "unknown", f"GCE could not be asked: {exc.message}")
                 for r in range(ranks)]
-    newest: dict[int, instances.Inst] = {}
-    for i in sorted(every, key=lambda i: (i.created_at, i.id)):
-        if i.rank is not None and (i.rank not in newest or i.status in RUNNING):
-            newest[i.rank] = i
+    base = next((i.name[:-len(f"-{i.rank}")] for i in every
+                 if i.rank is not None and i.name.endswith(f"-{i.rank}")), None)
     out = []
     for rank in range(max([ranks, *(r + 1 for r in newest)])):
         i = newest.get(rank)
         if i is None:
-            out.append(NodeHealth(rank, "", "lost", "GCE lists no instance for this rank "
-                                                    "(deleted, or a spot VM taken back)"))
+            name = instances.instance_name(base, rank) if base else ""
+            if any(n == name for _, n in taken):
+                out.append(NodeHealth(rank, name, "lost", f"instance {name} was preempted by "
+                                      "GCE (spot capacity taken back) and deleted"))
+            else:
+                out.append(NodeHealth(rank, "", "lost", "GCE lists no instance for this rank "
+                                                        "(deleted, or a spot VM taken back)"))
             continue
         ident = f"{i.name}/{i.id}" if i.id else i.name
         if i.status in RUNNING:
