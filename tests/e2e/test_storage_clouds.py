@@ -1,0 +1,149 @@
+"""Buckets on the cloud fakes, through the real CLI (issue 13): a task with a bucket
+``file_mounts`` source and ``checkpoints:`` runs on 2 nodes of a cloud's fake, whose instances
+are local sshd nodes behind the address map (cloudtrain never connects to an address the fake
+invented), while the bucket lives in that cloud's storage emulator on loopback. The nodes reach
+it with the task's ``envs`` (a local sshd node has no instance identity to use), so:
+
+- the nodes fetch the mount from the emulator themselves (its request log: one content GET per
+  node, none from the laptop), and complete checkpoints (objects, then a manifest) land there;
+- the cluster's instances carry the identity cloudtrain minted for exactly that bucket (AWS: an
+  instance profile whose role's policy names the bucket), removed at ``down``."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+import storage_emulators as emus
+from cloud_storage_helpers import CORPUS, RUN_BODY, complete_manifests, object_gets
+from conftest import needs_sshd
+from providers.test_aws_cli import (LocalNodes, _cloudtrain, _guard_log, _map_when_running,
+                                    _moto, _tagged, guarded, moto_server)
+
+boto3 = pytest.importorskip("boto3")
+pytestmark = [needs_sshd, pytest.mark.e2e]
+__all__ = ["guarded", "moto_server"]    # fixtures, reused
+
+AWS_TASK = """
+name: {name}
+num_nodes: 2
+resources:
+  provider: aws
+  region: us-east-1
+  instance_type: g4dn.xlarge
+  ssh_cidr: 127.0.0.1/32
+  aws: {{host_key_wait: 0}}
+workdir: .
+envs: {envs}
+file_mounts:
+  data: {data}
+checkpoints: {ckpt}
+run: {run}
+"""
+
+
+def _watch_identity(endpoint: str, nodes: LocalNodes, cluster: str, map_file: Path,
+                    seen: dict[str, object], stop: threading.Event) -> None:
+    """Maps the instances once moto runs them, then reads what the cloud says about their
+    identity while the cluster is up: each instance's profile, and its role's policies."""
+    ec2 = _moto(endpoint)
+    _map_when_running(ec2, nodes, cluster, map_file, seen, stop)
+    if stop.is_set():
+        return
+    iam = boto3.client("iam", region_name="us-east-1", endpoint_url=endpoint,
+                       aws_access_key_id="testing", aws_secret_access_key="testing")
+    insts = _tagged(ec2, cluster)["instances"]
+    seen["profiles"] = sorted({i.get("IamInstanceProfile", {}).get("Arn", "") for i in insts})
+    name = str(seen["profiles"][0]).rsplit("/", 1)[-1]     # type: ignore[index]
+    try:
+        prof = iam.get_instance_profile(InstanceProfileName=name)["InstanceProfile"]
+    except Exception as e:  # noqa: BLE001 - the assertion below says what was missing
+        seen["profile_error"] = repr(e)
+        return
+    policies = {}
+    for role in prof["Roles"]:
+        for pname in iam.list_role_policies(RoleName=role["RoleName"])["PolicyNames"]:
+            doc = iam.get_role_policy(RoleName=role["RoleName"], PolicyName=pname)["PolicyDocument"]
+            policies[pname] = doc if isinstance(doc, dict) else json.loads(doc)
+    seen["roles"] = [r["RoleName"] for r in prof["Roles"]]
+    seen["policies"] = policies
+
+
+def _resources(stmt: dict) -> list[str]:
+    res = stmt.get("Resource", [])
+    return [res] if isinstance(res, str) else list(res)
+
+
+def test_s3_mount_and_checkpoints_on_the_aws_fake(guarded: dict[str, str], moto_server: str,
+                                                  tmp_path: Path) -> None:
+    emu = emus.start("s3", tmp_path / "emulator")
+    nodes = LocalNodes(tmp_path / "nodes")
+    stop = threading.Event()
+    seen: dict[str, object] = {}
+    try:
+        emu.put("datasets/d1/corpus.txt", CORPUS)
+        proj = tmp_path / "proj"
+        proj.mkdir()
+        task = proj / "task.yaml"
+        task.write_text(AWS_TASK.format(
+            name="awsst", envs=json.dumps({**emu.envs, "CLOUDTRAIN_CHECKPOINT_INTERVAL": "0.5"}),
+            data=emu.url("datasets/d1"), ckpt=emu.url("ckpt/aws"), run=json.dumps(RUN_BODY)))
+        map_file = tmp_path / "address-map.json"
+        env = {**guarded, "AWS_ENDPOINT_URL": moto_server, "AWS_ACCESS_KEY_ID": "testing",
+               "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+               "CLOUDTRAIN_AWS_ADDRESS_MAP": str(map_file),
+               "CLOUDTRAIN_AWS_ADDRESS_MAP_WAIT": "60"}
+        nodes.start()
+        watcher = threading.Thread(target=_watch_identity,
+                                   args=(moto_server, nodes, "awsst", map_file, seen, stop),
+                                   daemon=True)
+        watcher.start()
+        try:
+            r = _cloudtrain(env, "launch", str(task), "--down", "-y", cwd=proj, timeout=400)
+        finally:
+            stop.set()
+            watcher.join(timeout=30)
+        out = r.stderr + r.stdout
+        assert r.returncode == 0, out[-5000:]
+
+        # The nodes fetched the object from the emulator themselves; the laptop never did.
+        assert len(object_gets(emu)) == 2, object_gets(emu)
+        assert out.count("read 18000 bytes") == 2, out[-4000:]
+        # Complete checkpoints (every object the manifest names, then the manifest) landed.
+        mans = complete_manifests(emu, "ckpt/aws")
+        assert mans and mans[-1]["step"] == 2, mans
+        assert {f["path"] for f in mans[-1]["files"]} == {"latest", "step-000001.txt",
+                                                          "step-000002.txt"}, mans[-1]
+        assert "Uploaded checkpoint step-000002" in out, out[-4000:]
+
+        # While up, both instances ran with the cluster's profile, whose role may touch only
+        # that bucket's prefix.
+        assert "profile_error" not in seen, seen
+        (arn,) = seen["profiles"]  # type: ignore[misc]
+        assert arn.split(":instance-profile/", 1)[1].startswith("cloudtrain/cloudtrain-awsst-"), arn
+        stmts = [s for doc in seen["policies"].values() for s in doc["Statement"]]  # type: ignore[attr-defined]
+        named = {res for s in stmts for res in _resources(s)}
+        assert named == {f"arn:aws:s3:::{emus.BUCKET}", f"arn:aws:s3:::{emus.BUCKET}/ckpt/aws/*",
+                         f"arn:aws:s3:::{emus.BUCKET}/datasets/d1/*"}, named
+        assert not any("Delete" in a for s in stmts for a in
+                       ([s["Action"]] if isinstance(s["Action"], str) else s["Action"])), stmts
+
+        # down removed the role and the profile; nothing of the cluster is left in moto.
+        iam = boto3.client("iam", region_name="us-east-1", endpoint_url=moto_server,
+                           aws_access_key_id="testing", aws_secret_access_key="testing")
+        assert iam.list_instance_profiles(PathPrefix="/cloudtrain/")["InstanceProfiles"] == []
+        assert iam.list_roles(PathPrefix="/cloudtrain/")["Roles"] == []
+        assert {k: len(v) for k, v in _tagged(_moto(moto_server), "awsst").items()} == {
+            "instances": 0, "security_groups": 0, "key_pairs": 0, "placement_groups": 0,
+            "volumes": 0}
+        # No connection to an address moto invented; no key of this machine in the user data.
+        assert _guard_log(env) == ""
+        for address in seen["invented"]:  # type: ignore[attr-defined]
+            assert address not in out
+    finally:
+        stop.set()
+        nodes.stop()
+        emu.stop()
