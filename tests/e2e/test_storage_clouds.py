@@ -147,3 +147,66 @@ def test_s3_mount_and_checkpoints_on_the_aws_fake(guarded: dict[str, str], moto_
         stop.set()
         nodes.stop()
         emu.stop()
+
+
+# --- GCP: the GCE fake (instances, service accounts, bucket IAM) + gcp-storage-emulator ----
+
+from providers.test_gcp_e2e import world  # noqa: E402  (fixture, reused)
+
+__all__ += ["world"]
+
+
+def test_gcs_mount_and_checkpoints_on_the_gce_fake(world, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    cli, env, fake, nodes, _ = world
+    emu = emus.start("gs", tmp_path / "emulator")
+    try:
+        fake.add_bucket(emus.BUCKET)          # the bucket's IAM lives in the fake, its data in
+        emu.put("datasets/d1/corpus.txt", CORPUS)   # the emulator: the same name in both
+        seen: dict[str, object] = {}
+
+        def while_running(inst: dict) -> None:  # type: ignore[type-arg]
+            seen.setdefault("accounts", []).append(  # type: ignore[union-attr]
+                [sa["email"] for sa in inst.get("serviceAccounts") or []])
+            seen["bindings"] = json.loads(json.dumps(fake.buckets[emus.BUCKET]["policy"]["bindings"]))
+        fake.on_running.append(while_running)
+
+        proj = tmp_path / "proj"
+        proj.mkdir()
+        task = proj / "task.yaml"
+        task.write_text(json.dumps({
+            "name": "gcpst", "num_nodes": 2,
+            "resources": {"provider": "gcp", "region": "us-central1", "accelerators": "T4:1",
+                          "ssh_cidr": "198.51.100.7/32"},
+            "workdir": ".", "envs": {**emu.envs, "CLOUDTRAIN_CHECKPOINT_INTERVAL": "0.5"},
+            "file_mounts": {"data": emu.url("datasets/d1")}, "checkpoints": emu.url("ckpt/gcp"),
+            "run": RUN_BODY}))
+        r = cli.run("launch", str(task), "--down", "-y", timeout=420, **env)
+        out = r.stderr + r.stdout
+        assert r.returncode == 0, out[-5000:]
+
+        assert len(object_gets(emu)) == 2, object_gets(emu)
+        assert out.count("read 18000 bytes") == 2, out[-4000:]
+        mans = complete_manifests(emu, "ckpt/gcp")
+        assert mans and mans[-1]["step"] == 2, mans
+        assert "Uploaded checkpoint step-000002" in out, out[-4000:]
+
+        # Both instances ran as the cluster's own service account, which held a binding on the
+        # bucket while the cluster was up; down removed the binding and the account.
+        accounts = seen["accounts"]
+        assert len(accounts) == 2 and len({a[0] for a in accounts}) == 1, accounts  # type: ignore[arg-type,index]
+        email = accounts[0][0]  # type: ignore[index]
+        assert email.startswith("ct-gcpst-") and email.endswith("@test-project.iam.gserviceaccount.com")
+        mine = [b for b in seen["bindings"] if f"serviceAccount:{email}" in b["members"]]  # type: ignore[attr-defined]
+        assert {b["role"] for b in mine} == {"roles/storage.objectAdmin"}, seen["bindings"]
+        # one binding per URL, each with a condition limiting it to that prefix
+        conds = sorted(b["condition"]["expression"] for b in mine)
+        assert len(conds) == 2 and "/objects/ckpt/gcp/" in conds[0] \
+            and "/objects/datasets/d1/" in conds[1], conds
+        for b in fake.inserted_instances():
+            assert [sa["email"] for sa in b["serviceAccounts"]] == [email]
+        assert not any(f"serviceAccount:{email}" in b["members"]
+                       for b in fake.buckets[emus.BUCKET]["policy"]["bindings"])
+        assert email not in fake.service_accounts
+        assert fake.empty(), fake.ours()
+    finally:
+        emu.stop()
