@@ -14,6 +14,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -26,6 +27,7 @@ from conftest import CLI, needs_sshd, needs_torch, processes_with, wait_until
 pytestmark = [needs_sshd, needs_torch, pytest.mark.e2e]
 
 STEPS = 40
+PRICE = 3600.0      # $ per node-hour: $1 per node-second, so the ledger's dollars read as seconds
 ARGS = ["--max-steps", str(STEPS), "--ckpt-every", "5", "--batch-size", "16", "--eval-every",
         "10", "--log-every", "1", "--num-workers", "0", "--warmup-steps", "3", "--patience", "0",
         "--sleep-per-step", "0.25"]
@@ -64,7 +66,8 @@ def _project(cli: CLI, d: Path, name: str, emu: emus.Emulator, prefix: str,
     assert r.returncode == 0, r.stderr
     envs = {"OMP_NUM_THREADS": "1", "CLOUDTRAIN_CHECKPOINT_INTERVAL": "0.3", **emu.envs,
             **(extra_envs or {})}
-    doc = {"name": name, "num_nodes": 2, "resources": {"provider": "local"}, "workdir": ".",
+    doc = {"name": name, "num_nodes": 2, "workdir": ".",
+           "resources": {"provider": "local", "local": {"price_per_hour": PRICE}},
            "envs": envs, "stop_grace": 5, "checkpoints": emu.url(prefix),
            "recovery": {"poll_seconds": 1, "max_recoveries": 1},
            "train": {"script": "train.py", "nproc_per_node": 1, "args": ARGS},
@@ -135,17 +138,25 @@ def test_lost_head_resumes_from_the_bucket_like_an_uninterrupted_run(
     proc = cli.popen("launch", str(task), "-y", "--recover", "--down",
                      CLOUDTRAIN_NODE_TIMEOUT="20")
     try:
-        assert wait_until(lambda: max(_steps(s3, "ckpt/head") or [0]) >= 10, 300), \
-            "no checkpoint of step 10 reached the bucket"
+        assert wait_until(lambda: max(_steps(s3, "ckpt/head") or [0]) >= 20, 300), \
+            "no checkpoint of step 20 reached the bucket"
         _take(cli, "bhead", 0)
+        taken_at = time.time()
+        newest = max(m["time"] for m in complete_manifests(s3, "ckpt/head"))
         text, got = _check_recovered(cli, "bhead", proc, reference, proj)
     finally:
         if proc.poll() is None:
             proc.kill()
     # The new head had nothing local: it restored the newest complete checkpoint from the bucket.
     resumed = re.findall(r"Resuming from checkpoint step-(\d+)", text)
-    assert resumed and int(resumed[-1]) >= 10, text[-4000:]
+    assert resumed and int(resumed[-1]) >= 20, text[-4000:]
     assert got["start_step"] == int(resumed[-1]) and got["resumed_from"], got
+    # The work lost is what came after the newest checkpoint in the BUCKET (the head's own
+    # disk went with it): 2 nodes x $1/s from that checkpoint to the loss's detection (one
+    # poll after it, plus slack), not from the job's start.
+    (rec,) = _recoveries(cli, "bhead")
+    lost_s = float(rec["lost_work_usd"]) / 2          # type: ignore[arg-type]
+    assert 0 <= lost_s <= taken_at - newest + 1 + 2.5, (lost_s, taken_at - newest, rec)
 
 
 def test_a_half_uploaded_checkpoint_of_the_lost_head_is_not_resumed_from(
@@ -174,8 +185,11 @@ def test_a_half_uploaded_checkpoint_of_the_lost_head_is_not_resumed_from(
         named = {f"objects/{f['sha256']}" for m in complete_manifests(s3, "ckpt/half")
                  for f in m["files"]}
         assert {k for k in keys if k.startswith("objects/")} - named, keys
+        newest = max(m["time"] for m in complete_manifests(s3, "ckpt/half"))
+        time.sleep(3)        # training goes on, its checkpoints stay on the head's disk
         hold.unlink()
         _take(cli, "bhalf", 0)
+        taken_at = time.time()
         text, got = _check_recovered(cli, "bhalf", proc, reference, proj)
     finally:
         if proc.poll() is None:
@@ -183,3 +197,9 @@ def test_a_half_uploaded_checkpoint_of_the_lost_head_is_not_resumed_from(
     resumed = re.findall(r"Resuming from checkpoint step-(\d+)", text)
     assert resumed and int(resumed[-1]) == max(complete), (resumed, complete, text[-4000:])
     assert got["start_step"] == max(complete), (got, complete)
+    # Lost work runs from the newest COMPLETE checkpoint in the bucket, not from the cut one
+    # nor from what the head had on its disk.
+    (rec,) = _recoveries(cli, "bhalf")
+    lost_s = float(rec["lost_work_usd"]) / 2          # type: ignore[arg-type]
+    assert taken_at - newest - 1.5 <= lost_s <= taken_at - newest + 1 + 2.5, \
+        (lost_s, taken_at - newest, rec)
