@@ -139,10 +139,11 @@ def test_s3_mount_and_checkpoints_on_the_aws_fake(guarded: dict[str, str], moto_
         assert {k: len(v) for k, v in _tagged(_moto(moto_server), "awsst").items()} == {
             "instances": 0, "security_groups": 0, "key_pairs": 0, "placement_groups": 0,
             "volumes": 0}
-        # No connection to an address moto invented; no key of this machine in the user data.
+        # No connection to an address moto invented, from cloudtrain or from ssh.
         assert _guard_log(env) == ""
+        ssh_log = Path(env["CT_TEST_SSH_LOG"]).read_text()
         for address in seen["invented"]:  # type: ignore[attr-defined]
-            assert address not in out
+            assert address not in out and address not in ssh_log
     finally:
         stop.set()
         nodes.stop()
@@ -204,6 +205,8 @@ def test_gcs_mount_and_checkpoints_on_the_gce_fake(world, tmp_path: Path) -> Non
             and "/objects/datasets/d1/" in conds[1], conds
         for b in fake.inserted_instances():
             assert [sa["email"] for sa in b["serviceAccounts"]] == [email]
+            assert b["serviceAccounts"][0]["scopes"] == [
+                "https://www.googleapis.com/auth/cloud-platform"], b["serviceAccounts"]
         assert not any(f"serviceAccount:{email}" in b["members"]
                        for b in fake.buckets[emus.BUCKET]["policy"]["bindings"])
         assert email not in fake.service_accounts
