@@ -21,7 +21,8 @@ from typing import Iterator
 import pytest
 
 import storage_emulators as emus
-from cloud_storage_helpers import assert_like_uninterrupted, complete_manifests, result
+from cloud_storage_helpers import (CORPUS, assert_like_uninterrupted, complete_manifests,
+                                   object_gets)
 from conftest import CLI, needs_sshd, needs_torch, processes_with, wait_until
 
 pytestmark = [needs_sshd, needs_torch, pytest.mark.e2e]
@@ -46,6 +47,7 @@ exec {rclone} "$@"
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[emus.Emulator]:
     emu = emus.start("s3", tmp_path_factory.mktemp("emulator"))
+    emu.put("datasets/d1/corpus.txt", CORPUS)
     yield emu
     emu.stop()
 
@@ -72,6 +74,9 @@ def _project(cli: CLI, d: Path, name: str, emu: emus.Emulator, prefix: str,
            "recovery": {"poll_seconds": 1, "max_recoveries": 1},
            "train": {"script": "train.py", "nproc_per_node": 1, "args": ARGS},
            "outputs": ["outputs/"]}
+    # The training data too comes from the bucket, onto every node (the replacement included).
+    doc["file_mounts"] = {"data": emu.url("datasets/d1")}
+    doc["train"]["args"] = [*ARGS, "--data", "data"]  # type: ignore[index]
     p = d / f"{name}.yaml"
     p.write_text(json.dumps(doc))
     return p
@@ -135,6 +140,7 @@ def test_lost_head_resumes_from_the_bucket_like_an_uninterrupted_run(
         cli: CLI, tmp_path: Path, s3: emus.Emulator, reference: Path) -> None:
     proj = tmp_path / "proj"
     task = _project(cli, proj, "bhead", s3, "ckpt/head")
+    gets = len(object_gets(s3))
     proc = cli.popen("launch", str(task), "-y", "--recover", "--down",
                      CLOUDTRAIN_NODE_TIMEOUT="20")
     try:
@@ -148,6 +154,9 @@ def test_lost_head_resumes_from_the_bucket_like_an_uninterrupted_run(
         if proc.poll() is None:
             proc.kill()
     # The new head had nothing local: it restored the newest complete checkpoint from the bucket.
+    # Both nodes fetched the data from the bucket, then the new head did; the survivor's copy
+    # was unchanged.
+    assert len(object_gets(s3)) - gets == 3, object_gets(s3)
     resumed = re.findall(r"Resuming from checkpoint step-(\d+)", text)
     assert resumed and int(resumed[-1]) >= 20, text[-4000:]
     assert got["start_step"] == int(resumed[-1]) and got["resumed_from"], got
