@@ -166,6 +166,9 @@ def test_lost_head_resumes_from_the_bucket_like_an_uninterrupted_run(
     (rec,) = _recoveries(cli, "bhead")
     lost_s = float(rec["lost_work_usd"]) / 2          # type: ignore[arg-type]
     assert 0 <= lost_s <= taken_at - newest + 1 + 2.5, (lost_s, taken_at - newest, rec)
+    print("recovery", {k: rec[k] for k in ("detect_s", "replace_s", "bootstrap_s", "sync_s",
+                                           "restart_s", "lost_work_usd")},
+          "since newest bucket checkpoint", round(taken_at - newest, 2))
 
 
 def test_a_half_uploaded_checkpoint_of_the_lost_head_is_not_resumed_from(
