@@ -51,7 +51,12 @@ class HealthWatch:
     poll: float
     task: Task
     watch: budget.Watch | None = None
+    head_log: Callable[[], object] | None = None
+    """The head's job log on this machine: its ``store.py watch`` says there when a checkpoint
+    reached the bucket, which is all that survives the loss of the head."""
     loss: Loss | None = None
+    uploaded_at: float | None = None
+    _log_offset: int = 0
     started_at: float = field(default_factory=time.time)
     last_running_at: float = field(default_factory=time.time)
     exceeded: threading.Event = field(default_factory=threading.Event)
@@ -100,14 +105,19 @@ class HealthWatch:
                 continue
             lost = [h for h in health if h.state == "lost"]
             if not lost:
-                self.last_running_at = time.time()
+                before, self.last_running_at = self.last_running_at, time.time()
+                self._note_uploads(before)
                 continue
             if self._stop is None:
                 continue    # between steps: run_task fails on its own, or the next job sees it
-            try:
-                ckpt = last_checkpoint_at(self.group, self.handle, self.task)
-            except CloudtrainError:
-                ckpt = None
+            ckpt = None
+            if any(h.rank == 0 for h in lost):     # the head's disk is gone: only the bucket's
+                ckpt = self.uploaded_at if self.task.checkpoints else None
+            else:
+                try:
+                    ckpt = last_checkpoint_at(self.group, self.handle, self.task)
+                except CloudtrainError:
+                    ckpt = None
             self.loss = Loss([h.rank for h in lost], "; ".join(f"node {h.rank}: {h.reason}"
                                                              for h in lost),
                              self.last_running_at, time.time(),
@@ -116,6 +126,25 @@ class HealthWatch:
             self._stop(f"the cloud took node(s) {self.loss.ranks}")
             self.group.stop.set()   # the lost node's follow ends now, not at the node timeout
             return
+
+    def _note_uploads(self, before: float) -> None:
+        """When the head's log (read on from where the last poll stopped) says a checkpoint
+        was uploaded, count it from the poll before (the upload ended after that one)."""
+        from pathlib import Path
+
+        path = self.head_log() if self.head_log is not None else None
+        if not self.task.checkpoints or not isinstance(path, Path):
+            return
+        try:
+            with path.open("rb") as f:
+                f.seek(self._log_offset)
+                new = f.read()
+        except OSError:
+            return
+        cut = new.rfind(b"\n") + 1
+        self._log_offset += cut
+        if b"[store] Uploaded checkpoint " in new[:cut]:
+            self.uploaded_at = before
 
 
 def ask(handle: Handle) -> list[NodeHealth]:
@@ -289,11 +318,11 @@ class Controller:
             phases["bootstrap_s"] = t2 - t
             watch = None if self.limit is None else budget.Watch(
                 self.env.state, self.name, self.limit.max_cost_usd, self.env.ui)
+            head_log = lambda: self.env.logs_dir(self.name) / job_id / "node-0.log"  # noqa: E731
             health = HealthWatch(self.env, handle, group, self.rec.poll_seconds, self.task,
-                                 watch)
+                                 watch, head_log)
             done = threading.Event()
-            first = first_line_at(lambda: self.env.logs_dir(self.name) / job_id / "node-0.log",
-                                  done)
+            first = first_line_at(head_log, done)
             try:
                 outcome = run.run_task(self.env, handle, group, self.task,
                                        overrides=self.overrides, guard=health, job_id=job_id)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from cloud_storage_helpers import losses as _losses
 from conftest import CLI, needs_sshd, needs_torch, processes_with, wait_until
 
 pytestmark = [needs_sshd, needs_torch, pytest.mark.e2e]
@@ -32,16 +33,6 @@ def _project(cli: CLI, d: Path, name: str) -> Path:
                  "train:\n  script: train.py\n  nproc_per_node: 1\n"
                  f"  args: {json.dumps(ARGS)}\noutputs: [outputs/]\n")
     return p
-
-
-def _losses(proj: Path) -> dict[int, float]:
-    """The last record of each step (steps redone after a resume overwrite earlier ones)."""
-    out: dict[int, float] = {}
-    for ln in (proj / "cloudtrain-outputs" / "outputs" / "metrics.jsonl").read_text().splitlines():
-        rec = json.loads(ln)
-        if "loss" in rec and "step" in rec:
-            out[int(rec["step"])] = float(rec["loss"])
-    return out
 
 
 def _steps_on_node0(cli: CLI, name: str) -> int:
