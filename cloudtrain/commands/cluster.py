@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from cloudtrain.commands.access import ssh_config_choice
 from cloudtrain.commands.base import CONTEXT, check_name, confirm_cost, guard, load_task, open_env
 
 if TYPE_CHECKING:
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
 @click.option("--no-bootstrap", is_flag=True, help="Stop once the nodes run and accept SSH.")
 @click.option("--keep-on-failure", is_flag=True,
               help="Keep a new cluster whose provisioning failed (default: roll it back).")
+@ssh_config_choice(ask=True)
 @click.option("--json", "as_json", is_flag=True,
               help="At the end print one JSON object on stdout: the cluster, its nodes and every "
                    "placement attempt with its outcome and reason (also when up fails: then with "

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from cloudtrain.commands.access import ssh_config_choice
 from cloudtrain.commands.base import (CONTEXT, check_name, confirm_cost, finite, guard, load_task,
                                       open_env)
 
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
 @click.option("--no-budget", is_flag=True, help="Ignore max_cost_usd: no estimate, no watch.")
 @click.option("--recover", is_flag=True,
               help="Replace nodes the cloud takes and resume the job (docs/recovery.md).")
+@ssh_config_choice(ask=False)
 @guard
 def launch(task_file: str, cluster_name: str | None, down_after: bool, detach: bool, yes: bool,
            envs: tuple[str, ...], max_cost: float | None, hours: float | None,

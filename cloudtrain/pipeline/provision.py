@@ -10,11 +10,13 @@ import time
 from contextlib import contextmanager
 from typing import Any, Iterator
 
+from cloudtrain import sshconfig
 from cloudtrain.cluster import Handle, cluster_lock, connect, node_rows
 from cloudtrain.context import Env
 from cloudtrain.errors import CapacityError, ProviderError, QuotaError, UserError
 from cloudtrain.keys import (FIRST_CONTACT, PINNED_AT_CREATION, ensure_keys, is_pinned,
                              pin_host_keys, record_pinning)
+from cloudtrain.pipeline import forward
 from cloudtrain.pipeline.plan import check_mounts, cluster_request, plan
 from cloudtrain.pipeline.signals import Shielded
 from cloudtrain.provider import registry
@@ -145,6 +147,7 @@ def roll_back(env: Env, provider: Provider, name: str) -> None:
             env.state.close_usage(name)
             env.state.delete_cluster(name)
             shutil.rmtree(env.pctx.cluster_dir(name), ignore_errors=True)
+            forward.forget_cluster(env.home, name)
         except Exception as exc:  # noqa: BLE001 - report, keep the original error
             env.ui.error(f"Rollback of '{name}' failed: {exc}. Run 'cloudtrain down {name}'.")
 
@@ -158,6 +161,7 @@ def opened(env: Env, task: Task, name: str, *, keep_on_failure: bool = False,
     try:
         with env.ui.status("Waiting for SSH on every node"):
             group = connect(env, handle)
+        sshconfig.refresh(env.home, handle, env.ui.warn)   # ssh NAME: its address, key, host key
     except BaseException:
         if fresh and not keep_on_failure:
             roll_back(env, handle.provider, name)

@@ -12,7 +12,7 @@ from cloudtrain.cluster import Handle, cluster_lock, cluster_uid, connect, lost_
 from cloudtrain.context import Env
 from cloudtrain.errors import CloudtrainError, ClusterNotFound, ProviderError, UserError
 from cloudtrain.keys import ClusterKeys
-from cloudtrain.pipeline import bootstrap
+from cloudtrain.pipeline import bootstrap, forward
 from cloudtrain.pipeline.signals import Shielded
 from cloudtrain.provider.contract import CollectsOrphans, Provider
 from cloudtrain.remote import Group
@@ -87,6 +87,7 @@ def down(env: Env, name: str, provider_name: str | None = None, *,
                 env.state.finish_launch(launch.job_id, "CANCELLED", None, None)
         env.state.delete_cluster(name)
         shutil.rmtree(env.pctx.cluster_dir(name), ignore_errors=True)
+        forward.forget_cluster(env.home, name)
     env.ui.ok(f"'{name}' is down; {pname} lists none of its nodes")
 
 
@@ -114,6 +115,7 @@ def _down_by_tag(env: Env, provider: Provider, pname: str, name: str,
                         f"Run 'cloudtrain down {name} --provider {pname}' again.")
     env.state.close_usage(name)
     shutil.rmtree(cdir, ignore_errors=True)
+    forward.forget_cluster(env.home, name)
     if found:
         env.ui.ok(f"'{name}' is down: {len(found)} node(s) found by tag on {pname} were "
                   f"removed; {pname} lists none of its nodes now")
