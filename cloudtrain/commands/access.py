@@ -70,21 +70,21 @@ def forward(cluster_name: str | None, port: str | None, more: tuple[str, ...], n
       cloudtrain forward train-1 6006:16006 --node 1 --background
       cloudtrain forward --list
       cloudtrain forward --stop train-1            (or --stop --all)"""
-    from cloudtrain.pipeline import forward as fwd
+    from cloudtrain.pipeline import forward as tunnels
 
     if list_ or stop:
         manage(cluster_name, list_, all_)
         return
     handle, env = cluster_handle(cluster_name, required_port=port)
-    pairs = [fwd.parse_port(s, w) for s, w in [(port, "PORT"), *[(m, "-p") for m in more]]]
+    pairs = [tunnels.parse_port(s, w) for s, w in [(port, "PORT"), *[(m, "-p") for m in more]]]
     rank = node_rank(handle, node)
     if background:
-        rec = fwd.background(env, handle, rank, pairs)
+        rec = tunnels.background(env, handle, rank, pairs)
         for p in pairs:
             env.ui.ok(f"http://127.0.0.1:{p[1]}/ -> '{handle.name}' node {rank} port {p[0]} "
                       f"(pid {rec['pid']}; stop: cloudtrain forward --stop {handle.name})")
         return
-    sys.exit(fwd.foreground(env, handle, rank, pairs))
+    sys.exit(tunnels.foreground(env, handle, rank, pairs, kept_alive(env, handle.name)))
 
 
 def cluster_handle(cluster_name: str | None, required_port: str | None = "") -> tuple[Any, Any]:
@@ -97,6 +97,13 @@ def cluster_handle(cluster_name: str | None, required_port: str | None = "") -> 
     check_name(cluster_name)
     env = open_env()
     return get_handle(env, cluster_name), env
+
+
+def kept_alive(env: Any, name: str) -> Callable[[], None]:
+    """While a forward lasts, the cluster's idle stop waits (as for 'cloudtrain ssh')."""
+    from cloudtrain.pipeline import guard as node_guard
+
+    return node_guard.keep_alive(env, name)  # type: ignore[no-any-return]
 
 
 def node_rank(handle: Any, node: int) -> int:
@@ -112,12 +119,12 @@ def manage(cluster_name: str | None, list_: bool, all_: bool) -> None:
     """``forward --list`` and ``forward --stop NAME|--all``."""
     from cloudtrain.errors import UserError
     from cloudtrain.paths import home
-    from cloudtrain.pipeline import forward as fwd
+    from cloudtrain.pipeline import forward as tunnels
 
     if cluster_name is not None:
         check_name(cluster_name)
     if list_:
-        recs = fwd.listed(home(), cluster_name)
+        recs = tunnels.listed(home(), cluster_name)
         for r in recs:
             ports = ", ".join(f"127.0.0.1:{p['local']} -> {p['remote']}"
                               for p in r["ports"])  # type: ignore[attr-defined]
@@ -128,7 +135,7 @@ def manage(cluster_name: str | None, list_: bool, all_: bool) -> None:
     if cluster_name is None and not all_:
         raise UserError("--stop needs a cluster name or --all.",
                         "e.g. cloudtrain forward --stop train-1")
-    n = fwd.stop(home(), None if all_ else cluster_name)
+    n = tunnels.stop(home(), None if all_ else cluster_name)
     click.echo(f"Stopped {n} forward(s).", err=True)
 
 
@@ -150,18 +157,19 @@ def tensorboard(cluster_name: str, logdir: str, port: int, background: bool) -> 
     \b
     Example:
       cloudtrain tensorboard train-1 --logdir runs"""
-    from cloudtrain.pipeline import forward as fwd
+    from cloudtrain.pipeline import forward as tunnels
 
     handle, env = cluster_handle(cluster_name)
-    fwd.check_free([(port, port)])
-    remote = fwd.tensorboard(env, handle, logdir)
+    tunnels.check_free([(port, port)])
+    remote = tunnels.tensorboard(env, handle, logdir)
     env.ui.ok(f"TensorBoard runs on '{cluster_name}' node {handle.head.rank} (port {remote}).")
     if background:
-        fwd.background(env, handle, handle.head.rank, [(remote, port)])
+        tunnels.background(env, handle, handle.head.rank, [(remote, port)])
         click.echo(f"http://127.0.0.1:{port}/")
         return
     click.echo(f"http://127.0.0.1:{port}/  (Ctrl-C stops the forward; TensorBoard keeps running)")
-    sys.exit(fwd.foreground(env, handle, handle.head.rank, [(remote, port)]))
+    sys.exit(tunnels.foreground(env, handle, handle.head.rank, [(remote, port)],
+                            kept_alive(env, handle.name)))
 
 
 @click.command(name="ssh-config", context_settings=CONTEXT)

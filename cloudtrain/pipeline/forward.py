@@ -18,6 +18,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+from typing import Callable
 
 from cloudtrain import sshconfig
 from cloudtrain.cluster import Handle, cluster_uid, connect
@@ -85,25 +86,26 @@ def listening(port: int) -> bool:
         return False
 
 
-def foreground(env: Env, handle: Handle, rank: int, pairs: list[Pair]) -> int:
-    """Forward until Ctrl-C (or until ssh ends); the cluster's idle stop waits meanwhile."""
-    from cloudtrain.pipeline import guard as node_guard
-
-    check_free(pairs)
-    args = ssh_args(env.home, handle, rank, pairs)
-    proc = subprocess.Popen(args, executable=ssh_exe())
-    stop = node_guard.keep_alive(env, handle.name)
+def foreground(env: Env, handle: Handle, rank: int, pairs: list[Pair],
+               release: Callable[[], None] = lambda: None) -> int:
+    """Forward until Ctrl-C (or until ssh ends). ``release`` is called at the end (the
+    command's keep-alive: the cluster's idle stop waits while a forward lasts)."""
     try:
-        if wait_listening(proc, pairs):
-            for remote, local in pairs:
-                env.ui.ok(f"http://127.0.0.1:{local}/ -> node {rank} port {remote} (Ctrl-C stops)")
-        return proc.wait()
-    except KeyboardInterrupt:
-        proc.terminate()
-        proc.wait()
-        return 0
+        check_free(pairs)
+        args = ssh_args(env.home, handle, rank, pairs)
+        proc = subprocess.Popen(args, executable=ssh_exe())
+        try:
+            if wait_listening(proc, pairs):
+                for remote, local in pairs:
+                    env.ui.ok(f"http://127.0.0.1:{local}/ -> node {rank} port {remote} "
+                              "(Ctrl-C stops)")
+            return proc.wait()
+        except KeyboardInterrupt:
+            proc.terminate()
+            proc.wait()
+            return 0
     finally:
-        stop()
+        release()
 
 
 def wait_listening(proc: subprocess.Popen[bytes], pairs: list[Pair], timeout: float = 30) -> bool:
