@@ -75,8 +75,8 @@ def forward(cluster_name: str | None, port: str | None, more: tuple[str, ...], n
     if list_ or stop:
         manage(cluster_name, list_, all_)
         return
-    handle, env = cluster_handle(cluster_name, required_port=port)
-    pairs = [tunnels.parse_port(s, w) for s, w in [(port, "PORT"), *[(m, "-p") for m in more]]]
+    pairs = wanted_ports(cluster_name, port, more)
+    handle, env = cluster_handle(cluster_name)
     rank = node_rank(handle, node)
     if background:
         rec = tunnels.background(env, handle, rank, pairs)
@@ -87,13 +87,21 @@ def forward(cluster_name: str | None, port: str | None, more: tuple[str, ...], n
     sys.exit(tunnels.foreground(env, handle, rank, pairs, kept_alive(env, handle.name)))
 
 
-def cluster_handle(cluster_name: str | None, required_port: str | None = "") -> tuple[Any, Any]:
-    from cloudtrain.cluster import get_handle
+def wanted_ports(cluster_name: str | None, port: str | None,
+                 more: tuple[str, ...]) -> list[tuple[int, int]]:
+    """(node port, local port) for PORT[:LOCAL] and every -p, checked before anything runs."""
     from cloudtrain.errors import UserError
+    from cloudtrain.pipeline import forward as tunnels
 
-    if cluster_name is None or required_port is None:
+    if cluster_name is None or port is None:
         raise UserError("Give the cluster and the port: cloudtrain forward NAME PORT[:LOCAL].",
                         "Or --list / --stop NAME. See 'cloudtrain forward --help'.")
+    return [tunnels.parse_port(s, w) for s, w in [(port, "PORT"), *[(m, "-p") for m in more]]]
+
+
+def cluster_handle(cluster_name: str) -> tuple[Any, Any]:
+    from cloudtrain.cluster import get_handle
+
     check_name(cluster_name)
     env = open_env()
     return get_handle(env, cluster_name), env

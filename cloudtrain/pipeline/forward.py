@@ -50,13 +50,13 @@ def check_free(pairs: list[Pair]) -> None:
     if dup:
         raise UserError(f"Local port {min(dup)} is given twice.", "Give each forward its own "
                         "local port (PORT:LOCAL). Nothing was started.")
-    for local in locals_:
+    for remote, local in pairs:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:
                 s.bind(("127.0.0.1", local))
             except OSError as exc:
                 raise UserError(f"Local port {local} on 127.0.0.1 is in use ({exc.strerror}).",
-                                f"Pick another local port: PORT:LOCAL, e.g. {local}:{local + 1}"
+                                f"Pick another local port: PORT:LOCAL, e.g. {remote}:{local + 1}"
                                 " (see 'cloudtrain forward --list'). Nothing was started.") from None
 
 
