@@ -258,8 +258,13 @@ def tensorboard(env: Env, handle: Handle, logdir: str, port: int = 6006) -> int:
                           f"Check the head: cloudtrain ssh {handle.name}")
     if word[0] in ("::running", "::started"):
         return int(word[1])
-    if word[0] in ("::missing", "::nopython"):
-        where = head.python_bin or "the node (not bootstrapped)"
+    if word[0] == "::nopython":
+        raise UserError(f"'{handle.name}' node {head.rank} has no Python recorded (it was not "
+                        "bootstrapped): TensorBoard runs from the node's environment.",
+                        "Bootstrap it ('cloudtrain up TASK_FILE' without --no-bootstrap), with "
+                        "tensorboard in the task's setup or requirements.")
+    if word[0] == "::missing":
+        where = head.python_bin
         raise UserError(f"TensorBoard is not installed in the Python of '{handle.name}' node "
                         f"{head.rank} ({where}).",
                         "Add it to the task's setup ('pip install tensorboard') or to your "

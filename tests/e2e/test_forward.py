@@ -147,4 +147,5 @@ def test_tensorboard_missing_says_how_to_add_it(cli: CLI, tmp_path: Path) -> Non
     assert r.returncode == 0, r.stderr
     r = cli.run("tensorboard", "notb", "--port", str(_free_port()))
     assert r.returncode == 2, r.stderr
-    assert "TensorBoard is not installed" in r.stderr and "setup" in r.stderr
+    assert "no Python recorded" in r.stderr and "tensorboard in the task's setup" in r.stderr
+    assert "Traceback" not in r.stderr
