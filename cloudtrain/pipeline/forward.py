@@ -268,7 +268,7 @@ def tensorboard(env: Env, handle: Handle, logdir: str, port: int = 6006) -> int:
         raise UserError(f"TensorBoard is not installed in the Python of '{handle.name}' node "
                         f"{head.rank} ({where}).",
                         "Add it to the task's setup ('pip install tensorboard') or to your "
-                        "requirements, then launch again (or 'cloudtrain exec NAME -- pip "
-                        "install tensorboard').")
+                        f"requirements, then launch again (or 'cloudtrain exec {handle.name} "
+                        "-- pip install tensorboard').")
     raise RemoteError(f"TensorBoard did not start on '{handle.name}': " + " | ".join(out[1:]),
                       f"Its log on the node: {head.root_dir}/tensorboard/log")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import signal
 import socket
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -149,3 +150,26 @@ def test_tensorboard_missing_says_how_to_add_it(cli: CLI, tmp_path: Path) -> Non
     assert r.returncode == 2, r.stderr
     assert "no Python recorded" in r.stderr and "tensorboard in the task's setup" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_tensorboard_not_in_the_nodes_python_says_how_to_add_it(cli: CLI, tmp_path: Path) -> None:
+    """The node's Python (a wrapper around this virtualenv's, with torch) cannot import
+    tensorboard: exit 2 with the fix, and nothing is started."""
+    block = tmp_path / "block" / "tensorboard"
+    block.mkdir(parents=True)
+    (block / "__init__.py").write_text("raise ImportError('no tensorboard here')\n")
+    fake = tmp_path / "fakebin"
+    fake.mkdir()
+    wrapper = fake / "python"
+    wrapper.write_text(f"#!/bin/sh\nPYTHONPATH={block.parent} exec {sys.executable} \"$@\"\n")
+    wrapper.chmod(0o755)
+    task = tmp_path / "notb2.yaml"
+    task.write_text(f"name: notb2\nnum_nodes: 1\nrun: 'true'\n"
+                    f"resources:\n  provider: local\n  local: {{python: {wrapper}}}\n")
+    r = cli.run("up", str(task), "-y")
+    assert r.returncode == 0, r.stderr
+    r = cli.run("tensorboard", "notb2", "--port", str(_free_port()))
+    assert r.returncode == 2, r.stderr
+    assert f"TensorBoard is not installed in the Python of 'notb2' node 0 ({fake})" in r.stderr
+    assert "setup" in r.stderr and "Traceback" not in r.stderr
+    assert not [p for p in processes_with("tensorboard.main") if p in processes_with(str(cli.home))]
