@@ -13,10 +13,14 @@ line.
 from __future__ import annotations
 
 import os
+import pty
+import select
 import shutil
 import socket
 import stat
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -210,3 +214,55 @@ def test_bad_input(cli: CLI, tmp_path: Path) -> None:
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert not (tmp_path / "user" / ".ssh").exists()
     assert not list((cli.home / "ssh").glob("*.conf"))
+
+
+def _up_on_a_terminal(cli: CLI, task: Path, home: Path, answer: bytes | None) -> str:
+    """``up`` with a terminal on stdin and stderr; ``answer`` the question about the Include
+    line when it comes (None: it must not come). Returns what the terminal showed."""
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "cloudtrain", "up", str(task), "-y",
+                             "--no-bootstrap"], stdin=slave, stdout=slave, stderr=slave,
+                            env=cli.env(HOME=str(home)), start_new_session=True)
+    os.close(slave)
+    seen, answered, deadline = b"", False, time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.5)
+            if ready:
+                try:
+                    chunk = os.read(master, 4096)
+                except OSError:
+                    break
+                if not chunk:
+                    break
+                seen += chunk
+            if b"(asked once)?" in seen and not answered:
+                assert answer is not None, seen.decode(errors="replace")
+                os.write(master, answer + b"\n")
+                answered = True
+            if proc.poll() is not None and not ready:
+                break
+        assert proc.wait(timeout=30) == 0, seen.decode(errors="replace")
+    finally:
+        os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+    assert answered == (answer is not None), seen.decode(errors="replace")
+    return seen.decode(errors="replace")
+
+
+def test_interactive_up_asks_once_and_remembers(cli: CLI, tmp_path: Path) -> None:
+    home = tmp_path / "user"
+    home.mkdir()
+    task = _task(tmp_path, "asked")
+    out = _up_on_a_terminal(cli, task, home, b"n")
+    assert "Not added" in out and not (home / ".ssh").exists()
+    assert (cli.home / "ssh" / "asked.conf").exists()      # the cluster's own file is there
+    _up_on_a_terminal(cli, task, home, None)                # not asked again
+    assert not (home / ".ssh").exists()
+    r = cli.run("ssh-config", "install", HOME=str(home))   # the explicit way still works
+    assert r.returncode == 0, r.stderr
+    assert _ssh(home, "asked", "true").returncode == 0
+    r = cli.run("down", "asked", "-y")
+    assert r.returncode == 0, r.stderr
+    assert_nothing_left(cli.home)
