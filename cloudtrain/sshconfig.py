@@ -172,6 +172,12 @@ def installed(home: Path, cfg: Path | None = None) -> bool:
         return False
 
 
+def by_hand(cfg: Path, block: str, exc: OSError) -> UserError:
+    return UserError(f"Could not write {cfg}: {exc.strerror or exc}. It was left as it is.",
+                     "Add these two lines at the top of your SSH config by hand:\n"
+                     + block.rstrip())
+
+
 def install(home: Path) -> str:
     """Add the Include line at the top of ~/.ssh/config once (created 600 in a 700 ~/.ssh
     when missing). Returns what was done, in words."""
@@ -183,14 +189,17 @@ def install(home: Path) -> str:
     if not ssh_dir.exists():
         ssh_dir.mkdir(mode=0o700, parents=True)
     target = editable_target(cfg, block)
-    if target.exists():
-        data = target.read_bytes()
-        write_private(target, block + data.decode("utf-8", "surrogateescape"),
-                      stat.S_IMODE(target.stat().st_mode))
-        remember(home, created=False)
-    else:
-        write_private(target, block)
-        remember(home, created=True)
+    try:
+        if target.exists():
+            data = target.read_bytes()
+            write_private(target, block + data.decode("utf-8", "surrogateescape"),
+                          stat.S_IMODE(target.stat().st_mode))
+            remember(home, created=False)
+        else:
+            write_private(target, block)
+            remember(home, created=True)
+    except OSError as exc:
+        raise by_hand(cfg, block, exc) from None
     remember(home, answer="yes")
     return f"Added 'Include {conf_dir(home)}/*.conf' at the top of {cfg}."
 
@@ -209,10 +218,14 @@ def uninstall(home: Path) -> str:
     else:  # the marker was edited away: remove the Include line alone
         line = block.splitlines()[1] + "\n"
         text = text.replace(line, "", 1) if line in text else text.replace(line[:-1], "", 1)
-    if not text and remembered(home).get("created"):
-        target.unlink()
-    else:
-        write_private(target, text, stat.S_IMODE(target.stat().st_mode))
+    try:
+        if not text and remembered(home).get("created"):
+            target.unlink()
+        else:
+            write_private(target, text, stat.S_IMODE(target.stat().st_mode))
+    except OSError as exc:
+        raise UserError(f"Could not write {cfg}: {exc.strerror or exc}. It was left as it is.",
+                        "Remove these two lines from it by hand:\n" + block.rstrip()) from None
     remember(home, created=False, answer="no")
     return f"Removed cloudtrain's Include line from {cfg}."
 

@@ -33,8 +33,8 @@ def offer_include(choice: bool | None, ask: bool) -> None:
     from cloudtrain.errors import CloudtrainError
     from cloudtrain.paths import home
 
-    if not sshconfig.WRITTEN:
-        return
+    if not any(sshconfig.conf_path(home(), n).exists() for n in sshconfig.WRITTEN):
+        return   # no cluster came up (or it was rolled back)
     interactive = ask and sys.stdin.isatty() and sys.stderr.isatty()
     try:
         said = sshconfig.after_up(home(), choice, (lambda q: click.confirm(
