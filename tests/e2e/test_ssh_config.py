@@ -266,3 +266,36 @@ def test_interactive_up_asks_once_and_remembers(cli: CLI, tmp_path: Path) -> Non
     r = cli.run("down", "asked", "-y")
     assert r.returncode == 0, r.stderr
     assert_nothing_left(cli.home)
+
+
+def test_file_follows_the_nodes_and_refuses_what_would_break_it(tmp_path: Path) -> None:
+    """In process: a replaced node (recovery: new address, port) rewrites the entry; an
+    address or user with whitespace or pattern characters never reaches the file."""
+    from types import SimpleNamespace
+
+    from cloudtrain import sshconfig
+    from cloudtrain.errors import UserError
+    from cloudtrain.keys import ClusterKeys
+    from cloudtrain.schema import NodeRow
+
+    def node(rank: int, host: str, port: int, user: str = "ubuntu") -> NodeRow:
+        return NodeRow(cluster="rep", rank=rank, instance_id=f"i-{rank}", host=host, port=port,
+                       user=user, internal_ip=host, status="running", root_dir="/r")
+
+    keys = ClusterKeys(tmp_path / "clusters" / "rep" / "ssh")
+    handle = SimpleNamespace(name="rep", keys=keys, nodes=[node(0, "10.0.0.1", 22),
+                                                            node(1, "10.0.0.2", 22)])
+    handle.head = handle.nodes[0]
+    home = tmp_path / "home"
+    path = sshconfig.write_cluster(home, handle)   # type: ignore[arg-type]
+    assert "HostName 10.0.0.2\n    Port 22\n" in path.read_text()
+    handle.nodes[1] = node(1, "10.0.0.7", 2222)
+    sshconfig.write_cluster(home, handle)   # type: ignore[arg-type]
+    text = path.read_text()
+    assert "10.0.0.2" not in text and "HostName 10.0.0.7\n    Port 2222\n" in text
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    for host, user in (("10.0.0.3 evil", "u"), ("*", "u"), ("h", "a b"), ("h\nHost *", "u")):
+        handle.nodes[1] = node(1, host, 22, user)
+        with pytest.raises(UserError):
+            sshconfig.write_cluster(home, handle)   # type: ignore[arg-type]
+        assert path.read_text() == text
