@@ -84,7 +84,7 @@ def forward(cluster_name: str | None, port: str | None, more: tuple[str, ...], n
             env.ui.ok(f"http://127.0.0.1:{p[1]}/ -> '{handle.name}' node {rank} port {p[0]} "
                       f"(pid {rec['pid']}; stop: cloudtrain forward --stop {handle.name})")
         return
-    sys.exit(tunnels.foreground(env, handle, rank, pairs, kept_alive(env, handle.name)))
+    tunnels.foreground(env, handle, rank, pairs, kept_alive(env, handle.name))
 
 
 def wanted_ports(cluster_name: str | None, port: str | None,
@@ -176,8 +176,8 @@ def tensorboard(cluster_name: str, logdir: str, port: int, background: bool) -> 
         click.echo(f"http://127.0.0.1:{port}/")
         return
     click.echo(f"http://127.0.0.1:{port}/  (Ctrl-C stops the forward; TensorBoard keeps running)")
-    sys.exit(tunnels.foreground(env, handle, handle.head.rank, [(remote, port)],
-                            kept_alive(env, handle.name)))
+    tunnels.foreground(env, handle, handle.head.rank, [(remote, port)],
+                       kept_alive(env, handle.name))
 
 
 @click.command(name="ssh-config", context_settings=CONTEXT)

@@ -87,25 +87,30 @@ def listening(port: int) -> bool:
 
 
 def foreground(env: Env, handle: Handle, rank: int, pairs: list[Pair],
-               release: Callable[[], None] = lambda: None) -> int:
-    """Forward until Ctrl-C (or until ssh ends). ``release`` is called at the end (the
-    command's keep-alive: the cluster's idle stop waits while a forward lasts)."""
+               release: Callable[[], None] = lambda: None) -> None:
+    """Forward until Ctrl-C (SIGTERM and SIGHUP alike). ``release`` is called at the end (the
+    command's keep-alive: the cluster's idle stop waits while a forward lasts). A forward
+    that ends by itself (the node went away, ssh refused it) is a RemoteError."""
+    from cloudtrain.pipeline.signals import stop_signals_as_interrupt
+
     try:
         check_free(pairs)
-        args = ssh_args(env.home, handle, rank, pairs)
-        proc = subprocess.Popen(args, executable=ssh_exe())
+        stop_signals_as_interrupt()
+        proc = subprocess.Popen(ssh_args(env.home, handle, rank, pairs), executable=ssh_exe())
         try:
             if wait_listening(proc, pairs):
                 for remote, local in pairs:
                     env.ui.ok(f"http://127.0.0.1:{local}/ -> node {rank} port {remote} "
                               "(Ctrl-C stops)")
-            return proc.wait()
+            code = proc.wait()
         except KeyboardInterrupt:
             proc.terminate()
             proc.wait()
-            return 0
+            return
     finally:
         release()
+    raise RemoteError(f"The forward to '{handle.name}' node {rank} ended (ssh exited with "
+                      f"{code}).", f"Check the node: cloudtrain status {handle.name}")
 
 
 def wait_listening(proc: subprocess.Popen[bytes], pairs: list[Pair], timeout: float = 30) -> bool:

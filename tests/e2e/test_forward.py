@@ -72,6 +72,7 @@ def test_forward_serves_the_heads_http_server(cli: CLI, cluster: str, tmp_path: 
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=20)
+    assert proc.returncode == 0, proc.stderr.read() if proc.stderr else ""   # Ctrl-C: a normal end
     assert wait_until(lambda: not _serves(local, "/hello.txt"), 10)
 
     # the local port in use: exit 2, nothing started
