@@ -87,7 +87,9 @@ def test_ssh_scp_rsync_to_a_cluster_and_down_removes_its_entries(cli: CLI, tmp_p
     # scp and rsync -e ssh to mycluster: (the local nodes share this file system)
     src = tmp_path / "payload.txt"
     src.write_text("through scp\n")
-    r = subprocess.run(["scp", "-F", str(cfg), str(src), f"sshcl:{tmp_path}/copied.txt"],
+    # -O: the scp protocol (the local nodes' sshd runs every session through a ForceCommand,
+    # which its internal SFTP server does not pass; a real node's sshd serves both)
+    r = subprocess.run(["scp", "-O", "-F", str(cfg), str(src), f"sshcl:{tmp_path}/copied.txt"],
                        capture_output=True, text=True, timeout=60, env={**os.environ, "HOME": str(home)})
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "copied.txt").read_text() == "through scp\n"
