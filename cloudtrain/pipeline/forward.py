@@ -52,6 +52,8 @@ def check_free(pairs: list[Pair]) -> None:
                         "local port (PORT:LOCAL). Nothing was started.")
     for remote, local in pairs:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            # as ssh binds its listener: a port only in TIME_WAIT (a forward just stopped) is free
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 s.bind(("127.0.0.1", local))
             except OSError as exc:

@@ -38,6 +38,18 @@ def _serves(port: int, path: str = "/") -> bool:
         return False
 
 
+def _tensorboards(cli: CLI) -> list[int]:
+    """TensorBoard servers this home's nodes run (not their data-server helpers)."""
+    out = []
+    for pid in processes_with(str(cli.home)):
+        try:
+            if b"tensorboard.main" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                out.append(pid)
+        except OSError:
+            pass
+    return out
+
+
 def _task(d: Path, name: str) -> Path:
     p = d / f"{name}.yaml"
     p.write_text(f"name: {name}\nnum_nodes: 2\nresources: {{provider: local}}\nrun: 'true'\n")
@@ -77,6 +89,7 @@ def test_forward_serves_the_heads_http_server(cli: CLI, cluster: str, tmp_path: 
 
     # the local port in use: exit 2, nothing started
     with socket.socket() as busy:
+        busy.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # the port is in TIME_WAIT
         busy.bind(("127.0.0.1", local))
         busy.listen()
         r = cli.run("forward", cluster, f"{node_port}:{local}")
@@ -126,16 +139,15 @@ def test_tensorboard_started_on_the_head_and_forwarded(cli: CLI, tmp_path: Path)
     assert f"http://127.0.0.1:{port}/" in r.stdout
     status, body = _get(port, "/")
     assert status == 200 and "tensorboard" in body.lower()
-    tb = [p for p in processes_with("tensorboard.main") if p in processes_with(str(cli.home))]
-    assert len(tb) == 1
+    tb = _tensorboards(cli)
+    assert len(tb) == 1, tb
     # a second call finds it running: no second TensorBoard
     r = cli.run("forward", "--stop", "tb")
     assert r.returncode == 0
     port2 = _free_port()
     r = cli.run("tensorboard", "tb", "--port", str(port2), "--background", timeout=200)
     assert r.returncode == 0, r.stderr
-    assert [p for p in processes_with("tensorboard.main")
-            if p in processes_with(str(cli.home))] == tb
+    assert _tensorboards(cli) == tb
     print(f"tensorboard: started and forwarded in {started:.1f}s")
     r = cli.run("down", "tb", "-y")
     assert r.returncode == 0, r.stderr
@@ -173,4 +185,4 @@ def test_tensorboard_not_in_the_nodes_python_says_how_to_add_it(cli: CLI, tmp_pa
     assert r.returncode == 2, r.stderr
     assert f"TensorBoard is not installed in the Python of 'notb2' node 0 ({fake})" in r.stderr
     assert "setup" in r.stderr and "Traceback" not in r.stderr
-    assert not [p for p in processes_with("tensorboard.main") if p in processes_with(str(cli.home))]
+    assert not _tensorboards(cli)
