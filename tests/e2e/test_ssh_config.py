@@ -301,3 +301,15 @@ def test_file_follows_the_nodes_and_refuses_what_would_break_it(tmp_path: Path) 
         with pytest.raises(UserError):
             sshconfig.write_cluster(home, handle)   # type: ignore[arg-type]
         assert path.read_text() == text
+
+
+def test_launch_with_ssh_config(cli: CLI, tmp_path: Path) -> None:
+    home = tmp_path / "user"
+    home.mkdir()
+    r = cli.run("launch", str(_task(tmp_path, "lsc")), "-y", "--ssh-config", HOME=str(home))
+    assert r.returncode == 0, r.stderr
+    assert _includes(home / ".ssh" / "config") == 1
+    r = _ssh(home, "lsc-1", "true")
+    assert r.returncode == 0, r.stderr
+    r = cli.run("down", "lsc", "-y")
+    assert r.returncode == 0 and not (cli.home / "ssh" / "lsc.conf").exists(), r.stderr
