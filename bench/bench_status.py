@@ -2,7 +2,8 @@
 """What the GPU query costs ``cloudtrain status NAME --refresh`` on 2 local nodes.
 
 One 2-node local cluster whose Python folder holds the stub nvidia-smi
-(tests/fakes/nvidia_smi); each variant is warmed up once, then timed N times, wall clock:
+(tests/fakes/nvidia_smi); the variants run round robin (a warm-up round, then N rounds), wall
+clock:
 
 * ``status --refresh``, nodes answer with 8x A100 (the query parses 8 GPUs per node)
 * ``status --refresh``, nodes without nvidia-smi (the query finds nothing: "no GPU")
@@ -29,18 +30,14 @@ from _common import begin, cloudtrain_cmd, ct_env, fmt, median, percentile, tabl
 FAKE = Path(__file__).resolve().parent.parent / "tests" / "fakes" / "nvidia_smi"
 
 
-def timed(cmd: list[str], env: dict[str, str], n: int, must: str) -> list[float]:
-    def once() -> float:
-        t0 = time.perf_counter()
-        p = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        dt = time.perf_counter() - t0
-        if p.returncode != 0 or must not in p.stdout:
-            raise RuntimeError(f"{' '.join(cmd)}: exit {p.returncode}, {must!r} not in output:\n"
-                               f"{p.stdout[-800:]}{p.stderr[-800:]}")
-        return dt
-
-    once()
-    return [once() for _ in range(n)]
+def once(cmd: list[str], env: dict[str, str], must: str) -> float:
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    dt = time.perf_counter() - t0
+    if p.returncode != 0 or must not in p.stdout:
+        raise RuntimeError(f"{' '.join(cmd)}: exit {p.returncode}, {must!r} not in output:\n"
+                           f"{p.stdout[-800:]}{p.stderr[-800:]}")
+    return dt
 
 
 def main() -> int:
@@ -64,24 +61,33 @@ def main() -> int:
                        capture_output=True)
         homes = sorted(home.glob("clusters/bstat/local/nodes/*/root"))
         ct = cloudtrain_cmd()
-        rows = []
+        gpu_on = [h / ".fake-nvidia-smi" for h in homes]
 
-        def variant(label: str, cmd: list[str], must: str, e: dict[str, str] = env) -> None:
-            t = timed(cmd, e, args.runs, must)
-            rows.append((label, fmt(median(t)), fmt(percentile(t, 90)), len(t)))
+        def gpus(on: bool) -> None:
+            for f in gpu_on:
+                if on:
+                    f.write_text("a100_8x_idle.csv\n")
+                elif f.exists():
+                    f.unlink()
 
-        variant("status (no --refresh)", ct + ["status", "bstat"], "bstat")
-        variant("status --refresh, no nvidia-smi", ct + ["status", "bstat", "--refresh"], "no GPU")
-        for h in homes:
-            (h / ".fake-nvidia-smi").write_text("a100_8x_idle.csv\n")
-        variant("status --refresh, 8x A100 per node", ct + ["status", "bstat", "--refresh"],
-                "8 GPUs")
+        variants = [("status (no --refresh)", ct + ["status", "bstat"], "bstat", env, False),
+                    ("status --refresh, no nvidia-smi", ct + ["status", "bstat", "--refresh"],
+                     "no GPU", env, False),
+                    ("status --refresh, 8x A100 per node (stub)",
+                     ct + ["status", "bstat", "--refresh"], "8 GPUs", env, True)]
         if args.before is not None:
             src = args.before.resolve()
             old = dict(env, PYTHONPATH=f"{src}:{src / 'provisioners'}")
-            variant(f"status --refresh, code before the query ({src.name})",
-                    [sys.executable, "-m", "cloudtrain", "status", "bstat", "--refresh"], "bstat",
-                    old)
+            variants.append((f"status --refresh, code before the query ({src.name})",
+                             ct + ["status", "bstat", "--refresh"], "bstat", old, False))
+        times: dict[str, list[float]] = {v[0]: [] for v in variants}
+        for i in range(args.runs + 1):           # round robin: load drifts hit every variant
+            for label, cmd, must, e, on in variants:
+                gpus(on)
+                dt = once(cmd, e, must)
+                if i:                            # the first round warms up
+                    times[label].append(dt)
+        rows = [(k, fmt(median(t)), fmt(percentile(t, 90)), len(t)) for k, t in times.items()]
         print(table(["variant", "median s", "p90 s", "runs"], rows))
         print(f"# load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
         return 0
