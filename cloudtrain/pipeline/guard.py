@@ -189,10 +189,15 @@ def states(env: Env, handle: Handle, group: Group, gpus: dict[int, Any] | None =
             out[rank] = json.loads(before.strip().splitlines()[-1])
         except (ValueError, IndexError):
             out[rank] = {}
+        if not isinstance(out[rank], dict):
+            out[rank] = {}
         if gpus is not None:
-            jobs = (out[rank].get("state") or {}).get("jobs") if isinstance(out[rank], dict) else 0
+            seen = out[rank].get("state")
+            jobs = seen.get("jobs") if isinstance(seen, dict) else 0
             gpus[rank] = gpuuse.parse(block if r.error is None else None, rank,
                                       job_running=isinstance(jobs, int) and jobs > 0)
+            if r.error is not None:
+                gpus[rank].detail = f"no answer from the node ({r.error})"[:300]
     return out
 
 

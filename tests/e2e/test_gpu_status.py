@@ -141,3 +141,17 @@ def cli_cmd() -> list[str]:
     import sys
 
     return [sys.executable, "-m", "cloudtrain"]
+
+
+def test_a_node_printing_garbage_does_not_break_status(gpu_cluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    cli, _, homes = gpu_cluster
+    junk = tmp_path / "junk.csv"
+    junk.write_bytes(b"\xff\xfe\x00garbage\x1b[2J, , ,\n" + b"A" * 300_000 + b"\n")
+    (homes[1] / ".fake-nvidia-smi").write_text(f"{junk}\n")
+    r = cli.run("status", "gpus", "--refresh")
+    assert r.returncode == 0, r.stderr
+    assert "gpus: node 0: 8 GPUs (8x NVIDIA A100-SXM4-80GB)" in r.stdout
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("gpus: node 1:"))
+    assert "GPU query failed (nvidia-smi printed nothing usable" in line and len(line) < 400
+    js = status_json(cli)["gpus"][1]
+    assert js["state"] == "error" and js["count"] == 0 and js["dropped_lines"] == 2
