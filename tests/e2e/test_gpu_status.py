@@ -155,3 +155,15 @@ def test_a_node_printing_garbage_does_not_break_status(gpu_cluster, tmp_path: Pa
     assert "GPU query failed (nvidia-smi printed nothing usable" in line and len(line) < 400
     js = status_json(cli)["gpus"][1]
     assert js["state"] == "error" and js["count"] == 0 and js["dropped_lines"] == 2
+
+
+def test_a_hanging_nvidia_smi_is_cut_off_and_status_answers(gpu_cluster) -> None:  # type: ignore[no-untyped-def]
+    cli, _, homes = gpu_cluster
+    (homes[1] / ".fake-nvidia-smi").write_text("hang.csv\n")      # sleeps 60 s first
+    t0 = time.monotonic()
+    r = cli.run("status", "gpus", "--refresh")
+    took = time.monotonic() - t0
+    assert r.returncode == 0, r.stderr
+    assert "gpus: node 1: GPU query failed (nvidia-smi did not answer in time" in r.stdout
+    assert "gpus: node 0: 8 GPUs" in r.stdout
+    assert 9 < took < 25, took          # the 10 s cut, not the stub's 60 s
