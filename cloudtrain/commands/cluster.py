@@ -103,7 +103,8 @@ def print_plan(ui: UI, plan: Plan, name: str) -> None:
 @click.command(context_settings=CONTEXT)
 @click.argument("cluster_name", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@click.option("--refresh", is_flag=True, help="Ask every provider (cloud APIs included).")
+@click.option("--refresh", is_flag=True,
+              help="Ask every provider (cloud APIs included) and each node's GPUs (nvidia-smi).")
 @guard
 def status(cluster_name: str | None, as_json: bool, refresh: bool) -> None:
     """Show clusters and their nodes (local state, refreshed from cheap providers), with each
@@ -115,7 +116,9 @@ def status(cluster_name: str | None, as_json: bool, refresh: bool) -> None:
     instance_type, accelerators, use_spot, price_hourly_usd (per node), cluster_hourly_usd,
     cost_so_far_usd (null: no price was recorded), created_at and nodes (each with host_key:
     how its SSH host key was pinned: "pinned at creation", "the user's known_hosts" or
-    "learned on first contact")."""
+    "learned on first contact"), and with --refresh gpus: per node the GPU count, models,
+    utilisation, memory, temperature, power, the idle GPUs and every GPU's record (null
+    without --refresh)."""
     if cluster_name is not None:
         check_name(cluster_name)
     env = open_env(quiet=as_json)
@@ -139,6 +142,17 @@ def status(cluster_name: str | None, as_json: bool, refresh: bool) -> None:
             g = guards[r.name]
             words = g.get("guard", {}).get("words")
             click.echo(f"{r.name}: {g['policy']}" + (f"; {words}" if words else ""))
+        gpu_lines(r.name, guards.get(r.name, {}))
+
+
+def gpu_lines(name: str, live: dict[str, Any]) -> None:
+    """``status --refresh``: each node's GPU use (cloudtrain.gpuuse), one line a node."""
+    if "gpus" not in live:
+        return
+    from cloudtrain.gpuuse import node_line
+
+    for n in live["gpus"]:
+        click.echo(f"{name}: {node_line(n)}")
 
 
 def gather(env: Env, name: str | None, refresh: bool) -> tuple[Any, ...]:
@@ -184,6 +198,8 @@ def status_json(rows: list[ClusterRow], spent: dict[str, float | None],
                    "host_key": pins[r.name].get(n.rank, "unknown")} for n in r.nodes],
         "autostop": guards.get(r.name, {}).get("autostop"),
         "guard": guards.get(r.name, {}).get("guard"),
+        "gpus": [n.as_json() for n in guards[r.name]["gpus"]]
+        if "gpus" in guards.get(r.name, {}) else None,
     } for r in rows]
 
 

@@ -169,15 +169,35 @@ def touch(env: Env, handle: Handle, group: Group) -> None:
         env.ui.warn(f"could not renew the node guard's lease: {exc}")
 
 
-def states(env: Env, handle: Handle, group: Group) -> dict[int, dict[str, Any]]:
-    """What each node's guard last saw (state.json), stopped.json, and whether it runs."""
-    res = group.run(_command(env, handle, "state", None), timeout=30)
+def states(env: Env, handle: Handle, group: Group, gpus: dict[int, Any] | None = None
+           ) -> dict[int, dict[str, Any]]:
+    """What each node's guard last saw (state.json), stopped.json, and whether it runs. With
+    ``gpus`` (a dict, filled in) the same command also asks nvidia-smi (cloudtrain.gpuuse)."""
+    from cloudtrain import gpuuse
+    from cloudtrain.remote import bash
+
+    cmd = _command(env, handle, "state", None)
+    bins = {n.rank: n.python_bin or os.path.dirname(bootstrap.provider_node_env(handle).get(
+        "CLOUDTRAIN_PYTHON", "")) or None for n in handle.nodes}
+    run = cmd if gpus is None else \
+        (lambda n: f"{cmd(n)}; {bash(gpuuse.remote_script(bins.get(n.rank)))}")
+    res = group.run(run, timeout=30)
     out = {}
     for rank, r in res.items():
+        before, block = gpuuse.split_output(r.stdout)
         try:
-            out[rank] = json.loads(r.stdout.strip().splitlines()[-1])
+            out[rank] = json.loads(before.strip().splitlines()[-1])
         except (ValueError, IndexError):
             out[rank] = {}
+        if not isinstance(out[rank], dict):
+            out[rank] = {}
+        if gpus is not None:
+            seen = out[rank].get("state")
+            jobs = seen.get("jobs") if isinstance(seen, dict) else 0
+            gpus[rank] = gpuuse.parse(block if r.error is None else None, rank,
+                                      job_running=isinstance(jobs, int) and jobs > 0)
+            if r.error is not None:
+                gpus[rank].detail = f"no answer from the node ({r.error})"[:300]
     return out
 
 
@@ -328,7 +348,10 @@ def live(env: Env, name: str, refresh: bool) -> dict[str, Any]:
     except Exception:  # noqa: BLE001 - status shows the rest
         return out
     try:
-        out["guard"] = idle_words(pol, states(env, handle, group), time.time())
+        gpus: dict[int, Any] | None = {} if refresh else None
+        out["guard"] = idle_words(pol, states(env, handle, group, gpus), time.time())
+        if gpus is not None:
+            out["gpus"] = [gpus[r] for r in sorted(gpus)]
         if refresh:
             touch(env, handle, group)
     except CloudtrainError:
