@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import click
 
-from cloudtrain.commands import catalog, cluster, controllers, cost, gc, init, jobs, report
+from cloudtrain.commands import catalog, cluster, controllers, cost, gc, init, jobs, queue, report
 from cloudtrain.commands.base import CONTEXT
 
 
@@ -31,7 +31,7 @@ def cli() -> None:
 
 
 def register_commands() -> None:
-    for module in (init, cluster, jobs, controllers, catalog, cost, report, gc):
+    for module in (init, cluster, jobs, controllers, catalog, cost, report, gc, queue):
         module.register(cli)
 
 
