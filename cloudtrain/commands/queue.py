@@ -72,9 +72,7 @@ def cancel(cluster_name: str, job_id: str | None, all_jobs: bool) -> None:
       cloudtrain cancel mycluster 20261124-101500-ab12cd
       cloudtrain cancel mycluster --all"""
     from cloudtrain.errors import UserError
-    from cloudtrain.pipeline import guard as node_guard
     from cloudtrain.pipeline import queue
-    from cloudtrain.pipeline.remote_job import STOP_GRACE
 
     if (job_id is None) == (not all_jobs):
         raise UserError("cancel takes one JOB_ID or --all, not both and not neither.",
@@ -85,22 +83,7 @@ def cancel(cluster_name: str, job_id: str | None, all_jobs: bool) -> None:
     env = open_env()
     handle, group = _connected(env, cluster_name)
     try:
-        recs = _records(handle, group)
-        if job_id is not None and job_id not in [r["id"] for r in recs]:
-            raise UserError(f"JOB_ID '{job_id}' is not in the queue of '{cluster_name}'.",
-                            f"List the jobs: cloudtrain queue {cluster_name}")
-        state = {r["id"]: r.get("state") for r in recs}
-        # Queued ones first: none of them starts when a running one is stopped.
-        ids = sorted([r["id"] for r in queue.active(recs)] if all_jobs else [str(job_id)],
-                     key=lambda i: state.get(i) != "queued")
-        grace = float(node_guard.saved(env, cluster_name).get("grace_s") or STOP_GRACE)
-        for jid in ids:
-            was = queue.cancel(env, handle, group, jid, grace)
-            words = {"queued": "removed from the queue",
-                     "running": f"stopped on every node (stop_grace {grace:g} s)"}
-            env.ui.ok(f"Job {jid}: " + words.get(was, f"not cancelled: it had already {was}"))
-        if not ids:
-            env.ui.info(f"No queued or running job on '{cluster_name}'.")
+        queue.cancel_jobs(env, handle, group, job_id)
     finally:
         group.close()
 

@@ -188,7 +188,7 @@ def stopped(root: str) -> bool:
 
 def wait(root: str, job_id: str) -> int:
     path = os.path.join(qdir(root), job_id + ".json")
-    while True:
+    while os.path.isdir(qdir(root)):       # gone: the cluster was torn down
         with Locked(root):
             rec = read_json(path)
             if rec is None or rec.get("state") != "queued":
@@ -201,6 +201,7 @@ def wait(root: str, job_id: str) -> int:
                 start(root, rec)
                 return 0
         time.sleep(POLL_S)
+    return 0
 
 
 def cancel(root: str, job_id: str) -> int:

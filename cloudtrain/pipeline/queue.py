@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cloudtrain.cluster import Handle
+from cloudtrain.cluster import Handle, cluster_uid
 from cloudtrain.context import Env
 from cloudtrain.errors import JobFailed, RemoteError, UserError
 from cloudtrain.pipeline import bootstrap
@@ -32,13 +32,15 @@ def _source() -> str:
                             .read_bytes()).decode()
 
 
-def node_command(handle: Handle, node: NodeRow, cmd: str, *args: str) -> str:
+def node_command(handle: Handle, node: NodeRow, cmd: str, *args: str, marker: str = "") -> str:
     """``queue.py CMD ROOT ARGS`` on ``node``: the file travels in the command (written there
-    when it changed), run by the node's Python (the one the guard uses)."""
+    when it changed), run by the node's Python (the one the guard uses). ``marker``: the
+    cluster's id, which the waiter carries so that 'down' stops it with the cluster."""
     python = bootstrap.provider_node_env(handle).get("CLOUDTRAIN_PYTHON", "python3")
     rest = " ".join(shlex.quote(a) for a in args)
+    mark = f"export CLOUDTRAIN_CLUSTER_ID={shlex.quote(marker)}; " if marker else ""
     return bash(
-        f"r={shlex.quote(node.root_dir)}; case $r in /*) ;; *) r=$HOME/$r ;; esac; "
+        mark + f"r={shlex.quote(node.root_dir)}; case $r in /*) ;; *) r=$HOME/$r ;; esac; "
         "d=$r/.cloudtrain/queue; mkdir -p \"$d\" && chmod 700 \"$d\" || exit 1; "
         f"echo {_source()} | base64 -d > \"$d/queue.py.$$\" || exit 1; "
         "if cmp -s \"$d/queue.py.$$\" \"$d/queue.py\"; then rm -f \"$d/queue.py.$$\"; "
@@ -100,7 +102,8 @@ class Turn:
         self.who = submitter()
 
     def command(self, node: NodeRow) -> str:
-        return node_command(self.handle, node, "submit", self.job_id, self.who, self.at, self.task)
+        return node_command(self.handle, node, "submit", self.job_id, self.who, self.at,
+                            self.task, marker=cluster_uid(self.env, self.handle.name))
 
     def wait(self, res: GroupResult, detach: bool) -> None:
         head = res.get(0)
@@ -160,3 +163,26 @@ def cancel(env: Env, handle: Handle, group: Group, job_id: str, grace: float) ->
         env.state.finish_launch(job_id, "CANCELLED", None, None)
         return "queued"
     return was.get(0, "unknown")
+
+
+def cancel_jobs(env: Env, handle: Handle, group: Group, job_id: str | None) -> None:
+    """``cloudtrain cancel``: ``job_id``, or (None) every queued and running job, queued
+    ones first (none of them starts when a running one is stopped), saying what was done."""
+    from cloudtrain.pipeline import guard as node_guard
+    from cloudtrain.pipeline.remote_job import STOP_GRACE
+
+    recs = records(handle, group)
+    if job_id is not None and job_id not in [r["id"] for r in recs]:
+        raise UserError(f"JOB_ID '{job_id}' is not in the queue of '{handle.name}'.",
+                        f"List the jobs: cloudtrain queue {handle.name}")
+    state = {r["id"]: r.get("state") for r in recs}
+    ids = sorted([r["id"] for r in active(recs)] if job_id is None else [job_id],
+                 key=lambda i: state.get(i) != "queued")
+    grace = float(node_guard.saved(env, handle.name).get("grace_s") or STOP_GRACE)
+    words = {"queued": "removed from the queue",
+             "running": f"stopped on every node (SIGTERM, SIGKILL after {grace:g} s: stop_grace)"}
+    for jid in ids:
+        was = cancel(env, handle, group, jid, grace)
+        env.ui.ok(f"Job {jid}: " + words.get(was, f"not cancelled: it had already {was}"))
+    if not ids:
+        env.ui.info(f"No queued or running job on '{handle.name}'.")
