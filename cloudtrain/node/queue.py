@@ -168,6 +168,7 @@ def submit(root: str, job_id: str, submitter: str, submitted_at: float, task: st
         rec = {"id": job_id, "submitter": submitter, "submitted_at": submitted_at, "task": task,
                "state": "queued", "started_at": None, "ended_at": None, "exit_code": None}
         write_json(os.path.join(q, job_id + ".json"), rec)
+        prune(root)
         before = ahead(root, job_id)
         if not before and not stopped(root):
             print(f"::started {start(root, rec)}")
@@ -179,6 +180,18 @@ def submit(root: str, job_id: str, submitter: str, submitted_at: float, task: st
         write_json(os.path.join(q, job_id + ".json"), dict(rec, waiter=waiter.pid))
         print(f"::queued {len(before)} {before[0]['id']}")
     return 0
+
+
+def prune(root: str) -> None:
+    """Ended records beyond the newest CLOUDTRAIN_KEEP_QUEUE (100) are removed."""
+    keep = int(os.environ.get("CLOUDTRAIN_KEEP_QUEUE", "100"))
+    ended = [r for r in records(root) if r.get("state") not in ACTIVE]
+    for rec in ended[:max(0, len(ended) - keep)]:
+        for suffix in (".json", ".sh", ".waiter.log"):
+            try:
+                os.unlink(os.path.join(qdir(root), rec["id"] + suffix))
+            except OSError:
+                pass
 
 
 def stopped(root: str) -> bool:
