@@ -106,12 +106,13 @@ class Turn:
                             self.task, marker=cluster_uid(self.env, self.handle.name))
 
     def wait(self, res: GroupResult, detach: bool) -> None:
-        head = res.get(0)
-        said = [ln.split() for ln in (head.stdout if head is not None else "").splitlines()
-                if ln.startswith("::queued ")]
+        # Each node says "::started PID" or "::queued POSITION FIRST_AHEAD"; the head's word
+        # is the one shown, but the launch waits while any node's part is queued.
+        said = {rank: ln.split() for rank, x in sorted(res.items(), reverse=True)
+                for ln in x.stdout.splitlines() if ln.startswith("::queued ") and x.ok}
         if not said:
             return
-        _, pos, before = said[-1][:3]
+        _, pos, before = said[min(said)][:3]
         self.env.ui.info(f"Job {self.job_id} queued behind job {before} (position {pos}): "
                          + ("the nodes start it when its turn comes." if detach else "waiting..."))
         if detach:
