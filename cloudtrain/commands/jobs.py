@@ -74,8 +74,8 @@ def launch(task_file: str, cluster_name: str | None, down_after: bool, detach: b
     outcome = start(env, task, name, plan.plan(env, task, name), down_after=down_after,
                     detach=detach, overrides=overrides, limit=limit, recover=recover or
                     task.recovery is not None, confirm=lambda planned: confirm_cost(planned, yes),
-                    now=now, options={"task_file": task_file, "max_cost": max_cost, "hours": hours,
-                             "no_budget": no_budget})
+                    now=now, options={"task_file": task_file, "max_cost": max_cost,
+                                      "hours": hours, "no_budget": no_budget})
     if outcome is None:
         return
     if outcome.detached:
@@ -100,7 +100,7 @@ def start(env: Env, task: Task, name: str, planned: Plan, *, recover: bool, deta
                           overrides=overrides, limit=limit, confirm=confirm, now=now)
     if not detach:
         return recovery.launch(env, task, name, planned, down_after=down_after,
-                               overrides=overrides, limit=limit, confirm=confirm, now=now)
+                               overrides=overrides, limit=limit, confirm=confirm)
     recovery.detached(env, task, name, planned, down_after=down_after, overrides=overrides,
                       confirm=confirm, **options)
     return None
