@@ -248,7 +248,8 @@ def main(argv: list[str]) -> int:
     if cmd == "cancel" and len(args) == 2:
         return cancel(args[0], args[1])
     if cmd == "list" and len(args) == 1:
-        print(json.dumps(records(args[0])))
+        with Locked(args[0]):
+            print(json.dumps(records(args[0])))
         return 0
     print(__doc__, file=sys.stderr)
     return 2
