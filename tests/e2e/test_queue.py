@@ -55,7 +55,7 @@ def test_two_launches_wait_their_turn_and_queue_lists_them(cli: CLI, tmp_path: P
     stamp = "date +%s.%N > {m}/{w}-$CLOUDTRAIN_NODE_RANK"
     first = _task(tmp_path, "first", f"""
 {stamp.format(m=marks, w='a-start')}
-sleep 6
+sleep 20
 {stamp.format(m=marks, w='a-end')}
 """)
     second = _task(tmp_path, "second", f"""
@@ -69,7 +69,7 @@ echo "third ran"
 """)
     r = cli.run("launch", str(first), "-c", "q", "-y", "-d", **FAST)
     assert r.returncode == 0, r.stderr
-    a_id = _job_id(r.stderr + r.stdout)
+    a_id = _job_id(r.stderr.split("Running job", 1)[1])
     assert wait_until(lambda: (marks / "a-start-0").exists(), 60)
     # An attached launch waits its turn, then follows its job and exits with its code.
     proc = cli.popen("launch", str(second), "-c", "q", "-y", **FAST)
@@ -95,7 +95,7 @@ echo "third ran"
     recs = _by_id(_queue(cli, "q"))
     assert [recs[i]["state"] for i in (a_id, b_id, c_id)] == ["succeeded", "failed", "succeeded"]
     assert [recs[i]["exit_code"] for i in (a_id, b_id, c_id)] == [0, 5, 0]
-    assert recs[a_id]["duration_s"] >= 5.5 and recs[a_id]["task"] == "first"
+    assert recs[a_id]["duration_s"] >= 19.5 and recs[a_id]["task"] == "first"
     assert all("@" in r["submitter"] and r["submitted"] and r["started"] for r in recs.values())
     table = cli.run("queue", "q")
     assert table.returncode == 0 and "SUBMITTER" in table.stdout, table.stderr
@@ -118,7 +118,7 @@ wait
     after = _task(tmp_path, "after", f"touch {marks}/after-$CLOUDTRAIN_NODE_RANK")
     r = cli.run("launch", str(long), "-c", "c", "-y", "-d", **FAST)
     assert r.returncode == 0, r.stderr
-    long_id = _job_id(r.stderr + r.stdout)
+    long_id = _job_id(r.stderr.split("Running job", 1)[1])
     assert wait_until(lambda: all((marks / f"long-{k}").exists() for k in (0, 1)), 60)
 
     r = cli.run("launch", str(never), "-c", "c", "-y", "--now", **FAST)
