@@ -157,19 +157,23 @@ def test_guard_idle_clock_counts_queued_work_as_busy(cli: CLI, tmp_path: Path) -
     task = _task(tmp_path, "idleq", "true", cluster_extra="autostop: {idle_minutes: 0.1}\n")
     r = cli.run("up", str(task), "-y", "--no-bootstrap", **FAST)
     assert r.returncode == 0, r.stderr
-    r = cli.run("queue", "idleq", "--json")          # creates the head's queue folder
+    r = cli.run("queue", "idleq", "--json")
     assert r.returncode == 0 and json.loads(r.stdout) == [], r.stderr
-    heads = list(cli.home.glob("**/idleq/**/nodes/0/root/.cloudtrain/queue"))
-    assert len(heads) == 1, heads
-    # A job waiting its turn (its record, as queue.py writes it; no waiter, so it stays).
+    roots = sorted(cli.home.glob("**/idleq/**/nodes/*/root"))
+    assert len(roots) == 2, roots
+    # A job waiting its turn, on every node as a launch leaves it (the record as queue.py
+    # writes it; no waiter, so it stays queued).
     job_id = "20990101-000000-abcdef"
-    (heads[0] / f"{job_id}.json").write_text(json.dumps(
-        {"id": job_id, "state": "queued", "submitted_at": time.time(), "task": "t",
-         "submitter": "test@here"}))
+    for root in roots:
+        (root / ".cloudtrain" / "queue").mkdir(mode=0o700, exist_ok=True)
+        (root / ".cloudtrain" / "queue" / f"{job_id}.json").write_text(json.dumps(
+            {"id": job_id, "state": "queued", "submitted_at": time.time(), "task": "t",
+             "submitter": "test@here"}))
     time.sleep(12)        # the idle limit is 6 s, with no CLI contact since
     assert processes_with(f"{cli.home}/clusters/idleq/"), "the idle stop fired with work queued"
-    state = json.loads((heads[0].parent / "guard" / "state.json").read_text())
-    assert state["busy"] is True and state["queued"] == 1, state
+    for root in roots:
+        state = json.loads((root / ".cloudtrain" / "guard" / "state.json").read_text())
+        assert state["busy"] is True and state["queued"] == 1, state
     r = cli.run("cancel", "idleq", job_id)
     assert r.returncode == 0 and "removed from the queue" in r.stderr, r.stderr
     assert wait_until(lambda: not processes_with(f"{cli.home}/clusters/idleq/"), 40), \
