@@ -79,8 +79,8 @@ def launch(task_file: str, cluster_name: str | None, down_after: bool, detach: b
     if outcome is None:
         return
     if outcome.detached:
-        env.ui.ok(f"Job {outcome.job_id} started on every node. Follow it: "
-                  f"cloudtrain logs {name} --follow")
+        env.ui.ok(f"Job {outcome.job_id} submitted on every node (it runs now, or when its "
+                  f"turn comes: cloudtrain queue {name}). Follow it: cloudtrain logs {name} --follow")
         return
     env.ui.ok(f"Job {outcome.job_id} succeeded on every node")
 

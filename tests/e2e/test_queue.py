@@ -90,6 +90,8 @@ echo "third ran"
     assert wait_until(lambda: all((marks / f"c-start-{k}").exists() for k in (0, 1)), 60)
     for rank in (0, 1):     # on every node: each job after the one before it
         assert _stamp(marks, "a-end", rank) <= _stamp(marks, "b-start", rank)
+        gap = _stamp(marks, "b-start", rank) - _stamp(marks, "a-end", rank)
+        print(f"node {rank}: the next job started {gap:.2f} s after the first ended")
         assert _stamp(marks, "b-start", rank) <= _stamp(marks, "c-start", rank)
     assert wait_until(lambda: _queue(cli, "q")[-1]["state"] == "succeeded", 30)
     recs = _by_id(_queue(cli, "q"))
@@ -142,6 +144,7 @@ wait
     r = cli.run("cancel", "c", long_id)
     took = time.monotonic() - t0
     assert r.returncode == 0 and "stopped on every node" in r.stderr, r.stderr
+    print(f"cancel of the running job took {took:.2f} s (stop_grace 5 s)")
     assert took < 5 + 10, took            # within the grace (5 s) plus the round trips
     assert all((marks / f"long-term-{k}").exists() for k in (0, 1))    # SIGTERM, trap ran
     assert wait_until(lambda: all((marks / f"after-{k}").exists() for k in (0, 1)), 30)
