@@ -43,11 +43,14 @@ if TYPE_CHECKING:
 @click.option("--no-budget", is_flag=True, help="Ignore max_cost_usd: no estimate, no watch.")
 @click.option("--recover", is_flag=True,
               help="Replace nodes the cloud takes and resume the job (docs/recovery.md).")
+@click.option("--now", is_flag=True,
+              help="Refuse (exit 2) when a job runs or waits on the cluster, instead of "
+                   "waiting its turn in the cluster's queue (docs/queue.md).")
 @ssh_config_choice(ask=False)
 @guard
 def launch(task_file: str, cluster_name: str | None, down_after: bool, detach: bool, yes: bool,
            envs: tuple[str, ...], max_cost: float | None, hours: float | None,
-           no_budget: bool, recover: bool) -> None:
+           no_budget: bool, recover: bool, now: bool) -> None:
     """Run TASK_FILE on a cluster: up if needed, sync, setup, run on every node, stream logs.
 
     With a budget (max_cost_usd, or --max-cost), launch refuses (exit 2, nothing created)
@@ -73,20 +76,21 @@ def launch(task_file: str, cluster_name: str | None, down_after: bool, detach: b
     outcome = start(env, task, name, plan.plan(env, task, name), down_after=down_after,
                     detach=detach, overrides=overrides, limit=limit, recover=recover or
                     task.recovery is not None, confirm=lambda planned: confirm_cost(planned, yes),
-                    options={"task_file": task_file, "max_cost": max_cost, "hours": hours,
-                             "no_budget": no_budget})
+                    now=now, options={"task_file": task_file, "max_cost": max_cost,
+                                      "hours": hours, "no_budget": no_budget})
     if outcome is None:
         return
     if outcome.detached:
-        env.ui.ok(f"Job {outcome.job_id} started on every node. Follow it: "
-                  f"cloudtrain logs {name} --follow")
+        env.ui.ok(f"Job {outcome.job_id} submitted on every node (it runs now, or when its "
+                  f"turn comes: cloudtrain queue {name}). Follow it: cloudtrain logs {name} --follow")
         return
     env.ui.ok(f"Job {outcome.job_id} succeeded on every node")
 
 
 def start(env: Env, task: Task, name: str, planned: Plan, *, recover: bool, detach: bool,
           down_after: bool, overrides: dict[str, str], limit: Budget | None,
-          confirm: Callable[[Plan], None], options: dict[str, Any]) -> Outcome | None:
+          confirm: Callable[[Plan], None], options: dict[str, Any],
+          now: bool = False) -> Outcome | None:
     """The launch chain, or the recovery controller that runs it (``--recover``); with -d
     the controller runs in the background (``cloudtrain jobs``) and None is returned.
     ``options``: the command line's task_file, max_cost, hours and no_budget, which a
@@ -95,7 +99,7 @@ def start(env: Env, task: Task, name: str, planned: Plan, *, recover: bool, deta
 
     if not recover:
         return job.launch(env, task, name, planned, down_after=down_after, detach=detach,
-                          overrides=overrides, limit=limit, confirm=confirm)
+                          overrides=overrides, limit=limit, confirm=confirm, now=now)
     if not detach:
         return recovery.launch(env, task, name, planned, down_after=down_after,
                                overrides=overrides, limit=limit, confirm=confirm)

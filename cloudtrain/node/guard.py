@@ -103,6 +103,14 @@ def running_jobs(root: str) -> list[tuple[str, int]]:
     return found
 
 
+def queued_jobs(root: str) -> int:
+    """Jobs waiting in the node's queue (cloudtrain/node/queue.py): queued work is not idle."""
+    qd = os.path.join(root, ".cloudtrain", "queue")
+    names = os.listdir(qd) if os.path.isdir(qd) else []
+    return sum(1 for n in names if n.endswith(".json")
+               and (read_json(os.path.join(qd, n)) or {}).get("state") == "queued")
+
+
 def job_ended(root: str, job_id: str) -> float | None:
     """When the job ended (its rc file's time; now for one killed before writing it), or
     None while it runs or before it started."""
@@ -276,12 +284,13 @@ def run(root: str) -> int:
         now = time.time()
         jobs = running_jobs(root)
         ttys = ssh_sessions()
-        busy = bool(jobs or ttys)
+        queued = queued_jobs(root)
+        busy = bool(jobs or ttys or queued)
         if busy:
             busy_at = now
         lease = num(read_json(os.path.join(d, "lease")) or {}, "at") or 0.0
         reason, seen = decide(root, pol, now, busy_at, lease, busy)
-        seen.update(jobs=len(jobs), ssh_sessions=ttys, pid=os.getpid())
+        seen.update(jobs=len(jobs), ssh_sessions=ttys, queued=queued, pid=os.getpid())
         rules = {k: pol.get(k) for k in ("idle_minutes", "down", "down_on_end", "max_cost_usd",
                                          "max_hours")}
         if rules != last_rules:

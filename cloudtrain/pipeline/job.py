@@ -76,7 +76,7 @@ def check_estimate(env: Env, name: str, plan: Plan, limit: budget.Budget) -> Non
 
 def launch(env: Env, task: Task, name: str, plan: Plan, *, down_after: bool, detach: bool,
            overrides: dict[str, str], limit: budget.Budget | None,
-           confirm: Callable[[Plan], None]) -> run.Outcome:
+           confirm: Callable[[Plan], None], now: bool = False) -> run.Outcome:
     """Run ``task`` on cluster ``name``: up if needed (``confirm`` asks before a new cluster
     is paid for), sync, setup, run on every node and follow it. With ``down_after``, or when
     the budget ``limit`` is reached, the cluster is torn down at the end, whatever happened.
@@ -100,7 +100,8 @@ def launch(env: Env, task: Task, name: str, plan: Plan, *, down_after: bool, det
                 watch = None if limit is None or detach else budget.Watch(
                     env.state, name, limit.max_cost_usd, env.ui)
                 outcome = run.run_task(env, handle, group, task, detach=detach,
-                                       overrides=overrides, guard=watch, job_id=job_id)
+                                       overrides=overrides, guard=watch, job_id=job_id,
+                                       now=now)
                 started = True
                 if outcome.exit_code != 0 and handle.row.use_spot:
                     interrupted = interruptions(handle, name)

@@ -10,7 +10,7 @@ import shlex
 import threading
 import time
 from pathlib import Path, PurePosixPath
-from typing import Callable, TextIO
+from typing import Callable, Protocol, TextIO
 
 from cloudtrain import paths
 from cloudtrain.cluster import Handle
@@ -79,14 +79,23 @@ def follow_command(jdir: str, offset: int) -> str:
     return bootstrap.inline("ctjob.sh", jdir, "--follow", str(offset))
 
 
+class Turn(Protocol):
+    """A job's turn in the cluster's queue (implemented by cloudtrain/pipeline/queue.py)."""
+
+    def command(self, node: NodeRow) -> str: ...
+    def wait(self, res: dict[int, Result], detach: bool) -> None: ...
+    def withdraw(self) -> None: ...
+
+
 class RemoteJob:
     """One script on every node at once, stopped everywhere when one node fails."""
 
     def __init__(self, env: Env, handle: Handle, group: Group, job_id: str,
                  scripts: dict[int, str], sink: Callable[[int, str], None],
                  ranks: list[int], stop_on_failure: bool = True,
-                 grace: float = STOP_GRACE) -> None:
+                 grace: float = STOP_GRACE, turn: Turn | None = None) -> None:
         self.env, self.handle, self.group = env, handle, group
+        self.turn = turn    # the job's turn in the cluster's queue (pipeline/queue.py)
         self.grace = grace
         self.stop_on_failure = stop_on_failure
         self.job_id = job_id
@@ -147,9 +156,12 @@ class RemoteJob:
         log until the job ends there: a dropped connection is resumed, not an exit."""
         jdirs = self._jdirs()
         try:
-            res = self.group.run(lambda n: start_command(jdirs[n.rank], True),
+            res = self.group.run(self.turn.command if self.turn else
+                                 lambda n: start_command(jdirs[n.rank], True),
                                  stdin=lambda n: self.scripts[n.rank].encode(),
                                  combine=True, ranks=self.ranks)
+            if self.turn is not None:
+                self.turn.wait(res, detach)
             if not detach:
                 started = [r for r in self.ranks if res[r].ok]
                 for r in self.ranks:
@@ -161,6 +173,8 @@ class RemoteJob:
         except KeyboardInterrupt:
             self.env.ui.warn("Interrupted: stopping the job on every node...")
             try:
+                if self.turn is not None:
+                    self.turn.withdraw()    # a queued job never starts
                 self.stop_everywhere("Interrupted")
             except KeyboardInterrupt:
                 self.stop_everywhere("Interrupted")

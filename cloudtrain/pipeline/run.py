@@ -16,7 +16,7 @@ from cloudtrain import paths
 from cloudtrain.cluster import Handle, cluster_uid
 from cloudtrain.context import Env
 from cloudtrain.errors import Interrupted, JobFailed, RemoteError, UserError
-from cloudtrain.pipeline import bootstrap, storage, sync, torchrun
+from cloudtrain.pipeline import bootstrap, queue, storage, sync, torchrun
 from cloudtrain.pipeline.bootstrap import bootstrap_env, run_bootstrap
 from cloudtrain.pipeline.remote_job import (LogSink, RemoteJob, job_dir, new_job_id,
                                             read_worker_failures)
@@ -155,21 +155,21 @@ def sync_plan(task: Task) -> sync.SyncPlan:
 
 def run_task(env: Env, handle: Handle, group: Group, task: Task, *, detach: bool = False,
              overrides: dict[str, str] | None = None, job_id: str | None = None,
-             guard: Watch | None = None) -> Outcome:
+             guard: Watch | None = None, now: bool = False) -> Outcome:
     """``guard``: a budget watch that runs from here until the job ends (foreground only). When
     it reaches the budget, the job is stopped on every node, outputs are pulled back, the
     launch is recorded as BUDGET and :class:`~cloudtrain.budget.BudgetExceeded` is raised (the
     caller tears the cluster down)."""
     if guard is None:
         return _run_task(env, handle, group, task, detach=detach, overrides=overrides,
-                         job_id=job_id, guard=None)
+                         job_id=job_id, guard=None, now=now)
     if detach:
         raise UserError("A budget cannot be watched on a detached launch.",
                         "Run it in the foreground, or launch with --no-budget.")
     guard.start()
     try:
         return _run_task(env, handle, group, task, detach=False, overrides=overrides,
-                         job_id=job_id, guard=guard)
+                         job_id=job_id, guard=guard, now=now)
     finally:
         guard.stop()
 
@@ -196,7 +196,7 @@ def _budget_spent(env: Env, guard: Watch | None, job_id: str | None) -> None:
 
 def _run_task(env: Env, handle: Handle, group: Group, task: Task, *, detach: bool,
               overrides: dict[str, str] | None, job_id: str | None,
-              guard: Watch | None) -> Outcome:
+              guard: Watch | None, now: bool = False) -> Outcome:
     overrides = overrides or {}
     job_id = job_id or new_job_id()
     # The fingerprint (a local rsync listing, ~50 ms even for a small tree) is taken while the
@@ -206,6 +206,8 @@ def _run_task(env: Env, handle: Handle, group: Group, task: Task, *, detach: boo
     fp_future: Future[str] | None = fp_pool.submit(plan.fingerprint)
     fp_pool.shutdown(wait=False)
     prep = _prep(group, list(task.file_mounts), bootstrap_env(handle, task.bootstrap))
+    if now:
+        queue.refuse_if_busy(handle, group)   # launch --now on a busy cluster: exit 2
     if not all(f.bootstrapped and n.python_bin for n, f in zip(handle.nodes, prep.values())):
         env.ui.step("Bootstrapping")
         run_bootstrap(env, handle, group, task.bootstrap)
@@ -291,7 +293,8 @@ def _run_task(env: Env, handle: Handle, group: Group, task: Task, *, detach: boo
     with open(logs / "job.txt", "w", opener=paths.private_opener) as f:
         f.write(f"job_id={job_id}\ncluster={handle.name}\nnodes={len(nodes)}\n")
     env.ui.step(f"Running job {job_id} on {len(nodes)} node(s)")
-    job = RemoteJob(env, handle, group, job_id, scripts, sink, ranks, grace=task.stop_grace)
+    job = RemoteJob(env, handle, group, job_id, scripts, sink, ranks, grace=task.stop_grace,
+                    turn=queue.Turn(env, handle, group, job_id, task.name or "-"))
     try:
         res = _run_guarded(job, guard, detach=detach)
     except Interrupted:

@@ -1,0 +1,259 @@
+"""The job queue of one node (Python standard library only, like guard.py): a launch on a
+busy cluster waits its turn here, and the node starts it when the job before it has ended,
+with no CLI connected (docs/queue.md).
+
+    python3 queue.py submit ROOT JOB_ID SUBMITTER SUBMITTED_AT TASK   (job script on stdin)
+    python3 queue.py wait ROOT JOB_ID      the waiter (started by submit; in its own session)
+    python3 queue.py list ROOT             every record, oldest first (one JSON list)
+    python3 queue.py cancel ROOT JOB_ID    a queued job removed; a running one marked (the CLI
+                                           stops it with the job's stop_grace)
+
+Files in ROOT/.cloudtrain/queue: JOB_ID.json (the record: id, submitter, submitted_at, task,
+state, started_at, ended_at, exit_code), JOB_ID.sh (the job's script, 0600, until it starts),
+lock (flock). A job starts as ctjob.sh starts one (ROOT/jobs/JOB_ID: run.sh, node.log, pid,
+rc), so ``logs --job`` and the stop path work on it unchanged. Every node of a cluster holds
+the same queue (the CLI submits to each, with one SUBMITTED_AT), so each node starts its part
+of the next job when its part of the one before has ended; the head's copy is the one shown.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import subprocess
+import sys
+import time
+
+POLL_S = float(os.environ.get("CT_QUEUE_POLL", "0.5"))
+ACTIVE = ("queued", "running")
+RUN = 'trap : TERM; bash "$1/run.sh"; rc=$?; echo "$rc" > "$1/rc.tmp"; mv "$1/rc.tmp" "$1/rc"'
+
+
+def qdir(root: str) -> str:
+    return os.path.join(root, ".cloudtrain", "queue")
+
+
+def read_json(path: str) -> dict | None:
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        return data if isinstance(data, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+def write_json(path: str, data: dict) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f)
+    os.replace(tmp, path)
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+
+
+class Locked:
+    """The queue's lock (flock on ROOT/.cloudtrain/queue/lock) while records change."""
+
+    def __init__(self, root: str) -> None:
+        os.makedirs(qdir(root), mode=0o700, exist_ok=True)
+        self.f = open(os.path.join(qdir(root), "lock"), "a")
+
+    def __enter__(self) -> "Locked":
+        fcntl.flock(self.f, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        fcntl.flock(self.f, fcntl.LOCK_UN)
+        self.f.close()
+
+
+def refresh(root: str, rec: dict) -> dict:
+    """A running record whose job has ended gets its end: time, exit code and state."""
+    if rec.get("state") != "running":
+        return rec
+    jdir = os.path.join(root, "jobs", rec["id"])
+    rc_file = os.path.join(jdir, "rc")
+    try:
+        with open(os.path.join(jdir, "pid")) as f:
+            pid = int(f.read().strip())
+    except (OSError, ValueError):
+        pid = None
+    if os.path.exists(rc_file):
+        try:
+            with open(rc_file) as f:
+                code = int(f.read().strip())
+        except (OSError, ValueError):
+            code = 1
+        ended = os.stat(rc_file).st_mtime
+    elif pid is not None and not alive(pid):
+        code, ended = 137, time.time()     # ended without writing rc: killed (SIGKILL)
+    elif pid is None and time.time() - (rec.get("started_at") or 0) > 30:
+        code, ended = 1, time.time()       # never got a pid: the start failed
+    else:
+        return rec
+    state = "cancelled" if rec.get("cancel") else ("succeeded" if code == 0 else "failed")
+    rec = dict(rec, state=state, exit_code=code, ended_at=ended)
+    write_json(os.path.join(qdir(root), rec["id"] + ".json"), rec)
+    return rec
+
+
+def records(root: str) -> list[dict]:
+    """Every record, refreshed, oldest submission first (the queue's order)."""
+    out = []
+    try:
+        names = os.listdir(qdir(root))
+    except OSError:
+        return []
+    for name in names:
+        if name.endswith(".json"):
+            rec = read_json(os.path.join(qdir(root), name))
+            if rec is not None and isinstance(rec.get("id"), str):
+                out.append(refresh(root, rec))
+    return sorted(out, key=lambda r: (r.get("submitted_at") or 0, r["id"]))
+
+
+def ahead(root: str, job_id: str) -> list[dict]:
+    """The queued or running jobs submitted before ``job_id``."""
+    out = []
+    for rec in records(root):
+        if rec["id"] == job_id:
+            break
+        if rec.get("state") in ACTIVE:
+            out.append(rec)
+    return out
+
+
+def start(root: str, rec: dict) -> int:
+    """Start the job as ctjob.sh --detach does: its own session, node.log, pid, rc."""
+    q = qdir(root)
+    jdir = os.path.join(root, "jobs", rec["id"])
+    old = os.umask(0o077)
+    try:
+        os.makedirs(jdir, exist_ok=True)
+        os.chmod(jdir, 0o700)
+        os.replace(os.path.join(q, rec["id"] + ".sh"), os.path.join(jdir, "run.sh"))
+        log = open(os.path.join(jdir, "node.log"), "wb")
+    finally:
+        os.umask(old)
+    with log:
+        proc = subprocess.Popen(["bash", "-c", RUN, "_", jdir], stdin=subprocess.DEVNULL,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    with open(os.path.join(jdir, "pid"), "w") as f:
+        f.write(str(proc.pid))
+    write_json(os.path.join(q, rec["id"] + ".json"),
+               dict(rec, state="running", started_at=time.time()))
+    return proc.pid
+
+
+def submit(root: str, job_id: str, submitter: str, submitted_at: float, task: str) -> int:
+    q = qdir(root)
+    with Locked(root):
+        path = os.path.join(q, job_id + ".sh")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(sys.stdin.buffer.read())
+        rec = {"id": job_id, "submitter": submitter, "submitted_at": submitted_at, "task": task,
+               "state": "queued", "started_at": None, "ended_at": None, "exit_code": None}
+        write_json(os.path.join(q, job_id + ".json"), rec)
+        prune(root)
+        before = ahead(root, job_id)
+        if not before and not stopped(root):
+            print(f"::started {start(root, rec)}")
+            return 0
+        with open(os.path.join(q, job_id + ".waiter.log"), "ab") as log:
+            waiter = subprocess.Popen([sys.executable, os.path.abspath(__file__), "wait", root,
+                                       job_id], stdin=subprocess.DEVNULL, stdout=log,
+                                      stderr=subprocess.STDOUT, start_new_session=True)
+        write_json(os.path.join(q, job_id + ".json"), dict(rec, waiter=waiter.pid))
+        print(f"::queued {len(before)} {before[0]['id']}")
+    return 0
+
+
+def prune(root: str) -> None:
+    """Ended records beyond the newest CLOUDTRAIN_KEEP_QUEUE (100) are removed."""
+    keep = int(os.environ.get("CLOUDTRAIN_KEEP_QUEUE", "100"))
+    ended = [r for r in records(root) if r.get("state") not in ACTIVE]
+    for rec in ended[:max(0, len(ended) - keep)]:
+        for suffix in (".json", ".sh", ".waiter.log"):
+            try:
+                os.unlink(os.path.join(qdir(root), rec["id"] + suffix))
+            except OSError:
+                pass
+
+
+def stopped(root: str) -> bool:
+    """The node guard has stopped this node: nothing more starts."""
+    return os.path.exists(os.path.join(root, ".cloudtrain", "guard", "stopped.json"))
+
+
+def wait(root: str, job_id: str) -> int:
+    path = os.path.join(qdir(root), job_id + ".json")
+    while os.path.isdir(qdir(root)):       # gone: the cluster was torn down
+        with Locked(root):
+            rec = read_json(path)
+            if rec is None or rec.get("state") != "queued":
+                return 0
+            if stopped(root):
+                write_json(path, dict(rec, state="cancelled", ended_at=time.time(),
+                                      reason="the node guard stopped the node"))
+                return 0
+            if not ahead(root, job_id):
+                start(root, rec)
+                return 0
+        time.sleep(POLL_S)
+    return 0
+
+
+def cancel(root: str, job_id: str) -> int:
+    path = os.path.join(qdir(root), job_id + ".json")
+    with Locked(root):
+        rec = read_json(path)
+        if rec is None:
+            print("::unknown")
+            return 0
+        rec = refresh(root, rec)
+        state = rec.get("state")
+        if state == "queued":
+            write_json(path, dict(rec, state="cancelled", ended_at=time.time()))
+            try:
+                os.unlink(os.path.join(qdir(root), job_id + ".sh"))
+            except OSError:
+                pass
+        elif state == "running":
+            write_json(path, dict(rec, cancel=True))
+        print(f"::was {state}")
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    cmd, args = (argv[1], argv[2:]) if len(argv) > 2 else ("", [])
+    args = [os.path.abspath(os.path.expanduser(args[0]))] + args[1:] if args else args
+    if cmd == "submit" and len(args) == 5:
+        return submit(args[0], args[1], args[2], float(args[3]), args[4])
+    if cmd == "wait" and len(args) == 2:
+        return wait(args[0], args[1])
+    if cmd == "cancel" and len(args) == 2:
+        return cancel(args[0], args[1])
+    if cmd == "list" and len(args) == 1:
+        with Locked(args[0]):
+            print(json.dumps(records(args[0])))
+        return 0
+    print(__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,189 @@
+"""The job queue from the CLI's side (docs/queue.md): a launch's job is submitted to the
+queue of every node (cloudtrain/node/queue.py, shipped inline with each command); it starts
+at once on an idle cluster, else it waits there and the nodes start it when the job before it
+ends (with -d, with no CLI connected). ``queue`` lists the head's records; ``cancel`` removes
+a queued job or stops a running one through the usual stop path (stop_grace)."""
+
+from __future__ import annotations
+
+import base64
+import getpass
+import json
+import shlex
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from cloudtrain.cluster import Handle, cluster_uid
+from cloudtrain.context import Env
+from cloudtrain.errors import JobFailed, RemoteError, UserError
+from cloudtrain.pipeline import bootstrap
+from cloudtrain.pipeline.remote_job import job_dir
+from cloudtrain.pipeline.teardown import stop_processes
+from cloudtrain.remote import Group, GroupResult, bash
+from cloudtrain.state import NodeRow
+
+WAIT_POLL_S = 1.0
+
+
+def _source() -> str:
+    return base64.b64encode((Path(__file__).resolve().parent.parent / "node" / "queue.py")
+                            .read_bytes()).decode()
+
+
+def node_command(handle: Handle, node: NodeRow, cmd: str, *args: str, marker: str = "") -> str:
+    """``queue.py CMD ROOT ARGS`` on ``node``: the file travels in the command (written there
+    when it changed), run by the node's Python (the one the guard uses). ``marker``: the
+    cluster's id, which the waiter carries so that 'down' stops it with the cluster."""
+    python = bootstrap.provider_node_env(handle).get("CLOUDTRAIN_PYTHON", "python3")
+    rest = " ".join(shlex.quote(a) for a in args)
+    mark = f"export CLOUDTRAIN_CLUSTER_ID={shlex.quote(marker)}; " if marker else ""
+    return bash(
+        mark + f"r={shlex.quote(node.root_dir)}; case $r in /*) ;; *) r=$HOME/$r ;; esac; "
+        "d=$r/.cloudtrain/queue; mkdir -p \"$d\" && chmod 700 \"$d\" || exit 1; "
+        f"echo {_source()} | base64 -d > \"$d/queue.py.$$\" || exit 1; "
+        "if cmp -s \"$d/queue.py.$$\" \"$d/queue.py\"; then rm -f \"$d/queue.py.$$\"; "
+        "else mv \"$d/queue.py.$$\" \"$d/queue.py\" || exit 1; fi; "
+        f"py={shlex.quote(python)}; [ -x \"$py\" ] || py=$(command -v \"$py\" || command -v python3); "
+        f"exec \"$py\" \"$d/queue.py\" {shlex.quote(cmd)} \"$r\" {rest}")
+
+
+def submitter() -> str:
+    """Who submitted a job: user@host of this machine."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "?"
+    return f"{user}@{socket.gethostname()}"
+
+
+def records(handle: Handle, group: Group, rank: int = 0) -> list[dict[str, Any]]:
+    """The queue's records on one node (the head by default), oldest first."""
+    res = group.run(lambda n: node_command(handle, n, "list"), ranks=[rank], timeout=60)
+    r = res[rank]
+    if not r.ok:
+        raise RemoteError(f"Could not read the job queue on node {rank}: "
+                          f"{(r.stderr or r.stdout or str(r.error)).strip()[-300:]}",
+                          f"Check the node with 'cloudtrain status {handle.name} --refresh'.")
+    try:
+        data = json.loads(r.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        data = []
+    return [x for x in data if isinstance(x, dict)]
+
+
+def active(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [x for x in recs if x.get("state") in ("queued", "running")]
+
+
+def refuse_if_busy(handle: Handle, group: Group) -> None:
+    """``launch --now``: exit 2 (nothing queued) when a job runs or waits on the cluster."""
+    busy = active(records(handle, group))
+    if busy:
+        first = busy[0]
+        raise UserError(
+            f"--now: cluster '{handle.name}' is busy: job {first['id']} ({first.get('task')}, "
+            f"submitted by {first.get('submitter')}) is {first.get('state')}"
+            + (f", {len(busy) - 1} more queued" if len(busy) > 1 else "") + ".",
+            f"Launch without --now to wait its turn, or stop it: "
+            f"cloudtrain cancel {handle.name} {first['id']}")
+
+
+class Turn:
+    """A launch's turn in the queue, for :class:`~cloudtrain.pipeline.remote_job.RemoteJob`:
+    the command that submits the job on each node, the wait (attached) until every node has
+    started it, and its withdrawal when the launch is stopped (Ctrl-C)."""
+
+    def __init__(self, env: Env, handle: Handle, group: Group, job_id: str, task: str) -> None:
+        self.env, self.handle, self.group = env, handle, group
+        self.job_id, self.task = job_id, task
+        self.at = f"{time.time():.6f}"
+        self.who = submitter()
+
+    def command(self, node: NodeRow) -> str:
+        return node_command(self.handle, node, "submit", self.job_id, self.who, self.at,
+                            self.task, marker=cluster_uid(self.env, self.handle.name))
+
+    def wait(self, res: GroupResult, detach: bool) -> None:
+        # Each node says "::started PID" or "::queued POSITION FIRST_AHEAD"; the head's word
+        # is the one shown, but the launch waits while any node's part is queued.
+        said = {rank: ln.split() for rank, x in sorted(res.items(), reverse=True)
+                for ln in x.stdout.splitlines() if ln.startswith("::queued ") and x.ok}
+        if not said:
+            return
+        _, pos, before = said[min(said)][:3]
+        self.env.ui.info(f"Job {self.job_id} queued behind job {before} (position {pos}): "
+                         + ("the nodes start it when its turn comes." if detach else "waiting..."))
+        if detach:
+            return
+        ranks = [r for r, x in res.items() if x.ok]
+        while True:
+            states = {}
+            for rank in ranks:
+                mine = [x for x in records(self.handle, self.group, rank) if x["id"] == self.job_id]
+                states[rank] = mine[0].get("state") if mine else "unknown"
+            if "cancelled" in states.values() or "unknown" in states.values():
+                self.env.state.finish_launch(self.job_id, "CANCELLED", None, None)
+                raise JobFailed(1, None, f"Job {self.job_id} was cancelled before it started.",
+                                f"See 'cloudtrain queue {self.handle.name}'.")
+            if "queued" not in states.values():
+                self.env.ui.info(f"Job {self.job_id}: its turn came, it runs now")
+                return
+            time.sleep(WAIT_POLL_S)
+
+    def withdraw(self) -> None:
+        mark(self.handle, self.group, self.job_id)
+
+
+def mark(handle: Handle, group: Group, job_id: str) -> dict[int, str]:
+    """Cancel ``job_id`` in every node's queue: what it was on each ("queued", "running", an
+    ended state, or "None" when unknown)."""
+    res = group.run(lambda n: node_command(handle, n, "cancel", job_id), timeout=60)
+    out = {}
+    for rank, r in res.items():
+        said = [ln for ln in r.stdout.splitlines() if ln.startswith("::was ")]
+        out[rank] = said[-1][6:] if said else "unknown"
+    return out
+
+
+def cancel(env: Env, handle: Handle, group: Group, job_id: str, grace: float) -> str:
+    """Remove a queued job, or stop a running one on every node (SIGTERM, SIGKILL after
+    ``grace``): what it was ("queued", "running", or its end state)."""
+    was = mark(handle, group, job_id)
+    if "running" in was.values():
+        jdirs = {n.rank: job_dir(n, job_id) for n in handle.nodes}
+        stop_processes(env, handle, f"CLOUDTRAIN_JOB_ID={job_id}", jdirs, grace=grace,
+                       group=group,
+                       node_markers={r: f"CLOUDTRAIN_JOB_DIR={d}" for r, d in jdirs.items()})
+        launch = next((x for x in env.state.launches(handle.name) if x.job_id == job_id), None)
+        if launch is not None and launch.status == "RUNNING" and launch.detached:
+            env.state.finish_launch(job_id, "CANCELLED", None, None)
+        return "running"
+    if "queued" in was.values():
+        env.state.finish_launch(job_id, "CANCELLED", None, None)
+        return "queued"
+    return was.get(0, "unknown")
+
+
+def cancel_jobs(env: Env, handle: Handle, group: Group, job_id: str | None) -> None:
+    """``cloudtrain cancel``: ``job_id``, or (None) every queued and running job, queued
+    ones first (none of them starts when a running one is stopped), saying what was done."""
+    from cloudtrain.pipeline import guard as node_guard
+    from cloudtrain.pipeline.remote_job import STOP_GRACE
+
+    recs = records(handle, group)
+    if job_id is not None and job_id not in [r["id"] for r in recs]:
+        raise UserError(f"JOB_ID '{job_id}' is not in the queue of '{handle.name}'.",
+                        f"List the jobs: cloudtrain queue {handle.name}")
+    state = {r["id"]: r.get("state") for r in recs}
+    ids = sorted([r["id"] for r in active(recs)] if job_id is None else [job_id],
+                 key=lambda i: state.get(i) != "queued")
+    grace = float(node_guard.saved(env, handle.name).get("grace_s") or STOP_GRACE)
+    words = {"queued": "removed from the queue",
+             "running": f"stopped on every node (SIGTERM, SIGKILL after {grace:g} s: stop_grace)"}
+    for jid in ids:
+        was = cancel(env, handle, group, jid, grace)
+        env.ui.ok(f"Job {jid}: " + words.get(was, f"not cancelled: it had already {was}"))
+    if not ids:
+        env.ui.info(f"No queued or running job on '{handle.name}'.")
