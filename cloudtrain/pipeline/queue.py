@@ -90,6 +90,24 @@ def refuse_if_busy(handle: Handle, group: Group) -> None:
             f"cloudtrain cancel {handle.name} {first['id']}")
 
 
+def refuse_changes_while_busy(handle: Handle, group: Group, what: str) -> None:
+    """A launch that would change ``what`` on the nodes (sync their workdir, run a changed
+    setup) while a job runs or waits there is refused (exit 2, nothing changed): the running
+    job would see files replaced or deleted under it, and a queued one would start on content
+    it was not submitted with. A launch with the same workdir and setup (e.g. another --env)
+    queues as usual."""
+    busy = active(records(handle, group))
+    if busy:
+        first = busy[0]
+        raise UserError(
+            f"Cluster '{handle.name}' is busy: job {first['id']} ({first.get('task')}) is "
+            f"{first.get('state')}, and this launch would change {what} on its nodes while it "
+            "runs or waits there.",
+            f"Wait for it ('cloudtrain queue {handle.name}'), stop it ('cloudtrain cancel "
+            f"{handle.name} {first['id']}'), launch on another cluster (-c), or queue a job "
+            "that keeps the same workdir and setup (e.g. other --env values).")
+
+
 class Turn:
     """A launch's turn in the queue, for :class:`~cloudtrain.pipeline.remote_job.RemoteJob`:
     the command that submits the job on each node, the wait (attached) until every node has

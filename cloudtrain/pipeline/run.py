@@ -231,6 +231,12 @@ def _run_task(env: Env, handle: Handle, group: Group, task: Task, *, detach: boo
     setup_hash = hashlib.sha256(f"{task.setup or ''}\0{fp}\0{sorted(task.envs.items())}".encode()
                                 ).hexdigest()[:32]
     stale = [n for n in nodes if prep[n.rank].sync_fp != fp]
+    changes = [what for what, yes in (
+        ("the workdir/file_mounts", stale and (plan.workdir is not None or plan.mounts)),
+        ("the setup", task.setup and any(prep[n.rank].setup_hash != setup_hash for n in nodes)))
+        if yes]
+    if changes:   # never under a job that runs or waits: it would see them mid-run
+        queue.refuse_changes_while_busy(handle, group, " and ".join(changes))
     if stale and (plan.workdir is not None or plan.mounts):
         env.ui.step(f"Syncing {plan.workdir or 'file mounts'} to {len(stale)} node(s)")
         errors = sync.push_all(plan, stale, handle.keys)

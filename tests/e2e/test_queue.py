@@ -183,3 +183,46 @@ def test_guard_idle_clock_counts_queued_work_as_busy(cli: CLI, tmp_path: Path) -
         "the idle stop did not fire once the queue was empty"
     cli.run("status")
     assert_nothing_left(cli.home)
+
+
+def test_a_launch_that_would_change_the_workdir_under_a_running_job_is_refused(
+        cli: CLI, tmp_path: Path) -> None:
+    """Syncing a changed workdir while a job runs would replace or delete files under it: such
+    a launch is refused (exit 2, the job named, nothing synced, nothing queued); the running
+    job finishes on the files it started with. The same workdir queues as usual."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "data.txt").write_text("version 1\n")
+    marks = tmp_path / "marks"
+    marks.mkdir()
+
+    def task(name: str, run: str) -> Path:
+        p = _task(tmp_path, name, run)
+        p.write_text(p.read_text().replace("run: |", "workdir: work\nrun: |"))
+        return p
+
+    first = task("reader", f"""
+touch {marks}/started-$CLOUDTRAIN_NODE_RANK
+sleep 8
+cat data.txt > {marks}/read-$CLOUDTRAIN_NODE_RANK
+""")
+    r = cli.run("launch", str(first), "-c", "w", "-y", "-d", **FAST)
+    assert r.returncode == 0, r.stderr
+    a_id = _job_id(r.stderr.split("Running job", 1)[1])
+    assert wait_until(lambda: (marks / "started-1").exists(), 60)
+    (work / "data.txt").write_text("version 2\n")
+    changed = task("changed", "echo should not run")
+    r = cli.run("launch", str(changed), "-c", "w", "-y", "-d", **FAST)
+    assert r.returncode == 2, r.stderr
+    assert "is busy" in r.stderr and a_id in r.stderr and "workdir" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert [j["id"] for j in _queue(cli, "w")] == [a_id]          # nothing queued
+    assert wait_until(lambda: (marks / "read-0").exists() and (marks / "read-1").exists(), 60)
+    # The running job read the files it started with on every node.
+    assert {(marks / f"read-{r}").read_text() for r in (0, 1)} == {"version 1\n"}
+    # Once it has ended, the changed workdir launches as usual.
+    assert wait_until(lambda: _by_id(_queue(cli, "w"))[a_id]["state"] == "succeeded", 30)
+    r = cli.run("launch", str(changed), "-c", "w", "-y", **FAST)
+    assert r.returncode == 0, r.stderr
+    assert cli.run("down", "w", "-y").returncode == 0
+    assert_nothing_left(cli.home)
