@@ -80,11 +80,17 @@ def launch(task_file: str, cluster_name: str | None, down_after: bool, detach: b
                                       "hours": hours, "no_budget": no_budget})
     if outcome is None:
         return
-    if outcome.detached:
-        env.ui.ok(f"Job {outcome.job_id} submitted on every node (it runs now, or when its "
-                  f"turn comes: cloudtrain queue {name}). Follow it: cloudtrain logs {name} --follow")
-        return
-    env.ui.ok(f"Job {outcome.job_id} succeeded on every node")
+    env.ui.ok(outcome_line(outcome, name))
+
+
+def outcome_line(outcome: Outcome, name: str) -> str:
+    """What a launch that did not fail says last."""
+    if not outcome.detached:
+        return f"Job {outcome.job_id} succeeded on every node"
+    if outcome.queued:
+        return (f"Job {outcome.job_id} queued on every node: the nodes start it when its turn "
+                f"comes (cloudtrain queue {name}).")
+    return f"Job {outcome.job_id} started on every node. Follow it: cloudtrain logs {name} --follow"
 
 
 def start(env: Env, task: Task, name: str, planned: Plan, *, recover: bool, detach: bool,

@@ -118,6 +118,7 @@ class Turn:
         self.job_id, self.task = job_id, task
         self.at = f"{time.time():.6f}"
         self.who = submitter()
+        self.queued = False   # set by wait(): some node queued the job behind another
 
     def command(self, node: NodeRow) -> str:
         return node_command(self.handle, node, "submit", self.job_id, self.who, self.at,
@@ -130,6 +131,7 @@ class Turn:
                 for ln in x.stdout.splitlines() if ln.startswith("::queued ") and x.ok}
         if not said:
             return
+        self.queued = True
         _, pos, before = said[min(said)][:3]
         self.env.ui.info(f"Job {self.job_id} queued behind job {before} (position {pos}): "
                          + ("the nodes start it when its turn comes." if detach else "waiting..."))

@@ -37,6 +37,8 @@ class Outcome:
     node_codes: dict[int, int | None] = field(default_factory=dict)
     outputs: list[Path] = field(default_factory=list)
     detached: bool = False
+    queued: bool = False
+    """A detached job that waits its turn in the cluster's queue (the nodes start it)."""
 
 
 # --- environment and scripts -----------------------------------------------------------------
@@ -299,8 +301,9 @@ def _run_task(env: Env, handle: Handle, group: Group, task: Task, *, detach: boo
     with open(logs / "job.txt", "w", opener=paths.private_opener) as f:
         f.write(f"job_id={job_id}\ncluster={handle.name}\nnodes={len(nodes)}\n")
     env.ui.step(f"Running job {job_id} on {len(nodes)} node(s)")
+    turn = queue.Turn(env, handle, group, job_id, task.name or "-")
     job = RemoteJob(env, handle, group, job_id, scripts, sink, ranks, grace=task.stop_grace,
-                    turn=queue.Turn(env, handle, group, job_id, task.name or "-"))
+                    turn=turn)
     try:
         res = _run_guarded(job, guard, detach=detach)
     except Interrupted:
@@ -329,7 +332,7 @@ def _run_task(env: Env, handle: Handle, group: Group, task: Task, *, detach: boo
             raise RemoteError(f"the job did not start on node {not_started[0].rank}: "
                               f"{not_started[0].error or not_started[0].stdout.strip()}",
                               "Check the node with 'cloudtrain status'.")
-        return Outcome(job_id, 0, detached=True)
+        return Outcome(job_id, 0, detached=True, queued=turn.queued)
 
     _raise_if_lost(env, job, job_id)
     outcome = Outcome(job_id, 0, node_codes={r: res[r].exit_code for r in ranks})

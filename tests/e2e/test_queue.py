@@ -78,6 +78,7 @@ echo "third ran"
     r = cli.run("launch", str(third), "-c", "q", "-y", "-d", **FAST)
     assert r.returncode == 0, r.stderr
     c_id = _job_id(r.stderr.split("Running job", 1)[1])
+    assert f"Job {c_id} queued on every node" in r.stderr, r.stderr
     assert f"queued behind job {a_id} (position 2)" in r.stderr, r.stderr
     assert not (marks / "b-start-0").exists() and not (marks / "c-start-0").exists()
     states = [x["state"] for x in _queue(cli, "q")]
