@@ -144,6 +144,7 @@ def start(root: str, rec: dict) -> int:
     try:
         os.makedirs(jdir, exist_ok=True)
         os.chmod(jdir, 0o700)
+        os.chmod(os.path.dirname(jdir), 0o700)   # jobs/: run.sh holds the task's envs
         os.replace(os.path.join(q, rec["id"] + ".sh"), os.path.join(jdir, "run.sh"))
         log = open(os.path.join(jdir, "node.log"), "wb")
     finally:
