@@ -6,15 +6,20 @@ import os
 from pathlib import Path
 
 
-def home() -> Path:
-    """``$CLOUDTRAIN_HOME``, or the platform's user data directory."""
+def home_path() -> Path:
+    """Where cloudtrain's home is (``$CLOUDTRAIN_HOME``, or the platform's user data
+    directory), without creating it."""
     env = os.environ.get("CLOUDTRAIN_HOME")
     if env:
-        p = Path(env).expanduser().absolute()  # a relative home (./.cloudtrain) must not move with cwd
-    else:
-        from platformdirs import user_data_dir
+        return Path(env).expanduser().absolute()  # a relative home (./.cloudtrain) must not move with cwd
+    from platformdirs import user_data_dir
 
-        p = Path(user_data_dir("cloudtrain", appauthor=False))
+    return Path(user_data_dir("cloudtrain", appauthor=False))
+
+
+def home() -> Path:
+    """``$CLOUDTRAIN_HOME``, or the platform's user data directory; created (private)."""
+    p = home_path()
     p.mkdir(mode=0o700, parents=True, exist_ok=True)
     st = p.stat()
     if st.st_mode & 0o077 and st.st_uid == os.getuid():

@@ -41,6 +41,14 @@ def conf_path(home: Path, name: str) -> Path:
     return inside(conf_dir(home), f"{check(name)}.conf")
 
 
+def written_here(home: Path) -> bool:
+    """Whether this process wrote a cluster's file that still exists (a rolled-back cluster's
+    is gone); forgets what it remembered, and creates nothing (bad input creates nothing)."""
+    names, d = set(WRITTEN), home / "ssh"
+    WRITTEN.clear()
+    return any((d / f"{n}.conf").is_file() for n in names)
+
+
 def quoted_path(path: Path | str, what: str) -> str:
     """A file path as an ssh_config argument: quoted when it has spaces, '%' escaped (tokens)."""
     text = str(path)

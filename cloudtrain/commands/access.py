@@ -31,9 +31,9 @@ def ssh_config_choice(ask: bool) -> Callable[[Callable[..., Any]], Callable[...,
 def offer_include(choice: bool | None, ask: bool) -> None:
     from cloudtrain import sshconfig
     from cloudtrain.errors import CloudtrainError
-    from cloudtrain.paths import home
+    from cloudtrain.paths import home, home_path
 
-    if not any(sshconfig.conf_path(home(), n).exists() for n in sshconfig.WRITTEN):
+    if not sshconfig.written_here(home_path()):
         return   # no cluster came up (or it was rolled back)
     interactive = ask and sys.stdin.isatty() and sys.stderr.isatty()
     try:
