@@ -160,30 +160,30 @@ class _LearnOnce:
         client.get_host_keys().add(hostname, key.get_name(), key)
 
 
-class Connection:
-    def __init__(self, node: NodeRow, client: paramiko.SSHClient) -> None:
-        self.node = node
-        self.client = client
-        transport = client.get_transport()
-        if transport is not None:
-            transport.set_keepalive(KEEPALIVE_S)
+class Transport:
+    """One node's connection as the fan-out uses it: ``exchange`` (one command, its output
+    streamed), ``probe``, ``active``, ``close``; ``run`` builds on ``exchange``. Implemented
+    over paramiko (:class:`Connection`) and over an OpenSSH master
+    (:class:`cloudtrain.openssh.MuxConnection`)."""
+
+    node: NodeRow
 
     @property
     def active(self) -> bool:
-        transport = self.client.get_transport()
-        return transport is not None and transport.is_active()
+        raise NotImplementedError
 
     def probe(self, timeout: float) -> bool:
-        """Does the node's sshd still answer? (a session channel opened and closed)"""
-        transport = self.client.get_transport()
-        if transport is None or not transport.is_active():
-            return False
-        try:
-            chan = transport.open_session(timeout=max(0.5, timeout))
-        except Exception:  # noqa: BLE001 - any failure means no answer
-            return False
-        chan.close()
-        return True
+        raise NotImplementedError
+
+    def exchange(self, command: str, *, on_data: Callable[[bytes], None],
+                 on_err: Callable[[bytes], None], stdin: bytes | None = None,
+                 hold_stdin: bool = False, combine: bool = False, timeout: float | None = None,
+                 stop: threading.Event | None = None,
+                 limit: float = DEFAULT_NODE_TIMEOUT) -> tuple[int | None, str]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
 
     def run(self, command: str, *, stdin: bytes | None = None, on_line: LineSink | None = None,
             combine: bool = False, timeout: float | None = None,
@@ -214,6 +214,32 @@ class Connection:
         if why:
             return Result(self.node.rank, None, out.text(), err.text(), RemoteError(why))
         return Result(self.node.rank, code, out.text(), err.text())
+
+
+class Connection(Transport):
+    def __init__(self, node: NodeRow, client: paramiko.SSHClient) -> None:
+        self.node = node
+        self.client = client
+        transport = client.get_transport()
+        if transport is not None:
+            transport.set_keepalive(KEEPALIVE_S)
+
+    @property
+    def active(self) -> bool:
+        transport = self.client.get_transport()
+        return transport is not None and transport.is_active()
+
+    def probe(self, timeout: float) -> bool:
+        """Does the node's sshd still answer? (a session channel opened and closed)"""
+        transport = self.client.get_transport()
+        if transport is None or not transport.is_active():
+            return False
+        try:
+            chan = transport.open_session(timeout=max(0.5, timeout))
+        except Exception:  # noqa: BLE001 - any failure means no answer
+            return False
+        chan.close()
+        return True
 
     def exchange(self, command: str, *, on_data: Callable[[bytes], None],
                  on_err: Callable[[bytes], None], stdin: bytes | None = None,

@@ -2,8 +2,9 @@
 and one result per node kept whatever happens (fabric's GroupResult is the model). A job that
 runs detached is followed node by node, reconnecting where a connection drops.
 
-One connection to one node (connect, run, host-key learning, the node timeout) is
-``connection``; its public names are importable from here too.
+One connection to one node is ``openssh`` (over an OpenSSH master, multiplexed: the default)
+or ``connection`` (paramiko; the shared types, the node timeout); the public names of
+``connection`` are importable from here too.
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Callable, Iterable
 
-from cloudtrain.connection import (TAIL_BYTES, ChannelLost, Connection, LineBuffer, LineSink,
-                                   NodeLost, Result, Tail, connect, node_address, node_timeout)
+from cloudtrain.connection import (TAIL_BYTES, ChannelLost, LineBuffer, LineSink, NodeLost,
+                                   Result, Tail, Transport, node_address, node_timeout)
 from cloudtrain.errors import HostKeyMismatch, RemoteError, SSHTimeout
 from cloudtrain.keys import ClusterKeys
+from cloudtrain.openssh import connect
 
 if TYPE_CHECKING:
     from cloudtrain.state import NodeRow
@@ -62,7 +64,7 @@ class Group:
     def __init__(self, nodes: Iterable[NodeRow], keys: ClusterKeys) -> None:
         self.nodes = sorted(nodes, key=lambda n: n.rank)
         self.keys = keys
-        self.conns: dict[int, Connection] = {}
+        self.conns: dict[int, Transport] = {}
         self.stop = threading.Event()
         self._pool = ThreadPoolExecutor(max_workers=max(1, min(64, len(self.nodes) * 2)),
                                         thread_name_prefix="ct-ssh")
@@ -76,24 +78,24 @@ class Group:
     def connect(self, timeout: float = 120.0, learn: frozenset[int] = frozenset()) -> Group:
         deadline = time.monotonic() + timeout
 
-        def one(node: NodeRow) -> Connection:
+        def one(node: NodeRow) -> Transport:
             return connect(node, self.keys, deadline=deadline, learn=node.rank in learn,
                            stop=self.stop)
 
         todo = [n for n in self.nodes if n.rank not in self.conns]
         # Daemon threads, not the pool: on Ctrl-C the wait below ends at once, and a thread
         # still inside a TCP connect cannot hold the process up at exit.
-        got: dict[int, Connection | BaseException] = {}
+        got: dict[int, Transport | BaseException] = {}
         lock = threading.Lock()
         all_in = threading.Event()
 
         def attempt(node: NodeRow) -> None:
             try:
-                r: Connection | BaseException = one(node)
+                r: Transport | BaseException = one(node)
             except BaseException as exc:  # noqa: BLE001 - collected, then raised together
                 r = exc
             with lock:
-                if self.stop.is_set() and isinstance(r, Connection):
+                if self.stop.is_set() and isinstance(r, Transport):
                     r.close()
                 got[node.rank] = r
                 if len(got) == len(todo):
@@ -111,7 +113,7 @@ class Group:
         errors: list[BaseException] = []
         for n in todo:
             r = got[n.rank]
-            if isinstance(r, Connection):
+            if isinstance(r, Transport):
                 self.conns[n.rank] = r
             else:
                 errors.append(r)
@@ -228,7 +230,7 @@ class Group:
                 on_note(f"node {node.rank}: reconnected after {time.monotonic() - since:.1f} s; "
                         f"resuming its log at byte {offset}")
 
-    def _reconnect(self, node: NodeRow, deadline: float) -> Connection:
+    def _reconnect(self, node: NodeRow, deadline: float) -> Transport:
         old = self.conns.pop(node.rank, None)
         if old is not None:
             old.close()
