@@ -158,9 +158,11 @@ def is_pinned(known_hosts: Path, host: str, port: int) -> bool:
 
 
 def ssh_command_options(keys: ClusterKeys, port: int, identity_file: str | None = None,
-                        connect_timeout: int = 10) -> list[str]:
-    """Options for the system ``ssh`` (used by rsync and ``cloudtrain ssh``): our key, our
-    known_hosts, strict checking, and nothing from the user's ssh config."""
+                        connect_timeout: int = 10, learn: bool = False) -> list[str]:
+    """Options for the system ``ssh`` (the node connections, rsync, ``cloudtrain ssh``): our
+    key, our known_hosts, strict checking, and nothing from the user's ssh config. ``learn``:
+    a node with no pinned key yet may have its key learned (``accept-new``; a different key
+    than one already pinned is still refused)."""
     return [
         "-F", "/dev/null",
         "-i", identity_file or str(keys.private_key),
@@ -168,7 +170,7 @@ def ssh_command_options(keys: ClusterKeys, port: int, identity_file: str | None 
         "-o", "IdentitiesOnly=yes",
         "-o", f"UserKnownHostsFile={keys.known_hosts}",
         "-o", "GlobalKnownHostsFile=/dev/null",
-        "-o", "StrictHostKeyChecking=yes",
+        "-o", f"StrictHostKeyChecking={'accept-new' if learn else 'yes'}",
         "-o", "BatchMode=yes",
         "-o", f"ConnectTimeout={connect_timeout}",
         "-o", "ServerAliveInterval=15",

@@ -121,8 +121,9 @@ def listening(path: Path) -> bool:
         s.close()
 
 
-def base_options(keys: ClusterKeys, node: NodeRow, path: Path) -> list[str]:
-    return [*ssh_command_options(keys, node.port, node.identity_file),
+def base_options(keys: ClusterKeys, node: NodeRow, path: Path, connect_timeout: int = 10,
+                 learn: bool = False) -> list[str]:
+    return [*ssh_command_options(keys, node.port, node.identity_file, connect_timeout, learn),
             "-o", "ControlPath=" + str(path).replace("%", "%%"), "-l", node.user]
 
 
@@ -131,6 +132,18 @@ def client_argv(keys: ClusterKeys, node: NodeRow, path: Path, command: str) -> l
     its own with the same strict options)."""
     return ["ssh", *base_options(keys, node, path), "-o", "ControlMaster=no", "-T", node.host,
             command]
+
+
+def reuse_options(keys: ClusterKeys, node: NodeRow) -> list[str]:
+    """Options that let another ``ssh`` (rsync's, ``cloudtrain ssh``) ride on the node's
+    master when one answers; none otherwise (it then connects on its own)."""
+    d = mux_dir() if enabled() else None
+    if d is None:
+        return []
+    path = socket_path(d, keys, node)
+    if not listening(path):
+        return []
+    return ["-o", "ControlPath=" + str(path).replace("%", "%%"), "-o", "ControlMaster=no"]
 
 
 def control(keys: ClusterKeys, node: NodeRow, path: Path, op: str, timeout: float = 5) -> bool:
@@ -233,11 +246,9 @@ def start_master(keys: ClusterKeys, node: NodeRow, path: Path, *, deadline: floa
             pass
         while True:
             left = deadline - time.monotonic()
-            argv = ["ssh", *base_options(keys, node, path), "-M", "-N", "-f",
-                    "-o", f"ControlPersist={persist}s", "-o", "ServerAliveInterval=15",
-                    "-o", "ServerAliveCountMax=4",
-                    "-o", f"ConnectTimeout={max(1, min(int(left), 10))}",
-                    "-o", f"StrictHostKeyChecking={'accept-new' if learn else 'yes'}", node.host]
+            argv = ["ssh", *base_options(keys, node, path, max(1, min(int(left), 10)), learn),
+                    "-M", "-N", "-f", "-o", f"ControlPersist={persist}s",
+                    "-o", "ServerAliveCountMax=4", node.host]
             # The master daemonizes and keeps its stdout/stderr: never a pipe of ours (a
             # reader would wait for it to exit); its errors go to a file read here.
             with tempfile.TemporaryFile() as err:

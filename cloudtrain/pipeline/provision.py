@@ -5,7 +5,6 @@ next offer of the same ranked list (the plan's alternatives, across providers)."
 
 from __future__ import annotations
 
-import shutil
 import time
 from contextlib import contextmanager
 from typing import Any, Iterator
@@ -16,7 +15,7 @@ from cloudtrain.context import Env
 from cloudtrain.errors import CapacityError, ProviderError, QuotaError, UserError
 from cloudtrain.keys import (FIRST_CONTACT, PINNED_AT_CREATION, ensure_keys, is_pinned,
                              pin_host_keys, record_pinning)
-from cloudtrain.pipeline import forward
+from cloudtrain.pipeline.teardown import forget_files
 from cloudtrain.pipeline.plan import check_mounts, cluster_request, plan
 from cloudtrain.pipeline.signals import Shielded
 from cloudtrain.provider import registry
@@ -146,8 +145,7 @@ def roll_back(env: Env, provider: Provider, name: str) -> None:
             provider.terminate(name)
             env.state.close_usage(name)
             env.state.delete_cluster(name)
-            shutil.rmtree(env.pctx.cluster_dir(name), ignore_errors=True)
-            forward.forget_cluster(env.home, name)
+            forget_files(env, name)
         except Exception as exc:  # noqa: BLE001 - report, keep the original error
             env.ui.error(f"Rollback of '{name}' failed: {exc}. Run 'cloudtrain down {name}'.")
 

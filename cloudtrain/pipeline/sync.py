@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from cloudtrain.errors import RemoteError, UserError
+from cloudtrain import sshmux
 from cloudtrain.keys import ClusterKeys, ssh_command_options
 from cloudtrain.state import NodeRow
 
@@ -198,8 +199,10 @@ def _rsync_bin() -> str:
 
 
 def _ssh_e(keys: ClusterKeys, node: NodeRow) -> str:
-    return " ".join(shlex.quote(a) for a in ["ssh", *ssh_command_options(keys, node.port,
-                                                                         node.identity_file)])
+    """rsync's ssh: strict, our key and known_hosts; over the node's master when one answers
+    (no second handshake)."""
+    opts = ssh_command_options(keys, node.port, node.identity_file)
+    return " ".join(shlex.quote(a) for a in ["ssh", *sshmux.reuse_options(keys, node), *opts])
 
 
 def _dest(node: NodeRow, path: str) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 
+from cloudtrain import sshmux
 from cloudtrain.cluster import Handle, cluster_lock, cluster_uid, connect, lost_record_hint
 from cloudtrain.context import Env
 from cloudtrain.errors import CloudtrainError, ClusterNotFound, ProviderError, UserError
@@ -86,9 +87,17 @@ def down(env: Env, name: str, provider_name: str | None = None, *,
             if launch.status == "RUNNING":
                 env.state.finish_launch(launch.job_id, "CANCELLED", None, None)
         env.state.delete_cluster(name)
-        shutil.rmtree(env.pctx.cluster_dir(name), ignore_errors=True)
-        forward.forget_cluster(env.home, name)
+        forget_files(env, name)
     env.ui.ok(f"'{name}' is down; {pname} lists none of its nodes")
+
+
+def forget_files(env: Env, name: str) -> None:
+    """What this machine keeps for a cluster that is gone: its SSH masters are ended (no
+    later command can reuse a connection to a node that no longer is the cluster's), its
+    folder (keys, pinned host keys, policy) and its forwards are removed."""
+    sshmux.end_cluster(ClusterKeys(env.pctx.cluster_dir(name) / "ssh"))
+    shutil.rmtree(env.pctx.cluster_dir(name), ignore_errors=True)
+    forward.forget_cluster(env.home, name)
 
 
 def _terminate_verified(provider: Provider, pname: str, name: str, hint: str) -> None:
@@ -114,8 +123,7 @@ def _down_by_tag(env: Env, provider: Provider, pname: str, name: str,
     _terminate_verified(provider, pname, name,
                         f"Run 'cloudtrain down {name} --provider {pname}' again.")
     env.state.close_usage(name)
-    shutil.rmtree(cdir, ignore_errors=True)
-    forward.forget_cluster(env.home, name)
+    forget_files(env, name)
     if found:
         env.ui.ok(f"'{name}' is down: {len(found)} node(s) found by tag on {pname} were "
                   f"removed; {pname} lists none of its nodes now")
