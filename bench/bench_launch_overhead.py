@@ -16,7 +16,8 @@ For each node count N (default 1, 4, 8, 16):
 Reported: the median per N, the 16-node / 1-node ratio, and where the time goes (when each
 progress line of the CLI appeared, median over the warm runs).
 
-Targets: overhead <= 1 s at 4 nodes; overhead at 16 nodes <= 1.5 x overhead at 1 node.
+Targets (issue 15): overhead <= 0.35 s at 4 nodes; overhead at 16 nodes <= 1.2 x overhead at
+1 node.
 
 Everything runs under a fresh temporary CLOUDTRAIN_HOME; every cluster is torn down in a
 ``finally`` (``cloudtrain down -a -y``), on Ctrl-C and SIGTERM too.
@@ -211,8 +212,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", default="1,4,8,16", help="comma-separated node counts (default 1,4,8,16)")
     ap.add_argument("--repeats", type=int, default=5, help="warm launches per node count (default 5)")
-    ap.add_argument("--target-4", type=float, default=1.0, help="target overhead at 4 nodes, s")
-    ap.add_argument("--target-ratio", type=float, default=1.5, help="target 16-node/1-node ratio")
+    ap.add_argument("--target-4", type=float, default=0.35, help="target overhead at 4 nodes, s")
+    ap.add_argument("--target-ratio", type=float, default=1.2, help="target 16-node/1-node ratio")
     ap.add_argument("--keep-files", action="store_true", help="keep the temp dir (logs) afterwards")
     args = ap.parse_args()
     counts = list(iter_csv_ints(args.nodes))

@@ -54,9 +54,11 @@ def open_env(quiet: bool = False) -> Env:
     """The Env a command hands to the pipeline."""
     from cloudtrain.context import open_env as open_context
     from cloudtrain.remote import node_timeout
+    from cloudtrain.sshmux import persist_seconds
     from cloudtrain.ui import UI
 
     node_timeout()   # a bad CLOUDTRAIN_NODE_TIMEOUT is refused before anything is created
+    persist_seconds()   # the same for CLOUDTRAIN_SSH_PERSIST
     return open_context(UI(quiet=quiet))
 
 

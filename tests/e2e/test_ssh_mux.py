@@ -133,3 +133,21 @@ def test_a_replaced_node_or_down_never_reuses_a_multiplexed_connection(
     assert _client_port(cli, 0) > 0 and sorted(_masters(cli.home).values()) == [0, 1]
     assert cli.run("down", "mux", "-y").returncode == 0
     assert_nothing_left(cli.home)
+
+
+def test_with_persisting_off_every_command_connects_on_its_own(cli: CLI, tmp_path: Path) -> None:
+    """CLOUDTRAIN_SSH_PERSIST=0 (or no OpenSSH client): no master is left between commands;
+    up, launch and exec work the same (paramiko, one connection per command)."""
+    task = tmp_path / "mux.yaml"
+    task.write_text(TASK.replace('run: "true"', 'run: echo "ran on $CLOUDTRAIN_NODE_RANK"'))
+    r = cli.run("launch", str(task), "-y", CLOUDTRAIN_SSH_PERSIST="0")
+    assert r.returncode == 0, r.stderr
+    assert "ran on 0" in r.stdout and "ran on 1" in r.stdout
+    r = cli.run("exec", "mux", "--", "echo conn=$SSH_CONNECTION", CLOUDTRAIN_SSH_PERSIST="0")
+    assert r.returncode == 0 and r.stdout.count("conn=") == 2, r.stderr
+    assert _masters(cli.home) == {}
+    bad = cli.run("exec", "mux", "--", "true", CLOUDTRAIN_SSH_PERSIST="soon")
+    assert bad.returncode == 2 and "CLOUDTRAIN_SSH_PERSIST" in bad.stderr
+    assert "Traceback" not in bad.stderr
+    assert cli.run("down", "mux", "-y", CLOUDTRAIN_SSH_PERSIST="0").returncode == 0
+    assert_nothing_left(cli.home)
