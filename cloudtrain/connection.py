@@ -160,6 +160,42 @@ class _LearnOnce:
         client.get_host_keys().add(hostname, key.get_name(), key)
 
 
+class Watch:
+    """The clock of one exchange: cut short by ``stop`` or the ``timeout``; a node silent for
+    ``limit`` s (no output, and no answer to a ``probe`` made every ``limit``/3 s, at most 5 s)
+    raises :class:`ChannelLost`."""
+
+    def __init__(self, timeout: float | None, stop: threading.Event | None, limit: float,
+                 probe: Callable[[float], bool]) -> None:
+        self.timeout, self.stop, self.limit, self.probe = timeout, stop, limit, probe
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.contact = self.last_probe = time.monotonic()
+        self.every = min(5.0, limit / 3)
+
+    def cut_short(self) -> str:
+        """Why the exchange must end now ("stopped", "timed out ..."), or ""."""
+        if self.stop is not None and self.stop.is_set():
+            return "stopped"
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            return f"timed out after {self.timeout:.0f} s"
+        return ""
+
+    def heard(self, got: bool) -> None:
+        """After a wait for output: ``got`` is contact; silence is probed, then lost."""
+        now = time.monotonic()
+        if got:
+            self.contact = now
+        elif now - self.contact >= self.every and now - self.last_probe >= self.every:
+            self.last_probe = now
+            if self.probe(self.limit - (now - self.contact)):
+                self.contact = time.monotonic()
+        if time.monotonic() - self.contact > self.limit:
+            raise ChannelLost("it stopped answering", self.silent())
+
+    def silent(self) -> float:
+        return time.monotonic() - self.contact
+
+
 class Transport:
     """One node's connection as the fan-out uses it: ``exchange`` (one command, its output
     streamed), ``probe``, ``active``, ``close``; ``run`` builds on ``exchange``. Implemented
@@ -265,15 +301,11 @@ class Connection(Transport):
             if not hold_stdin:
                 chan.shutdown_write()
             chan.settimeout(0.2)
-            deadline = None if timeout is None else time.monotonic() + timeout
-            contact = last_probe = time.monotonic()
-            every = min(5.0, limit / 3)
+            watch = Watch(timeout, stop, limit, self.probe)
             while True:
-                if stop is not None and stop.is_set():
-                    return None, "stopped"
-                now = time.monotonic()
-                if deadline is not None and now > deadline:
-                    return None, f"timed out after {timeout:.0f} s"
+                why = watch.cut_short()
+                if why:
+                    return None, why
                 got = False
                 try:
                     chunk = chan.recv(65536)
@@ -285,22 +317,14 @@ class Connection(Transport):
                 while chan.recv_stderr_ready():
                     got = True
                     on_err(chan.recv_stderr(65536))
-                now = time.monotonic()
-                if got:
-                    contact = now
-                elif chan.exit_status_ready() and not chan.recv_ready():
+                if not got and chan.exit_status_ready() and not chan.recv_ready():
                     break
-                elif now - contact >= every and now - last_probe >= every:
-                    last_probe = now
-                    if self.probe(limit - (now - contact)):
-                        contact = time.monotonic()
-                if time.monotonic() - contact > limit:
-                    raise ChannelLost("it stopped answering", time.monotonic() - contact)
+                watch.heard(got)
             while chan.recv_stderr_ready():
                 on_err(chan.recv_stderr(65536))
             code = chan.recv_exit_status()
             if code == -1:   # closed without an exit status: the session or connection died
-                raise ChannelLost("the SSH session was closed", time.monotonic() - contact)
+                raise ChannelLost("the SSH session was closed", watch.silent())
             return code, ""
         finally:
             chan.close()

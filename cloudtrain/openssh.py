@@ -15,12 +15,11 @@ import selectors
 import signal
 import subprocess
 import threading
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from cloudtrain import sshmux
-from cloudtrain.connection import DEFAULT_NODE_TIMEOUT, ChannelLost, Transport
+from cloudtrain.connection import DEFAULT_NODE_TIMEOUT, ChannelLost, Transport, Watch
 from cloudtrain.connection import connect as connect_paramiko
 from cloudtrain.keys import ClusterKeys
 
@@ -98,15 +97,11 @@ class MuxConnection(Transport):
             for f in (proc.stdout, proc.stderr):
                 os.set_blocking(f.fileno(), False)
                 sel.register(f, selectors.EVENT_READ)
-            deadline = None if timeout is None else time.monotonic() + timeout
-            contact = last_probe = time.monotonic()
-            every = min(5.0, limit / 3)
+            watch = Watch(timeout, stop, limit, self.probe)
             while sel.get_map():
-                if stop is not None and stop.is_set():
-                    return None, "stopped"
-                now = time.monotonic()
-                if deadline is not None and now > deadline:
-                    return None, f"timed out after {timeout:.0f} s"
+                why = watch.cut_short()
+                if why:
+                    return None, why
                 got = False
                 for key, _ in sel.select(0.2):
                     chunk = os.read(key.fd, 65536)
@@ -116,21 +111,15 @@ class MuxConnection(Transport):
                     got = True
                     if key.fileobj is proc.stdout:
                         on_data(chunk)
-                    elif combine:
-                        ssh_err += chunk          # only ssh itself writes here
                     else:
-                        ssh_err += chunk
-                        on_err(chunk)
-                now = time.monotonic()
-                if got:
-                    contact = now
-                elif now - contact >= every and now - last_probe >= every:
-                    last_probe = now
-                    if self.probe(limit - (now - contact)):
-                        contact = time.monotonic()
-                if time.monotonic() - contact > limit:
+                        ssh_err += chunk          # with combine, only ssh itself writes here
+                        if not combine:
+                            on_err(chunk)
+                try:
+                    watch.heard(got)
+                except ChannelLost:
                     self._broken = True
-                    raise ChannelLost("it stopped answering", time.monotonic() - contact)
+                    raise
             sel.close()
             try:
                 code = proc.wait(timeout=max(1.0, limit))
@@ -142,9 +131,9 @@ class MuxConnection(Transport):
             if code == SSH_FAILED and not sshmux.listening(self.path):
                 self._broken = True   # the master went away: the connection, not the command
                 raise ChannelLost(_said(ssh_err) or "the SSH connection was closed",
-                                  time.monotonic() - contact)
+                                  watch.silent())
             if code < 0:
-                raise ChannelLost(f"ssh ended by signal {-code}", time.monotonic() - contact)
+                raise ChannelLost(f"ssh ended by signal {-code}", watch.silent())
             return code, ""
         finally:
             self._reap(proc)
