@@ -41,14 +41,14 @@ class ClusterKeys:
 
 def ensure_keys(cluster_dir: Path, comment: str) -> ClusterKeys:
     """Create the cluster's key pair once; later calls return the same one."""
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
     keys = ClusterKeys(cluster_dir / "ssh")
     keys.dir.mkdir(parents=True, exist_ok=True)
     os.chmod(keys.dir, 0o700)
     if keys.private_key.exists() and keys.public_key_path.exists():
         return keys
+    from cryptography.hazmat.primitives import serialization   # only to make a key (~20 ms)
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
     key = Ed25519PrivateKey.generate()
     priv = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
                              serialization.NoEncryption())
