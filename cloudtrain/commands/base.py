@@ -50,13 +50,16 @@ def guard(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def open_env(quiet: bool = False) -> Env:
-    """The Env a command hands to the pipeline."""
+def open_env(quiet: bool = False, contact: bool = True) -> Env:
+    """The Env a command hands to the pipeline (``contact=False``: a command that reaches no
+    node, e.g. a plain ``status``, which then skips the SSH settings' check and import)."""
     from cloudtrain.context import open_env as open_context
-    from cloudtrain.remote import node_timeout
     from cloudtrain.ui import UI
 
-    node_timeout()   # a bad CLOUDTRAIN_NODE_TIMEOUT is refused before anything is created
+    if contact:
+        from cloudtrain.remote import node_timeout
+
+        node_timeout()   # a bad CLOUDTRAIN_NODE_TIMEOUT is refused before anything is created
     return open_context(UI(quiet=quiet))
 
 
