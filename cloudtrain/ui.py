@@ -49,28 +49,35 @@ class UI:
 
     # --- messages (stderr) -----------------------------------------------------------------
 
+    def _say(self, mark: str, style: str, msg: str) -> None:
+        """``mark msg`` on stderr: through rich where there is colour, else written as is (the
+        same text, without importing rich)."""
+        with self._lock:
+            if not self.color:
+                self.err_stream.write(f"{mark} {msg}\n" if mark else f"{msg}\n")
+                self.err_stream.flush()
+            elif mark:
+                self.console.print(f"[{style}]{mark}[/{style}] {_esc(msg)}")
+            else:
+                self.console.print(msg, markup=False)
+
     def info(self, msg: str) -> None:
         if not self.quiet:
-            with self._lock:
-                self.console.print(msg, markup=False)
+            self._say("", "", msg)
 
     def step(self, msg: str) -> None:
         if not self.quiet:
-            with self._lock:
-                self.console.print(f"[bold]»[/bold] {_esc(msg)}")
+            self._say("»", "bold", msg)
 
     def ok(self, msg: str) -> None:
         if not self.quiet:
-            with self._lock:
-                self.console.print(f"[green]✓[/green] {_esc(msg)}")
+            self._say("✓", "green", msg)
 
     def warn(self, msg: str) -> None:
-        with self._lock:
-            self.console.print(f"[yellow]![/yellow] {_esc(msg)}")
+        self._say("!", "yellow", msg)
 
     def error(self, msg: str) -> None:
-        with self._lock:
-            self.console.print(f"[bold red]error:[/bold red] {_esc(msg)}")
+        self._say("error:", "bold red", msg)
 
     def status(self, msg: str):  # type: ignore[no-untyped-def]
         """A spinner while something runs (only on a terminal)."""

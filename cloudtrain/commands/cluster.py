@@ -40,19 +40,21 @@ def up(task_file: str, cluster_name: str | None, yes: bool, dry_run: bool, no_bo
        keep_on_failure: bool, as_json: bool) -> None:
     """Provision a cluster for TASK_FILE (adopting what exists), wait for SSH, bootstrap."""
     from cloudtrain.cluster import resolve_name
-    from cloudtrain.errors import CloudtrainError
-    from cloudtrain.pipeline import job, plan
-    from cloudtrain.pipeline.provision import attempts
+    from cloudtrain.pipeline import plan
     from cloudtrain.pipeline.signals import stop_signals_as_interrupt
 
     stop_signals_as_interrupt()
     task = load_task(task_file)
-    env = open_env()
+    env = open_env(contact=not dry_run)
     name = resolve_name(task, cluster_name, task_file)
     planned = plan.plan(env, task, name)
     if dry_run:
         print_plan(env.ui, planned, name)
         return
+    from cloudtrain.errors import CloudtrainError
+    from cloudtrain.pipeline import job
+    from cloudtrain.pipeline.provision import attempts
+
     if env.state.get_cluster(name) is None:
         confirm_cost(planned, yes)
     try:
