@@ -156,7 +156,7 @@ def status_lines(env: Env, rows: list[ClusterRow], guards: dict[str, dict[str, A
             words = (g.get("guard") or {}).get("words")
             click.echo(f"{r.name}: {g['policy']}" + (f"; {words}" if words else ""))
         if "gpus" in g:
-            if not refresh:
+            if not refresh or g.get("stale"):
                 click.echo(f"{r.name}: GPUs as of {ago(time.time() - g['gpus_at'])} ({HINT}):")
             gpu_lines(r.name, g)
     if not refresh:
