@@ -187,7 +187,10 @@ def gather(env: Env, name: str | None) -> tuple[Any, ...]:
 
 def gather_live(env: Env, name: str | None) -> tuple[Any, ...]:
     """``status --refresh``: reconcile clusters that stopped themselves, ask every provider
-    and every node (guard state, GPUs, the lease renewed, in one round trip per node)."""
+    and every node (guard state, GPUs, the lease renewed, in one round trip per node; the
+    clusters at once)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from cloudtrain import cluster
     from cloudtrain.pipeline import guard
 
@@ -197,7 +200,9 @@ def gather_live(env: Env, name: str | None) -> tuple[Any, ...]:
     rows = cluster.status(env, name, refresh_all=True)
     cluster.probe_hosts(env, rows)
     spent, pins = spend_and_pins(env, name, rows)
-    return rows, spent, pins, gone, {r.name: guard.live(env, r.name) for r in rows}
+    with ThreadPoolExecutor(max_workers=max(1, min(8, len(rows)))) as pool:
+        seen = list(pool.map(lambda r: guard.live(env, r.name), rows))
+    return rows, spent, pins, gone, {r.name: s for r, s in zip(rows, seen)}
 
 
 def spend_and_pins(env: Env, name: str | None, rows: list[ClusterRow]) -> tuple[Any, Any]:
