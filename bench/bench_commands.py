@@ -12,7 +12,11 @@ provider) in a fresh temporary CLOUDTRAIN_HOME; each command then runs once to w
 N times, round robin (load drifts hit every command alike). Everything is torn down in a
 ``finally``, on Ctrl-C and SIGTERM too.
 
-    python bench/bench_commands.py [-n 11]
+    python bench/bench_commands.py [-n 11] [--before SRC]
+
+``--before SRC`` (a source tree of older code, e.g. ``git archive 444d8c8 cloudtrain
+provisioners bootstrap templates | tar -x -C /tmp/before``) adds each command run by that
+code (through PYTHONPATH) on the same clusters, in the same rounds.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-n", "--runs", type=int, default=11)
+    ap.add_argument("--before", type=Path, help="source tree of older code to compare with")
     args = ap.parse_args()
     root, home = begin("ct-bench-commands-", "everyday commands: status, status --refresh, "
                        "exec, up --dry-run, cost (local nodes)")
@@ -75,14 +80,20 @@ def main() -> int:
             ("cost bc-big.yaml", ct + ["cost", big], "local", 0.3),
             ("--help (context)", ct + ["--help"], "Usage", None),
         ]
-        times: dict[str, list[float]] = {v[0]: [] for v in variants}
+        runs = [(label, cmd, must, target, env) for label, cmd, must, target in variants]
+        if args.before is not None:
+            src = args.before.resolve()
+            old = dict(env, PYTHONPATH=f"{src}:{src / 'provisioners'}")
+            runs += [(f"{label} [before]", cmd, must, None, old)
+                     for label, cmd, must, _ in variants[:-1]]
+        times: dict[str, list[float]] = {v[0]: [] for v in runs}
         for i in range(args.runs + 1):
-            for label, cmd, must, _ in variants:
-                dt = once(cmd, env, must)
+            for label, cmd, must, _, e in runs:
+                dt = once(cmd, e, must)
                 if i:                            # the first round warms up
                     times[label].append(dt)
         rows, verdicts = [], []
-        for label, _, _, target in variants:
+        for label, _, _, target, _ in runs:
             t = times[label]
             rows.append((label, fmt(median(t)), fmt(min(t)), fmt(max(t)), len(t),
                          "-" if target is None else f"<= {target:g}"))

@@ -217,8 +217,6 @@ def reconcile(env: Env, name: str) -> dict[str, Any] | None:
     """A cluster whose nodes all stopped themselves: close the ledger at the moment they
     stopped (with the reason), then remove what is left (terminate) and forget it; or, with
     ``down: false``, record it as STOPPED. Returns what happened (None: nothing to do)."""
-    from cloudtrain.pipeline import teardown
-
     row = env.state.get_cluster(name)
     if row is None:
         return None
@@ -239,6 +237,8 @@ def reconcile(env: Env, name: str) -> dict[str, Any] | None:
     stamp = time.strftime("%H:%M:%S", time.localtime(at))
     env.ui.info(f"'{name}': its nodes stopped themselves at {stamp} (reason: {reason})")
     if down:
+        from cloudtrain.pipeline import teardown
+
         teardown.down(env, name)
         return {"name": name, "status": "GONE", "reason": reason, "stopped_at": at}
     env.state.set_cluster_status(name, "STOPPED")
