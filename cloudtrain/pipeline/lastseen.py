@@ -126,14 +126,22 @@ def view(env: Env, name: str, now: float | None = None) -> dict[str, Any]:
     now, unless the CLI wrote the policy since (a later contact: launch, autostop), which
     renewed the lease and saw no state: then the idle stop is counted from that contact (the
     earliest it can fire: a job or session since then only delays it)."""
-    from cloudtrain.gpuuse import NodeGPUs
-
     now = time.time() if now is None else now
     pol = saved(env, name)
     if not pol:
         return {}
     out: dict[str, Any] = {"autostop": {k: pol.get(k) for k in RULES}, "policy": describe(pol)}
-    seen = last(env, name)
+    try:
+        out.update(_seen(pol, last(env, name), now))
+    except (TypeError, ValueError, AttributeError):
+        pass                      # a damaged file: the policy alone, as if nothing was seen
+    return out
+
+
+def _seen(pol: dict[str, Any], seen: dict[str, Any], now: float) -> dict[str, Any]:
+    from cloudtrain.gpuuse import NodeGPUs
+
+    out: dict[str, Any] = {}
     seen_at = _num(seen.get("at"))
     lease_at = _num(pol.get("lease_at"))
     nodes = {int(r): s for r, s in (seen.get("nodes") or {}).items()

@@ -116,3 +116,14 @@ def test_help_and_status_of_a_cluster_never_seen_import_nothing_heavy(tmp_path: 
     r, probe = _run(tmp_path, home, "status", "--help")
     assert probe["code"] == 0 and "--refresh" in r.stdout
     assert _heavy(probe["modules"]) == []
+
+
+def test_a_damaged_last_contact_file_leaves_the_policy_shown(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    _home_with_clusters(home)
+    (home / "clusters" / "gpu" / "guard-seen.json").write_text(json.dumps(
+        {"at": 1, "gpus_at": 1, "gpus": [{"rank": 0, "gpus": [{"util_pct": 3}]}],
+         "nodes": {"0": {"state": ["not", "a", "dict"]}}}))
+    r, probe = _run(tmp_path, home, "status", "gpu")
+    assert probe["code"] == 0, r.stderr
+    assert "gpu: autostop: tear down after 60 min idle" in r.stdout, r.stdout
