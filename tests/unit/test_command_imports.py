@@ -14,8 +14,8 @@ from pathlib import Path
 HEAVY = ("pydantic", "pydantic_core", "paramiko", "rich", "boto3", "botocore", "google",
          "azure", "cryptography")
 NOT_OFFLINE = ("cloudtrain.remote", "cloudtrain.connection", "cloudtrain.provider",
-               "cloudtrain.spec", "cloudtrain.taskmodel", "cloudtrain.pipeline.guard",
-               "cloudtrain_provisioners")
+               "cloudtrain.catalog", "cloudtrain.spec", "cloudtrain.taskmodel",
+               "cloudtrain.pipeline.guard", "cloudtrain_provisioners")
 
 # Runs the CLI in this interpreter, then reports what it imported (a fresh process per call).
 PROBE = r"""
@@ -127,3 +127,10 @@ def test_a_damaged_last_contact_file_leaves_the_policy_shown(tmp_path: Path) -> 
     r, probe = _run(tmp_path, home, "status", "gpu")
     assert probe["code"] == 0, r.stderr
     assert "gpu: autostop: tear down after 60 min idle" in r.stdout, r.stdout
+
+
+def test_the_catalog_refresh_choices_are_the_refresh_modules_providers() -> None:
+    from cloudtrain.catalog.refresh import PROVIDERS
+    from cloudtrain.commands.catalog import REFRESH_PROVIDERS
+
+    assert REFRESH_PROVIDERS == PROVIDERS
