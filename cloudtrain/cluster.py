@@ -11,16 +11,17 @@ import os
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from cloudtrain.context import Env
 from cloudtrain.errors import ClusterNotFound, UserError
-from cloudtrain.keys import ClusterKeys
-from cloudtrain.provider import registry
-from cloudtrain.provider.contract import Node, Provider
-from cloudtrain.remote import Group
-from cloudtrain.spec import Task
 from cloudtrain.state import ClusterRow, NodeRow
+
+if TYPE_CHECKING:       # imported where used: a plain 'status' loads none of them
+    from cloudtrain.keys import ClusterKeys
+    from cloudtrain.provider.contract import Node, Provider
+    from cloudtrain.remote import Group
+    from cloudtrain.spec import Task
 
 SSH_TIMEOUT = float(os.environ.get("CLOUDTRAIN_SSH_TIMEOUT", "300"))
 
@@ -86,6 +87,8 @@ def node_rows(cluster: str, nodes: list[Node]) -> list[NodeRow]:
 
 
 def connect(env: Env, handle: Handle, timeout: float = SSH_TIMEOUT) -> Group:
+    from cloudtrain.remote import Group
+
     group = Group(handle.nodes, handle.keys)
     try:
         group.connect(timeout=timeout, learn=handle.learn)
@@ -99,6 +102,8 @@ def get_handle(env: Env, name: str) -> Handle:
     row = env.state.get_cluster(name)
     if row is None:
         raise ClusterNotFound(name, [c.name for c in env.state.list_clusters()])
+    from cloudtrain.keys import ClusterKeys
+
     provider = env.provider(row.provider)
     keys = ClusterKeys(env.pctx.cluster_dir(name) / "ssh")
     return Handle(row, provider, keys)
@@ -127,14 +132,23 @@ def refresh(env: Env, row: ClusterRow) -> ClusterRow:
     return row
 
 
-def status(env: Env, name: str | None = None, refresh_all: bool = False) -> list[ClusterRow]:
+def listed(env: Env, name: str | None = None) -> list[ClusterRow]:
+    """The clusters in the state (or ``name``, which must be there), as last recorded."""
     rows = env.state.list_clusters()
     if name is not None:
         rows = [r for r in rows if r.name == name]
         if not rows:
             raise ClusterNotFound(name, [c.name for c in env.state.list_clusters()])
+    return rows
+
+
+def status(env: Env, name: str | None = None, refresh_all: bool = False) -> list[ClusterRow]:
+    """The clusters, each refreshed from its provider where listing is cheap (every one
+    with ``refresh_all``)."""
+    from cloudtrain.provider import registry
+
     out = []
-    for row in rows:
+    for row in listed(env, name):
         cls = registry.provider_class(row.provider)
         if refresh_all or getattr(cls, "list_is_cheap", False):
             try:
@@ -156,6 +170,8 @@ def probe_hosts(env: Env, rows: list[ClusterRow]) -> None:
     node answers)."""
     import socket
     from concurrent.futures import ThreadPoolExecutor
+
+    from cloudtrain.provider import registry
 
     def probe(host: str, port: int) -> str:
         try:

@@ -94,6 +94,17 @@ class NodeGPUs:
                 "dropped_lines": self.dropped_lines,
                 "gpus": [asdict(g) for g in self.gpus]}
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> NodeGPUs:
+        """Back from :meth:`as_json` (the copy ``status`` keeps of the last query)."""
+        known = set(GPU.__dataclass_fields__)
+        return cls(rank=int(data.get("rank", 0)), state=str(data.get("state", "error")),
+                   gpus=[GPU(**{k: v for k, v in g.items() if k in known})
+                         for g in data.get("gpus") or [] if isinstance(g, dict)],
+                   detail=str(data.get("detail") or ""),
+                   dropped_lines=int(data.get("dropped_lines") or 0),
+                   job_running=bool(data.get("job_running")))
+
 
 def _round(v: float | None) -> float | None:
     return None if v is None else round(v, 1)

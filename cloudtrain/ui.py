@@ -7,7 +7,10 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from typing import IO, TextIO
+from typing import IO, TYPE_CHECKING, Collection, TextIO
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 _COLORS = ["cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_cyan",
            "bright_magenta"]
@@ -24,42 +27,57 @@ def color_ok(stream: IO[str]) -> bool:
 
 class UI:
     def __init__(self, quiet: bool = False, out: TextIO | None = None, err: TextIO | None = None) -> None:
-        from rich.console import Console
-
         self.quiet = quiet
         self.out = out or sys.stdout
         self.err_stream = err or sys.stderr
         self.color = color_ok(self.err_stream)
         self.out_color = color_ok(self.out)
-        self.console = Console(file=self.err_stream, no_color=not self.color,
-                               color_system="auto" if self.color else None, highlight=False,
-                               soft_wrap=True, force_terminal=self.color)
+        self._console: Console | None = None
         self._lock = threading.Lock()
+
+    @property
+    def console(self) -> Console:
+        """rich's console on stderr, made at the first message (a command that prints none,
+        a plain ``status``, never imports rich)."""
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(file=self.err_stream, no_color=not self.color,
+                                    color_system="auto" if self.color else None,
+                                    highlight=False, soft_wrap=True, force_terminal=self.color)
+        return self._console
 
     # --- messages (stderr) -----------------------------------------------------------------
 
+    def _say(self, mark: str, style: str, msg: str) -> None:
+        """``mark msg`` on stderr: through rich where there is colour, else written as is (the
+        same text, without importing rich)."""
+        with self._lock:
+            if not self.color:
+                self.err_stream.write(f"{mark} {msg}\n" if mark else f"{msg}\n")
+                self.err_stream.flush()
+            elif mark:
+                self.console.print(f"[{style}]{mark}[/{style}] {_esc(msg)}")
+            else:
+                self.console.print(msg, markup=False)
+
     def info(self, msg: str) -> None:
         if not self.quiet:
-            with self._lock:
-                self.console.print(msg, markup=False)
+            self._say("", "", msg)
 
     def step(self, msg: str) -> None:
         if not self.quiet:
-            with self._lock:
-                self.console.print(f"[bold]»[/bold] {_esc(msg)}")
+            self._say("»", "bold", msg)
 
     def ok(self, msg: str) -> None:
         if not self.quiet:
-            with self._lock:
-                self.console.print(f"[green]✓[/green] {_esc(msg)}")
+            self._say("✓", "green", msg)
 
     def warn(self, msg: str) -> None:
-        with self._lock:
-            self.console.print(f"[yellow]![/yellow] {_esc(msg)}")
+        self._say("!", "yellow", msg)
 
     def error(self, msg: str) -> None:
-        with self._lock:
-            self.console.print(f"[bold red]error:[/bold red] {_esc(msg)}")
+        self._say("error:", "bold red", msg)
 
     def status(self, msg: str):  # type: ignore[no-untyped-def]
         """A spinner while something runs (only on a terminal)."""
@@ -93,3 +111,15 @@ def _esc(s: str) -> str:
     from rich.markup import escape
 
     return escape(s)
+
+
+def columns(headers: list[str], rows: list[list[str]], right: Collection[str] = (),
+            gap: str = "  ") -> str:
+    """A plain text table: one line per row, columns padded to their widest cell (the
+    ``right`` ones aligned right). No rich: for commands that must start fast."""
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
+
+    def line(cells: list[str]) -> str:
+        return gap.join(c.rjust(w) if h in right else c.ljust(w)
+                        for c, w, h in zip(cells, widths, headers)).rstrip()
+    return "\n".join([line(headers)] + [line(r) for r in rows])

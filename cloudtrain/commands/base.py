@@ -50,15 +50,18 @@ def guard(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def open_env(quiet: bool = False) -> Env:
-    """The Env a command hands to the pipeline."""
+def open_env(quiet: bool = False, contact: bool = True) -> Env:
+    """The Env a command hands to the pipeline (``contact=False``: a command that reaches no
+    node, e.g. a plain ``status``, which then skips the SSH settings' check and import)."""
     from cloudtrain.context import open_env as open_context
-    from cloudtrain.remote import node_timeout
-    from cloudtrain.sshmux import persist_seconds
     from cloudtrain.ui import UI
 
-    node_timeout()   # a bad CLOUDTRAIN_NODE_TIMEOUT is refused before anything is created
-    persist_seconds()   # the same for CLOUDTRAIN_SSH_PERSIST
+    if contact:
+        from cloudtrain.connection import node_timeout
+        from cloudtrain.sshmux import persist_seconds
+
+        node_timeout()   # a bad CLOUDTRAIN_NODE_TIMEOUT is refused before anything is created
+        persist_seconds()   # the same for CLOUDTRAIN_SSH_PERSIST
     return open_context(UI(quiet=quiet))
 
 

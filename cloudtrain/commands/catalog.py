@@ -13,8 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from cloudtrain.catalog.refresh import PROVIDERS as REFRESH_PROVIDERS
 from cloudtrain.commands.base import CONTEXT, guard
+
+# cloudtrain.catalog.refresh.PROVIDERS, spelled out: importing that module here cost every
+# command (--help and status too) its import (tests/unit/test_command_imports.py keeps them equal).
+REFRESH_PROVIDERS = ("aws", "azure", "gcp")
 
 if TYPE_CHECKING:
     from cloudtrain.catalog.load import Catalog

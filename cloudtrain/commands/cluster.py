@@ -40,19 +40,21 @@ def up(task_file: str, cluster_name: str | None, yes: bool, dry_run: bool, no_bo
        keep_on_failure: bool, as_json: bool) -> None:
     """Provision a cluster for TASK_FILE (adopting what exists), wait for SSH, bootstrap."""
     from cloudtrain.cluster import resolve_name
-    from cloudtrain.errors import CloudtrainError
-    from cloudtrain.pipeline import job, plan
-    from cloudtrain.pipeline.provision import attempts
+    from cloudtrain.pipeline import plan
     from cloudtrain.pipeline.signals import stop_signals_as_interrupt
 
     stop_signals_as_interrupt()
     task = load_task(task_file)
-    env = open_env()
+    env = open_env(contact=not dry_run)
     name = resolve_name(task, cluster_name, task_file)
     planned = plan.plan(env, task, name)
     if dry_run:
         print_plan(env.ui, planned, name)
         return
+    from cloudtrain.errors import CloudtrainError
+    from cloudtrain.pipeline import job
+    from cloudtrain.pipeline.provision import attempts
+
     if env.state.get_cluster(name) is None:
         confirm_cost(planned, yes)
     try:
@@ -104,27 +106,29 @@ def print_plan(ui: UI, plan: Plan, name: str) -> None:
 @click.argument("cluster_name", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--refresh", is_flag=True,
-              help="Ask every provider (cloud APIs included) and each node's GPUs (nvidia-smi).")
+              help="Ask every provider (cloud APIs included) and every node (the guard's state, "
+                   "the GPUs with nvidia-smi, the lease renewed): one round trip per node.")
 @guard
 def status(cluster_name: str | None, as_json: bool, refresh: bool) -> None:
-    """Show clusters and their nodes (local state, refreshed from cheap providers), with each
-    cluster's price per node-hour and for the cluster, as recorded at launch, and what it has
-    cost so far (from the spend ledger, as 'cost-report' counts it: never re-priced from the
-    catalog; a running cluster counts up to now).
+    """Show clusters and their nodes, with each cluster's price per node-hour and for the
+    cluster, as recorded at launch, and what it has cost so far (from the spend ledger, as
+    'cost-report' counts it: never re-priced from the catalog; a running cluster counts up
+    to now). Without --refresh it reaches no node and no provider: the local state, and the
+    node guards and GPUs as the last contact saw them, with its age.
 
     --json: a list of clusters, each with name, provider, status, num_nodes, region,
     instance_type, accelerators, use_spot, price_hourly_usd (per node), cluster_hourly_usd,
-    cost_so_far_usd (null: no price was recorded), created_at and nodes (each with host_key:
-    how its SSH host key was pinned: "pinned at creation", "the user's known_hosts" or
-    "learned on first contact"), and with --refresh gpus: per node the GPU count, models,
-    utilisation, memory, temperature, power, the idle GPUs and every GPU's record (null
-    without --refresh)."""
+    cost_so_far_usd (null: no price was recorded), created_at, live (whether this command
+    asked the nodes), nodes (each with host_key: "pinned at creation", "the user's
+    known_hosts" or "learned on first contact"), autostop, guard (with as_of, age_s, live)
+    and gpus: per node the GPU count, models, utilisation, memory, temperature, power, the
+    idle GPUs and every GPU's record, as of gpus_at (null: never asked)."""
     if cluster_name is not None:
         check_name(cluster_name)
-    env = open_env(quiet=as_json)
-    rows, spent, pins, gone, guards = gather(env, cluster_name, refresh)
+    env = open_env(quiet=as_json, contact=refresh)
+    rows, spent, pins, gone, guards = (gather_live if refresh else gather)(env, cluster_name)
     if as_json:
-        click.echo(json.dumps(status_json(rows, spent, pins, guards) + gone, indent=2))
+        click.echo(json.dumps(status_json(rows, spent, pins, guards, refresh) + gone, indent=2))
         return
     for g in gone:
         click.echo(f"{g['name']}: {g['status']} (its nodes stopped themselves: {g['reason']})")
@@ -133,20 +137,35 @@ def status(cluster_name: str | None, as_json: bool, refresh: bool) -> None:
             click.echo("No clusters.")
         return
     status_table(rows, spent, pins)
+    status_lines(env, rows, guards, refresh)
+
+
+def status_lines(env: Env, rows: list[ClusterRow], guards: dict[str, dict[str, Any]],
+                 refresh: bool) -> None:
+    """Under the table: recoveries, each guard's policy and state, each node's GPU use."""
+    import time
+
     from cloudtrain.ledger import recovery_line
+    from cloudtrain.pipeline.lastseen import HINT, ago
 
     for r in rows:
         for rec in env.state.recoveries(r.name):
             click.echo(recovery_line(rec))
-        if guards.get(r.name):
-            g = guards[r.name]
-            words = g.get("guard", {}).get("words")
+        g = guards.get(r.name) or {}
+        if g:
+            words = (g.get("guard") or {}).get("words")
             click.echo(f"{r.name}: {g['policy']}" + (f"; {words}" if words else ""))
-        gpu_lines(r.name, guards.get(r.name, {}))
+        if "gpus" in g:
+            if not refresh or g.get("stale"):
+                click.echo(f"{r.name}: GPUs as of {ago(time.time() - g['gpus_at'])} ({HINT}):")
+            gpu_lines(r.name, g)
+    if not refresh:
+        click.echo("(the local state, as of each cluster's last contact; "
+                   "'cloudtrain status --refresh' asks the providers and the nodes)", err=True)
 
 
 def gpu_lines(name: str, live: dict[str, Any]) -> None:
-    """``status --refresh``: each node's GPU use (cloudtrain.gpuuse), one line a node."""
+    """Each node's GPU use (cloudtrain.gpuuse), one line a node."""
     if "gpus" not in live:
         return
     from cloudtrain.gpuuse import node_line
@@ -155,27 +174,47 @@ def gpu_lines(name: str, live: dict[str, Any]) -> None:
         click.echo(f"{name}: {node_line(n)}")
 
 
-def gather(env: Env, name: str | None, refresh: bool) -> tuple[Any, ...]:
-    """What ``status`` shows: reconcile clusters that stopped themselves, then the rows, their
-    spend, host-key pinning, and the node guards' policy and idle time."""
-    import time
+def gather(env: Env, name: str | None) -> tuple[Any, ...]:
+    """What a plain ``status`` shows, offline: the rows as recorded, their spend, host-key
+    pinning, and the node guards' policy, idle time and GPUs as the last contact saw them."""
+    from cloudtrain import cluster
+    from cloudtrain.pipeline import lastseen
+
+    rows = cluster.listed(env, name)
+    spent, pins = spend_and_pins(env, name, rows)
+    return rows, spent, pins, [], {r.name: lastseen.view(env, r.name) for r in rows}
+
+
+def gather_live(env: Env, name: str | None) -> tuple[Any, ...]:
+    """``status --refresh``: reconcile clusters that stopped themselves, ask every provider
+    and every node (guard state, GPUs, the lease renewed, in one round trip per node; the
+    clusters at once)."""
+    from concurrent.futures import ThreadPoolExecutor
 
     from cloudtrain import cluster
-    from cloudtrain.keys import pinning
-    from cloudtrain.ledger import spend_of
     from cloudtrain.pipeline import guard
 
-    gone = guard.reconcile_all(env, name, refresh)
+    gone = guard.reconcile_all(env, name)
     if name is not None and any(g["name"] == name and g["status"] == "GONE" for g in gone):
         return [], {}, {}, gone, {}
-    rows = cluster.status(env, name, refresh_all=refresh)
+    rows = cluster.status(env, name, refresh_all=True)
     cluster.probe_hosts(env, rows)
+    spent, pins = spend_and_pins(env, name, rows)
+    with ThreadPoolExecutor(max_workers=max(1, min(8, len(rows)))) as pool:
+        seen = list(pool.map(lambda r: guard.live(env, r.name), rows))
+    return rows, spent, pins, gone, {r.name: s for r, s in zip(rows, seen)}
+
+
+def spend_and_pins(env: Env, name: str | None, rows: list[ClusterRow]) -> tuple[Any, Any]:
+    import time
+
+    from cloudtrain.keys import pinning
+    from cloudtrain.ledger import spend_of
+
     now = time.time()
     usage = env.state.usage(cluster=name) if rows else []
     spent = {r.name: spend_of(r.name, r.created_at, usage, now=now) for r in rows}
-    pins = {r.name: pinning(env.pctx.cluster_dir(r.name)) for r in rows}
-    guards = {r.name: guard.live(env, r.name, refresh) for r in rows}
-    return rows, spent, pins, gone, guards
+    return spent, {r.name: pinning(env.cluster_dir(r.name)) for r in rows}
 
 
 def cluster_price(r: ClusterRow) -> float | None:
@@ -183,8 +222,8 @@ def cluster_price(r: ClusterRow) -> float | None:
 
 
 def status_json(rows: list[ClusterRow], spent: dict[str, float | None],
-                pins: dict[str, dict[int, str]],
-                guards: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+                pins: dict[str, dict[int, str]], guards: dict[str, dict[str, Any]],
+                live: bool = False) -> list[dict[str, Any]]:
     return [{
         "name": r.name, "provider": r.provider, "status": r.status, "num_nodes": r.num_nodes,
         "region": r.region, "instance_type": r.instance_type, "accelerators": r.accelerators,
@@ -193,6 +232,7 @@ def status_json(rows: list[ClusterRow], spent: dict[str, float | None],
         "cost_so_far_usd": None if spent[r.name] is None else round(spent[r.name], 6),
         "hourly_price_per_node": r.hourly_price,
         "created_at": r.created_at,
+        "live": live,
         "nodes": [{"rank": n.rank, "host": n.host, "port": n.port, "internal_ip": n.internal_ip,
                    "instance_id": n.instance_id, "status": n.status,
                    "host_key": pins[r.name].get(n.rank, "unknown")} for n in r.nodes],
@@ -200,31 +240,27 @@ def status_json(rows: list[ClusterRow], spent: dict[str, float | None],
         "guard": guards.get(r.name, {}).get("guard"),
         "gpus": [n.as_json() for n in guards[r.name]["gpus"]]
         if "gpus" in guards.get(r.name, {}) else None,
+        "gpus_at": guards.get(r.name, {}).get("gpus_at"),
     } for r in rows]
 
 
 def status_table(rows: list[ClusterRow], spent: dict[str, float | None],
                  pins: dict[str, dict[int, str]]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     from cloudtrain.ledger import money
-    from cloudtrain.ui import color_ok
+    from cloudtrain.ui import columns
 
-    table = Table(box=None, pad_edge=False)
-    for col in ("NAME", "PROVIDER", "STATUS", "NODES", "INSTANCE", "$/H NODE", "$/H CLUSTER",
-                "COST SO FAR", "HOST KEYS", "NODE ADDRESSES"):
-        table.add_column(col, justify="right" if col.startswith(("$", "COST")) else "left")
+    heads = ["NAME", "PROVIDER", "STATUS", "NODES", "INSTANCE", "$/H NODE", "$/H CLUSTER",
+             "COST SO FAR", "HOST KEYS", "NODE ADDRESSES"]
+    cells = []
     for r in rows:
         node = "-" if r.hourly_price is None else f"{r.hourly_price:.2f}"
         whole = cluster_price(r)
         addrs = ", ".join(f"{n.rank}:{n.host}:{n.port}({n.status})" for n in r.nodes)
-        table.add_row(r.name, r.provider, r.status, str(r.num_nodes), r.instance_type or "-",
+        cells.append([r.name, r.provider, r.status, str(r.num_nodes), r.instance_type or "-",
                       node, "-" if whole is None else f"{whole:.2f}", money(spent[r.name]),
                       ", ".join(sorted({pins[r.name].get(n.rank, "unknown") for n in r.nodes}))
-                      or "-", addrs)
-    Console(no_color=not color_ok(sys.stdout), highlight=False,
-            color_system="auto" if color_ok(sys.stdout) else None, width=200).print(table)
+                      or "-", addrs])
+    click.echo(columns(heads, cells, right={"$/H NODE", "$/H CLUSTER", "COST SO FAR"}))
 
 
 @click.command(context_settings=CONTEXT)

@@ -18,6 +18,7 @@ from cloudtrain.cluster import Handle, cluster_uid
 from cloudtrain.context import Env
 from cloudtrain.errors import CloudtrainError
 from cloudtrain.pipeline import bootstrap
+from cloudtrain.pipeline.lastseen import RULES, describe, idle_words, policy_file, saved
 from cloudtrain.provider.contract import Node, SelfStops
 from cloudtrain.remote import Group
 from cloudtrain.spec import Task
@@ -26,24 +27,10 @@ from cloudtrain.state import NodeRow
 # The idle stop's default where cloudtrain owns the machines and they bill (the clouds).
 CLOUD_IDLE_MINUTES = 60.0
 OFF_BY_DEFAULT = ("local", "ssh")
-RULES = ("idle_minutes", "down", "down_on_end", "max_cost_usd", "max_hours")
 
 
 def guard_source() -> bytes:
     return (Path(__file__).resolve().parent.parent / "node" / "guard.py").read_bytes()
-
-
-def policy_file(env: Env, name: str) -> Path:
-    return env.pctx.cluster_dir(name) / "guard-policy.json"
-
-
-def saved(env: Env, name: str) -> dict[str, Any]:
-    """The policy the CLI last wrote to the nodes ({} when none: no guard installed)."""
-    try:
-        data = json.loads(policy_file(env, name).read_text())
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
 
 
 def save(env: Env, name: str, pol: dict[str, Any]) -> None:
@@ -169,28 +156,49 @@ def touch(env: Env, handle: Handle, group: Group) -> None:
         env.ui.warn(f"could not renew the node guard's lease: {exc}")
 
 
-def states(env: Env, handle: Handle, group: Group, gpus: dict[int, Any] | None = None
-           ) -> dict[int, dict[str, Any]]:
+def states(env: Env, handle: Handle, group: Group, gpus: dict[int, Any] | None = None, *,
+           renew: bool = False) -> dict[int, dict[str, Any]]:
     """What each node's guard last saw (state.json), stopped.json, and whether it runs. With
-    ``gpus`` (a dict, filled in) the same command also asks nvidia-smi (cloudtrain.gpuuse)."""
+    ``gpus`` (a dict, filled in) the same command also asks nvidia-smi (cloudtrain.gpuuse);
+    with ``renew`` it first renews the lease and restarts a dead guard (a CLI contact, as
+    :func:`touch`): one round trip per node for all of it. What the nodes said is kept
+    (cloudtrain.pipeline.lastseen) for the next plain ``status``."""
     from cloudtrain import gpuuse
+    from cloudtrain.pipeline import lastseen
     from cloudtrain.remote import bash
 
-    cmd = _command(env, handle, "state", None)
+    state_cmd = _command(env, handle, "state", None)
+    touch_cmd = _command(env, handle, "touch", None) if renew else None
     bins = {n.rank: n.python_bin or os.path.dirname(bootstrap.provider_node_env(handle).get(
         "CLOUDTRAIN_PYTHON", "")) or None for n in handle.nodes}
-    run = cmd if gpus is None else \
-        (lambda n: f"{cmd(n)}; {bash(gpuuse.remote_script(bins.get(n.rank)))}")
-    res = group.run(run, timeout=30)
-    out = {}
+
+    def run(n: NodeRow) -> str:
+        line = state_cmd(n) if touch_cmd is None else f"{touch_cmd(n)}; {state_cmd(n)}"
+        return line if gpus is None else f"{line}; {bash(gpuuse.remote_script(bins.get(n.rank)))}"
+    renewed_at = time.time()
+    if renew:
+        src = guard_source()
+        res = group.run(run, stdin=lambda n: src, timeout=30)
+    else:
+        res = group.run(run, timeout=30)
+    out: dict[int, dict[str, Any]] = {}
     for rank, r in res.items():
         before, block = gpuuse.split_output(r.stdout)
+        ok = r.error is None and "::guard " in before
+        if renew and not ok:
+            env.ui.warn(f"could not renew the node guard's lease on node {rank}: "
+                        f"{(r.error or r.stderr or r.stdout or 'no answer').strip()[-300:]}")
         try:
             out[rank] = json.loads(before.strip().splitlines()[-1])
         except (ValueError, IndexError):
             out[rank] = {}
         if not isinstance(out[rank], dict):
             out[rank] = {}
+        st = out[rank].get("state")
+        if renew and ok and isinstance(st, dict) and not st.get("busy"):
+            # The lease was renewed just now: the guard counts idle from here (its state.json
+            # says so at its next loop).
+            st.update(idle_for_s=0.0, at=renewed_at, lease_at=renewed_at)
         if gpus is not None:
             seen = out[rank].get("state")
             jobs = seen.get("jobs") if isinstance(seen, dict) else 0
@@ -198,43 +206,10 @@ def states(env: Env, handle: Handle, group: Group, gpus: dict[int, Any] | None =
                                       job_running=isinstance(jobs, int) and jobs > 0)
             if r.error is not None:
                 gpus[rank].detail = f"no answer from the node ({r.error})"[:300]
-    return out
-
-
-def describe(pol: dict[str, Any]) -> str:
-    """The policy in words."""
-    parts = []
-    idle = pol.get("idle_minutes")
-    what = "tear down" if pol.get("down", True) else "stop"
-    parts.append(f"autostop: {what} after {idle:g} min idle" if idle else "autostop: off")
-    if pol.get("down_on_end"):
-        parts.append("tear down when job " + ", ".join(pol["down_on_end"]) + " ends")
-    if pol.get("max_cost_usd"):
-        parts.append(f"budget ${pol['max_cost_usd']:.4f}")
-    if pol.get("max_hours"):
-        parts.append(f"lifetime {pol['max_hours']:g} h")
-    return "; ".join(parts)
-
-
-def idle_words(pol: dict[str, Any], seen: dict[int, dict[str, Any]], now: float) -> dict[str, Any]:
-    """'idle for X min, stops in Y min' from the guards' states (the head's, else any)."""
-    states_ = [s.get("state") or {} for _, s in sorted(seen.items())]
-    alive = all(s.get("guard_alive") for s in seen.values()) if seen else False
-    st = next((s for s in states_ if s), {})
-    idle_s = float(st.get("idle_for_s") or 0.0) + max(0.0, now - float(st.get("at") or now))
-    out: dict[str, Any] = {"guard_running": alive, "busy": bool(st.get("busy"))}
-    if st.get("busy"):
-        out.update(idle_for_min=0.0, stops_in_min=None, words="busy (a job or an SSH session)")
-        return out
-    out["idle_for_min"] = round(idle_s / 60, 2)
-    idle = pol.get("idle_minutes")
-    if idle:
-        left = max(0.0, idle - idle_s / 60)
-        out["stops_in_min"] = round(left, 2)
-        out["words"] = f"idle for {idle_s / 60:.1f} min, stops in {left:.1f} min"
-    else:
-        out["stops_in_min"] = None
-        out["words"] = f"idle for {idle_s / 60:.1f} min (no idle stop)"
+    answered = {rank: s for rank, s in out.items() if s}
+    if answered:
+        lastseen.remember(env, handle.name, answered,
+                          None if gpus is None else [gpus[r] for r in sorted(gpus)])
     return out
 
 
@@ -242,8 +217,6 @@ def reconcile(env: Env, name: str) -> dict[str, Any] | None:
     """A cluster whose nodes all stopped themselves: close the ledger at the moment they
     stopped (with the reason), then remove what is left (terminate) and forget it; or, with
     ``down: false``, record it as STOPPED. Returns what happened (None: nothing to do)."""
-    from cloudtrain.pipeline import teardown
-
     row = env.state.get_cluster(name)
     if row is None:
         return None
@@ -264,6 +237,8 @@ def reconcile(env: Env, name: str) -> dict[str, Any] | None:
     stamp = time.strftime("%H:%M:%S", time.localtime(at))
     env.ui.info(f"'{name}': its nodes stopped themselves at {stamp} (reason: {reason})")
     if down:
+        from cloudtrain.pipeline import teardown
+
         teardown.down(env, name)
         return {"name": name, "status": "GONE", "reason": reason, "stopped_at": at}
     env.state.set_cluster_status(name, "STOPPED")
@@ -333,9 +308,12 @@ def show_log(env: Env, name: str, node: int | None) -> None:
         group.close()
 
 
-def live(env: Env, name: str, refresh: bool) -> dict[str, Any]:
-    """For ``status``: the policy and what the guards see ("idle for X min, stops in Y
-    min"); ``refresh`` also renews the lease (a contact). {} when no guard was installed."""
+def live(env: Env, name: str) -> dict[str, Any]:
+    """For ``status --refresh`` (a contact): the policy, what the guards see now ("idle for X
+    min, stops in Y min") and each node's GPUs, with the lease renewed, in one round trip per
+    node. {} when no guard was installed. A plain ``status`` reads lastseen.view instead."""
+    from cloudtrain.pipeline import lastseen
+
     pol = saved(env, name)
     if not pol:
         return {}
@@ -345,15 +323,15 @@ def live(env: Env, name: str, refresh: bool) -> dict[str, Any]:
         return out
     try:
         handle, group = _connected(env, name, timeout=10)
-    except Exception:  # noqa: BLE001 - status shows the rest
-        return out
+    except Exception:  # noqa: BLE001 - status shows the rest, as of the last contact
+        return dict(lastseen.view(env, name), stale=True)
     try:
-        gpus: dict[int, Any] | None = {} if refresh else None
-        out["guard"] = idle_words(pol, states(env, handle, group, gpus), time.time())
-        if gpus is not None:
-            out["gpus"] = [gpus[r] for r in sorted(gpus)]
-        if refresh:
-            touch(env, handle, group)
+        gpus: dict[int, Any] = {}
+        now = time.time()
+        out["guard"] = dict(idle_words(pol, states(env, handle, group, gpus, renew=True), now),
+                            as_of=now, age_s=0.0, live=True)
+        out["gpus"] = [gpus[r] for r in sorted(gpus)]
+        out["gpus_at"] = now
     except CloudtrainError:
         pass
     finally:
@@ -361,16 +339,12 @@ def live(env: Env, name: str, refresh: bool) -> dict[str, Any]:
     return out
 
 
-def reconcile_all(env: Env, name: str | None, refresh: bool) -> list[dict[str, Any]]:
-    """``status``: reconcile every cluster (or ``name``) whose provider lists cheaply (all of
-    them with ``refresh``). A provider that cannot be asked now is left for later."""
-    from cloudtrain.provider import registry
-
+def reconcile_all(env: Env, name: str | None) -> list[dict[str, Any]]:
+    """``status --refresh``: reconcile every cluster (or ``name``) whose nodes stopped
+    themselves. A provider that cannot be asked now is left for later."""
     out = []
     for row in env.state.list_clusters():
         if name is not None and row.name != name:
-            continue
-        if not (refresh or getattr(registry.provider_class(row.provider), "list_is_cheap", False)):
             continue
         try:
             done = reconcile(env, row.name)

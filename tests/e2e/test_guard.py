@@ -41,7 +41,8 @@ def _gone(cli: CLI, name: str, timeout: float = 60) -> dict[str, object]:
         "the nodes did not stop themselves"
     time.sleep(3)               # the CLI notices later than the nodes stopped
     noticed = time.time()
-    entries = cli.status()
+    assert [e["status"] for e in cli.status() if e["name"] == name] == ["UP"]  # plain: offline
+    entries = _live(cli)
     gone = [e for e in entries if e["name"] == name]
     assert gone and gone[0]["status"] == "GONE", entries
     assert cli.status() == []           # forgotten: the next status lists nothing
@@ -51,6 +52,14 @@ def _gone(cli: CLI, name: str, timeout: float = 60) -> dict[str, object]:
     assert abs(ended - float(gone[0]["stopped_at"])) < 1.5, (c, gone)
     assert noticed - ended > 2.5, (c, noticed)
     return gone[0]
+
+
+def _live(cli: CLI) -> list[dict[str, object]]:
+    """``status --refresh --json``: the providers and the nodes asked (a plain status reads
+    only the local state and what the last contact saw)."""
+    r = cli.run("status", "--refresh", "--json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)  # type: ignore[no-any-return]
 
 
 def _ledger(cli: CLI, name: str) -> dict[str, Any]:
@@ -129,14 +138,14 @@ def test_idle_stop_and_what_keeps_a_cluster_alive(cli: CLI, tmp_path: Path) -> N
     r = cli.run("launch", str(task), "-y", "-d", **FAST)
     assert r.returncode == 0, r.stderr
     time.sleep(9)
-    (st,) = cli.status()
+    (st,) = _live(cli)
     assert st["status"] == "UP" and st["guard"]["busy"] is True, st
     assert st["autostop"]["idle_minutes"] == 0.1
     # An interactive 'cloudtrain ssh' session keeps it alive too.
     proc, master = _spawn_ssh(cli, "idle")
     try:
         time.sleep(14)          # the job ended ~5 s ago; idle would have fired by now
-        (st,) = cli.status()
+        (st,) = _live(cli)
         assert st["status"] == "UP" and st["guard"]["busy"] is True, st
     finally:
         os.write(master, b"exit\n")
@@ -220,7 +229,9 @@ def test_autostop_changes_the_policy_on_a_live_cluster(cli: CLI, tmp_path: Path)
     # --stop: the nodes stop themselves; the cluster is kept as STOPPED, not torn down.
     r = cli.run("autostop", "pol", "--idle-minutes", "0.05", **FAST)
     assert r.returncode == 0, r.stderr
-    assert wait_until(lambda: cli.status()[0]["status"] == "STOPPED", 40)
+    # (waited for without a contact: each 'status --refresh' renews the lease)
+    assert wait_until(lambda: not processes_with(f"{cli.home}/clusters/pol/"), 40)
+    assert _live(cli)[0]["status"] == "STOPPED"
     r = cli.run("down", "pol", "-y")
     assert r.returncode == 0, r.stderr
     assert_nothing_left(cli.home)

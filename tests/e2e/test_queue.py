@@ -182,7 +182,7 @@ def test_guard_idle_clock_counts_queued_work_as_busy(cli: CLI, tmp_path: Path) -
     assert r.returncode == 0 and "removed from the queue" in r.stderr, r.stderr
     assert wait_until(lambda: not processes_with(f"{cli.home}/clusters/idleq/"), 40), \
         "the idle stop did not fire once the queue was empty"
-    cli.run("status")
+    cli.run("status", "--refresh")        # the contact that notices and removes what is left
     assert_nothing_left(cli.home)
 
 

@@ -1,0 +1,179 @@
+"""What the last contact with a cluster's nodes saw, kept on this machine, so that a plain
+``cloudtrain status`` answers from the state database and these files alone: no SSH, no
+provider call, and no pydantic, paramiko, rich or cloud SDK import (docs/guard.md, "status").
+
+In ``CLOUDTRAIN_HOME/clusters/NAME/`` (removed with the cluster's folder at ``down``):
+
+- ``guard-policy.json``: the node guard's policy as the CLI last wrote it to the nodes (up,
+  launch, autostop); ``lease_at`` is when;
+- ``guard-seen.json``: what the node guards said (each node's ``state.json``, whether its guard
+  runs) and each node's GPU query, at the last contact that read them (``status --refresh``,
+  ``top``): ``{"at": epoch, "nodes": {rank: {...}}, "gpus": [NodeGPUs.as_json(), ...]}``.
+
+Only the standard library and :mod:`cloudtrain.gpuuse` are imported here.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from cloudtrain import paths
+
+if TYPE_CHECKING:
+    from cloudtrain.context import Env
+    from cloudtrain.gpuuse import NodeGPUs
+
+POLICY = "guard-policy.json"
+SEEN = "guard-seen.json"
+HINT = "--refresh for live"
+RULES = ("idle_minutes", "down", "down_on_end", "max_cost_usd", "max_hours")
+
+
+def policy_file(env: Env, name: str) -> Path:
+    return env.cluster_dir(name) / POLICY
+
+
+def saved(env: Env, name: str) -> dict[str, Any]:
+    """The policy the CLI last wrote to the nodes ({} when none: no guard installed)."""
+    return _read(policy_file(env, name))
+
+
+def describe(pol: dict[str, Any]) -> str:
+    """The policy in words."""
+    parts = []
+    idle = pol.get("idle_minutes")
+    what = "tear down" if pol.get("down", True) else "stop"
+    parts.append(f"autostop: {what} after {idle:g} min idle" if idle else "autostop: off")
+    if pol.get("down_on_end"):
+        parts.append("tear down when job " + ", ".join(pol["down_on_end"]) + " ends")
+    if pol.get("max_cost_usd"):
+        parts.append(f"budget ${pol['max_cost_usd']:.4f}")
+    if pol.get("max_hours"):
+        parts.append(f"lifetime {pol['max_hours']:g} h")
+    return "; ".join(parts)
+
+
+def idle_words(pol: dict[str, Any], seen: dict[int, dict[str, Any]], now: float) -> dict[str, Any]:
+    """'idle for X min, stops in Y min' from the guards' states (the head's, else any)."""
+    states_ = [s.get("state") or {} for _, s in sorted(seen.items())]
+    alive = all(s.get("guard_alive") for s in seen.values()) if seen else False
+    st = next((s for s in states_ if s), {})
+    idle_s = float(st.get("idle_for_s") or 0.0) + max(0.0, now - float(st.get("at") or now))
+    out: dict[str, Any] = {"guard_running": alive, "busy": bool(st.get("busy"))}
+    if st.get("busy"):
+        out.update(idle_for_min=0.0, stops_in_min=None, words="busy (a job or an SSH session)")
+        return out
+    out["idle_for_min"] = round(idle_s / 60, 2)
+    idle = pol.get("idle_minutes")
+    if idle:
+        left = max(0.0, idle - idle_s / 60)
+        out["stops_in_min"] = round(left, 2)
+        out["words"] = f"idle for {idle_s / 60:.1f} min, stops in {left:.1f} min"
+    else:
+        out["stops_in_min"] = None
+        out["words"] = f"idle for {idle_s / 60:.1f} min (no idle stop)"
+    return out
+
+
+def remember(env: Env, name: str, nodes: dict[int, dict[str, Any]],
+             gpus: list[NodeGPUs] | None, at: float | None = None) -> None:
+    """Keep what a contact read from the nodes (their guard states; the GPU query when it was
+    asked, else the GPUs seen before stay). Never fails the command."""
+    try:
+        d = env.cluster_dir(name)
+        if not d.is_dir():
+            return                       # the cluster is gone (down) or was never here
+        old = _read(d / SEEN)
+        data: dict[str, Any] = {"at": time.time() if at is None else at,
+                                "nodes": {str(r): s for r, s in sorted(nodes.items())}}
+        if gpus is not None:
+            data["gpus"] = [g.as_json() for g in gpus]
+            data["gpus_at"] = data["at"]
+        elif isinstance(old.get("gpus"), list):
+            data["gpus"], data["gpus_at"] = old["gpus"], old.get("gpus_at")
+        tmp = d / (SEEN + ".tmp")
+        with open(tmp, "w", opener=paths.private_opener) as out:
+            json.dump(data, out)
+        tmp.replace(d / SEEN)
+    except (OSError, ValueError, TypeError):
+        pass
+
+
+def last(env: Env, name: str) -> dict[str, Any]:
+    """What the last contact saw ({} when nothing was kept)."""
+    return _read(env.cluster_dir(name) / SEEN)
+
+
+def ago(seconds: float) -> str:
+    s = max(0.0, seconds)
+    if s < 90:
+        return f"{s:.0f} s ago"
+    if s < 90 * 60:
+        return f"{s / 60:.0f} min ago"
+    if s < 48 * 3600:
+        return f"{s / 3600:.1f} h ago"
+    return f"{s / 86400:.1f} days ago"
+
+
+def view(env: Env, name: str, now: float | None = None) -> dict[str, Any]:
+    """For a plain ``status``: the policy, and the guards' view as of the last contact, with
+    its age; the GPUs as of the last query. {} when no guard was installed.
+
+    The guards' words come from the last states read (status --refresh, top), extrapolated to
+    now, unless the CLI wrote the policy since (a later contact: launch, autostop), which
+    renewed the lease and saw no state: then the idle stop is counted from that contact (the
+    earliest it can fire: a job or session since then only delays it)."""
+    now = time.time() if now is None else now
+    pol = saved(env, name)
+    if not pol:
+        return {}
+    out: dict[str, Any] = {"autostop": {k: pol.get(k) for k in RULES}, "policy": describe(pol)}
+    try:
+        out.update(_seen(pol, last(env, name), now))
+    except (TypeError, ValueError, AttributeError):
+        pass                      # a damaged file: the policy alone, as if nothing was seen
+    return out
+
+
+def _seen(pol: dict[str, Any], seen: dict[str, Any], now: float) -> dict[str, Any]:
+    from cloudtrain.gpuuse import NodeGPUs
+
+    out: dict[str, Any] = {}
+    seen_at = _num(seen.get("at"))
+    lease_at = _num(pol.get("lease_at"))
+    nodes = {int(r): s for r, s in (seen.get("nodes") or {}).items()
+             if str(r).isdigit() and isinstance(s, dict)}
+    if nodes and seen_at is not None and (lease_at is None or seen_at >= lease_at):
+        g = idle_words(pol, nodes, now)
+        g.update(as_of=seen_at, age_s=round(now - seen_at, 1), live=False)
+        g["words"] += f" (as of {ago(now - seen_at)}; {HINT})"
+        out["guard"] = g
+    elif lease_at is not None:
+        g = idle_words(pol, {0: {"state": {"at": lease_at, "idle_for_s": 0.0}}}, now)
+        g.update(guard_running=None, busy=None, as_of=lease_at,
+                 age_s=round(now - lease_at, 1), live=False)
+        idle = pol.get("idle_minutes")
+        g["words"] = (f"last contact {ago(now - lease_at)}"
+                      + (f"; stops in {g['stops_in_min']:.1f} min at the earliest" if idle
+                         else " (no idle stop)") + f"; {HINT}")
+        out["guard"] = g
+    gpus_at = _num(seen.get("gpus_at"))
+    if isinstance(seen.get("gpus"), list) and gpus_at is not None:
+        out["gpus"] = [NodeGPUs.from_json(n) for n in seen["gpus"] if isinstance(n, dict)]
+        out["gpus_at"] = gpus_at
+    return out
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
