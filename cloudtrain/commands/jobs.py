@@ -210,6 +210,7 @@ def ssh(cluster_name: str, node: int) -> None:
     from cloudtrain.errors import UserError
     from cloudtrain.keys import ssh_command_options
     from cloudtrain.pipeline import guard as node_guard
+    from cloudtrain.sshmux import reuse_options
 
     check_name(cluster_name)
     env = open_env(quiet=True)
@@ -218,8 +219,8 @@ def ssh(cluster_name: str, node: int) -> None:
     exe = shutil.which("ssh")
     if exe is None:
         raise UserError("The 'ssh' client is not installed.", "Install OpenSSH's client.")
-    args = ["ssh", *ssh_command_options(handle.keys, n.port, n.identity_file), "-t",
-            f"{n.user}@{n.host}"]
+    args = ["ssh", *reuse_options(handle.keys, n),    # over the node's master when it answers
+            *ssh_command_options(handle.keys, n.port, n.identity_file), "-t", f"{n.user}@{n.host}"]
     sys.stdout.flush()
     stop = node_guard.keep_alive(env, cluster_name)
     signal.signal(signal.SIGINT, signal.SIG_IGN)     # Ctrl-C is the remote shell's
