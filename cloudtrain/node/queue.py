@@ -233,10 +233,24 @@ def run(root: str, job_id: str, submitter: str, submitted_at: float, task: str,
     if state == "cancelled" and not os.path.exists(os.path.join(root, "jobs", job_id, "pid")):
         print(f"::ctjob no-job: job {job_id} was cancelled before it started", file=sys.stderr)
         return 254
-    sys.stderr.flush()
-    ctjob = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ctjob.sh")
-    os.execvp("bash", ["bash", ctjob, os.path.join(root, "jobs", job_id), "--follow", offset])
+    follow(os.path.join(root, "jobs", job_id), offset)
     return 255
+
+
+def follow(jdir: str, offset: str) -> None:
+    """ctjob.sh --follow, in this process: the follower's code is the one in ctjob.sh beside
+    this file (one copy of it; no second interpreter to start). Exits with its code."""
+    ctjob = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ctjob.sh")
+    sys.stderr.flush()
+    try:
+        with open(ctjob) as f:
+            code = f.read().split("\nfollower='\n", 1)[1].split("\n'\n", 1)[0]
+        compiled = compile(code, ctjob + " (follower)", "exec")
+    except (OSError, IndexError, SyntaxError):
+        os.execvp("bash", ["bash", ctjob, jdir, "--follow", offset])
+    sys.argv = [ctjob, jdir, offset, "0"]
+    exec(compiled, {"__name__": "ctjob_follower"})
+    sys.exit(255)
 
 
 def prune(root: str) -> None:

@@ -118,10 +118,19 @@ def test_queue_run_submits_once_follows_and_says_when_a_job_waits(tmp_path: Path
 
     def run(job: str, at: str, body: str, offset: int = 0) -> subprocess.CompletedProcess[bytes]:
         script = body.encode()
-        return subprocess.run(
+        p = subprocess.Popen(
             [sys.executable, str(bundle / "queue.py"), "run", str(root), job, "me@here", at, "t",
-             str(offset)], input=str(len(script)).encode() + b"\n" + script,
-            capture_output=True, timeout=60, env=dict(os.environ, CT_QUEUE_POLL="0.05"))
+             str(offset)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env=dict(os.environ, CT_QUEUE_POLL="0.05"))
+        assert p.stdin is not None and p.stdout is not None and p.stderr is not None
+        p.stdin.write(str(len(script)).encode() + b"\n" + script)
+        p.stdin.flush()     # and held open, as the CLI's session holds it
+        try:
+            code = p.wait(timeout=60)
+        finally:
+            if p.poll() is None:
+                p.kill()
+        return subprocess.CompletedProcess(p.args, code, p.stdout.read(), p.stderr.read())
 
     starts = tmp_path / "starts"
     first = run("a", "1", f"echo a >> {starts}\necho one\necho two\nexit 5\n")

@@ -83,16 +83,29 @@ def test_ctjob_follower_ends_when_the_job_is_a_zombie(tmp_path: Path, rc: int | 
         parent.wait()
 
 
+def _held(args: list[str], data: bytes) -> subprocess.CompletedProcess[bytes]:
+    """Run with ``data`` on stdin, then stdin held open (as the CLI's session holds it)."""
+    p = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    assert p.stdin is not None and p.stdout is not None and p.stderr is not None
+    p.stdin.write(data)
+    p.stdin.flush()
+    try:
+        code = p.wait(timeout=20)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    return subprocess.CompletedProcess(args, code, p.stdout.read(), p.stderr.read())
+
+
 def test_ctjob_run_starts_once_and_a_repeat_follows_from_its_offset(tmp_path: Path) -> None:
     """--run: the script on stdin after its length; the same command again (a reconnect) does
     not start the job a second time, it streams the log from the offset it is given."""
     jd = tmp_path / "jobs" / "j1"
     body = b"echo start >> " + str(tmp_path / "starts").encode() + b"\necho a\necho b\nexit 4\n"
     stdin = str(len(body)).encode() + b"\n" + body
-    first = subprocess.run(["bash", str(CTJOB), str(jd), "--run", "0"], input=stdin,
-                           capture_output=True, timeout=20)
+    first = _held(["bash", str(CTJOB), str(jd), "--run", "0"], stdin)
     assert (first.returncode, first.stdout) == (4, b"a\nb\n"), first.stderr
-    again = subprocess.run(["bash", str(CTJOB), str(jd), "--run", "2"], input=stdin,
-                           capture_output=True, timeout=20)
+    again = _held(["bash", str(CTJOB), str(jd), "--run", "2"], stdin)
     assert (again.returncode, again.stdout) == (4, b"b\n"), again.stderr
     assert (tmp_path / "starts").read_text() == "start\n"
