@@ -11,7 +11,8 @@
 # The job runs in its own session (setsid) so it can be stopped as a group; it survives the
 # SSH connection dropping. Files in JOB_DIR: run.sh, node.log, pid, rc.
 #
-# The follower (python3, standard library) ends as soon as the job has: the rc file is written,
+# The follower (Python, standard library: $CT_PYTHON_BIN/python3, else python3 or python on
+# PATH; tail where there is none) ends as soon as the job has: the rc file is written,
 # or the job's pid is gone or a zombie. (The pid is an orphan once its starter has exited; a
 # PID 1 that reaps orphans late, e.g. in a container without --init, leaves it a zombie that
 # 'kill -0' and 'tail --pid' take for alive.) stdout carries node.log's bytes and nothing else,
@@ -113,10 +114,33 @@ while True:
             sys.exit(137 if rc is None else rc)
 '
 follow() {  # OFFSET WAIT_PID_SECONDS
-    local py
-    py=$(command -v python3 || command -v python) || {
-        echo "::ctjob no-job: no python3 on this node to follow $job_dir" >&2; exit 254; }
-    exec "$py" -S -c "$follower" "$job_dir" "$1" "$2"
+    local py pid tail_pid watch_pid
+    for py in "${CT_PYTHON_BIN:+$CT_PYTHON_BIN/python3}" "$(command -v python3)" "$(command -v python)"; do
+        [ -n "$py" ] && [ -x "$py" ] && exec "$py" -S -c "$follower" "$job_dir" "$1" "$2"
+    done
+    # No Python on this node: tail follows the log until the job's pid has exited (late
+    # where a zombie job is reaped late, see above).
+    for _ in $(seq 1 $(($2 * 10))); do [ -e "$job_dir/pid" ] && break; sleep 0.1; done
+    pid=$(cat "$job_dir/pid" 2>/dev/null) || pid=
+    if [ -z "$pid" ]; then
+        echo "::ctjob no-job: nothing was started in $job_dir" >&2
+        exit 254
+    fi
+    tail -c +"$(($1 + 1))" -s 0.1 -F --pid="$pid" "$job_dir/node.log" 2>/dev/null &
+    tail_pid=$!
+    { while read -r _; do :; done; kill "$tail_pid" 2>/dev/null; } <&0 >/dev/null 2>&1 &
+    watch_pid=$!
+    wait "$tail_pid"
+    kill "$watch_pid" 2>/dev/null
+    if [ ! -e "$job_dir/rc" ] && kill -0 "$pid" 2>/dev/null; then
+        echo "::ctjob follower-stopped" >&2   # the job still runs: not the job's exit
+        exit 255
+    fi
+    for _ in 1 2 3 4 5 6 7 8 9 10; do
+        [ -r "$job_dir/rc" ] && exit "$(cat "$job_dir/rc")"
+        sleep 0.1
+    done
+    exit 137   # ended without writing rc: killed (SIGKILL)
 }
 
 if [ "$mode" = "--follow" ]; then

@@ -74,14 +74,19 @@ def start_command(jdir: str, detach: bool) -> str:
     return bootstrap.inline("ctjob.sh", jdir, *(["--detach"] if detach else []))
 
 
-def follow_command(jdir: str, offset: int) -> str:
+def _py(python_bin: str | None) -> str:
+    """Where the follower finds a Python first (the one bootstrap found on the node)."""
+    return f"CT_PYTHON_BIN={shlex.quote(python_bin)} " if python_bin else ""
+
+
+def follow_command(jdir: str, offset: int, python_bin: str | None = None) -> str:
     """Stream a started job's node.log from byte ``offset``; exits with the job's exit code."""
-    return bootstrap.inline("ctjob.sh", jdir, "--follow", str(offset))
+    return _py(python_bin) + bootstrap.inline("ctjob.sh", jdir, "--follow", str(offset))
 
 
-def run_command(jdir: str, offset: int) -> str:
+def run_command(jdir: str, offset: int, python_bin: str | None = None) -> str:
     """Start the job (once) and follow it from ``offset`` in one session: see framed()."""
-    return bootstrap.inline("ctjob.sh", jdir, "--run", str(offset))
+    return _py(python_bin) + bootstrap.inline("ctjob.sh", jdir, "--run", str(offset))
 
 
 def framed(script: str) -> bytes:
@@ -215,9 +220,9 @@ class RemoteJob:
             stdin = data + stdin
             command = lambda off: bash(  # noqa: E731
                 f"head -c {len(data)} | {{ {first} >&2; cat > /dev/null; }}; "
-                + run_command(jdir, off))
+                + run_command(jdir, off, node.python_bin))
         else:
-            command = lambda off: run_command(jdir, off)  # noqa: E731
+            command = lambda off: run_command(jdir, off, node.python_bin)  # noqa: E731
         r = self.group.follow(node, command, self.sink, self.env.ui.warn, stdin=stdin)
         if turn is not None and turn.queued_on(r):
             try:
@@ -225,8 +230,8 @@ class RemoteJob:
             except Exception as exc:  # noqa: BLE001 - raised by run() once every node is done
                 self.cancelled = exc
                 return Result(node.rank, 1, "", "", None)
-            r = self.group.follow(node, lambda off: follow_command(jdir, off), self.sink,
-                                  self.env.ui.warn)
+            r = self.group.follow(node, lambda off: follow_command(jdir, off, node.python_bin),
+                                  self.sink, self.env.ui.warn)
         self._on_done(r)
         return r
 

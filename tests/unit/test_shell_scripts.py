@@ -109,3 +109,26 @@ def test_ctjob_run_starts_once_and_a_repeat_follows_from_its_offset(tmp_path: Pa
     again = _held(["bash", str(CTJOB), str(jd), "--run", "2"], stdin)
     assert (again.returncode, again.stdout) == (4, b"b\n"), again.stderr
     assert (tmp_path / "starts").read_text() == "start\n"
+
+
+def test_ctjob_follows_with_tail_where_the_node_has_no_python(tmp_path: Path) -> None:
+    """A node without Python (nor CT_PYTHON_BIN) still gets its job started and followed."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("bash", "cat", "tail", "sleep", "seq", "setsid", "mkdir", "chmod", "dirname",
+                 "ls", "head", "rm", "mv", "kill"):
+        found = shutil.which(tool)
+        if found:
+            (bin_dir / tool).symlink_to(found)
+    body = b"echo hi\nexit 6\n"
+    args = ["bash", str(CTJOB), str(tmp_path / "jobs" / "j"), "--run", "0"]
+    p = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, env={"PATH": str(bin_dir)})
+    assert p.stdin is not None and p.stdout is not None
+    p.stdin.write(str(len(body)).encode() + b"\n" + body)
+    p.stdin.flush()
+    try:
+        assert (p.wait(timeout=20), p.stdout.read()) == (6, b"hi\n")
+    finally:
+        if p.poll() is None:
+            p.kill()
