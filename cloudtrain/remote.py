@@ -169,12 +169,13 @@ class Group:
         return out
 
     def follow(self, node: NodeRow, command: Callable[[int], str], on_line: LineSink,
-               on_note: Callable[[str], None] | None = None) -> Result:
+               on_note: Callable[[str], None] | None = None, stdin: bytes | None = None) -> Result:
         """Follow a job that runs detached on ``node``: ``command(offset)`` streams its log
         from that byte and exits with the job's exit code. A dropped connection is
         reconnected (with backoff, until the node has been silent for node_timeout()) and the
         stream resumes at the byte it stopped at, so no line is lost or repeated. Only the
-        job's own exit ends it; a node that does not come back ends it with NodeLost."""
+        job's own exit ends it; a node that does not come back ends it with NodeLost.
+        ``stdin``: bytes sent first on every attempt (stdin is then held open as always)."""
         limit = node_timeout()
         lines = LineBuffer(node.rank, on_line)
         tail = Tail(TAIL_BYTES)
@@ -201,7 +202,7 @@ class Group:
                     raise ChannelLost("the SSH connection was closed", 0.0)
                 err.buf.clear()
                 code, why = conn.exchange(command(offset), on_data=data, on_err=err.add,
-                                          hold_stdin=True, stop=self.stop, limit=limit)
+                                          stdin=stdin, hold_stdin=True, stop=self.stop, limit=limit)
                 if why:
                     return done(None, RemoteError(why))
                 if code in (254, 255) and b"::ctjob " in err.buf:
@@ -243,13 +244,15 @@ class Group:
 
     def follow_all(self, command: Callable[[NodeRow, int], str], on_line: LineSink,
                    ranks: Iterable[int], on_done: Callable[[Result], None] | None = None,
-                   on_note: Callable[[str], None] | None = None) -> GroupResult:
-        """:meth:`follow` on every node of ``ranks`` at once."""
+                   on_note: Callable[[str], None] | None = None,
+                   stdin: Callable[[NodeRow], bytes] | None = None) -> GroupResult:
+        """:meth:`follow` on every node of ``ranks`` at once (``stdin``: each node's bytes)."""
         wanted = set(ranks)
 
         def one(node: NodeRow) -> Result:
             try:
-                return self.follow(node, lambda off: command(node, off), on_line, on_note)
+                return self.follow(node, lambda off: command(node, off), on_line, on_note,
+                                   stdin=None if stdin is None else stdin(node))
             except BaseException as exc:  # noqa: BLE001 - every node's outcome is kept
                 return Result(node.rank, None, error=exc)
 

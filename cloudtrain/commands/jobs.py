@@ -135,7 +135,6 @@ def parse_env(pairs: tuple[str, ...]) -> dict[str, str]:
 def exec_(cluster_name: str, command: tuple[str, ...], node: int | None) -> None:
     """Run COMMAND on the cluster's nodes (after '--'), with the job environment."""
     from cloudtrain.cluster import connect, get_handle
-    from cloudtrain.pipeline import guard as node_guard
     from cloudtrain.pipeline import run
     from cloudtrain.pipeline.signals import stop_signals_as_interrupt
 
@@ -146,7 +145,6 @@ def exec_(cluster_name: str, command: tuple[str, ...], node: int | None) -> None
     ranks = node_ranks(handle, node)
     group = connect(env, handle, timeout=30)
     try:
-        node_guard.touch(env, handle, group)
         code, failed = run.run_command(env, handle, group, " ".join(command), ranks)
     finally:
         group.close()

@@ -3,6 +3,9 @@ busy cluster waits its turn here, and the node starts it when the job before it 
 with no CLI connected (docs/queue.md).
 
     python3 queue.py submit ROOT JOB_ID SUBMITTER SUBMITTED_AT TASK   (job script on stdin)
+    python3 queue.py run ROOT JOB_ID SUBMITTER SUBMITTED_AT TASK OFFSET
+                                           submit once and follow the job in the same session
+                                           (stdin: "LENGTH\n", the script, then held open)
     python3 queue.py wait ROOT JOB_ID      the waiter (started by submit; in its own session)
     python3 queue.py list ROOT             every record, oldest first (one JSON list)
     python3 queue.py cancel ROOT JOB_ID    a queued job removed; a running one marked (the CLI
@@ -159,28 +162,95 @@ def start(root: str, rec: dict) -> int:
     return proc.pid
 
 
-def submit(root: str, job_id: str, submitter: str, submitted_at: float, task: str) -> int:
+def submit(root: str, job_id: str, submitter: str, submitted_at: float, task: str,
+           script: bytes) -> str:
+    """Queue the job (its script) and start it when nothing is ahead of it: "::started PID"
+    or "::queued POSITION FIRST_AHEAD". Called with the queue locked."""
     q = qdir(root)
+    path = os.path.join(q, job_id + ".sh")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(script)
+    rec = {"id": job_id, "submitter": submitter, "submitted_at": submitted_at, "task": task,
+           "state": "queued", "started_at": None, "ended_at": None, "exit_code": None}
+    write_json(os.path.join(q, job_id + ".json"), rec)
+    prune(root)
+    before = ahead(root, job_id)
+    if not before and not stopped(root):
+        return f"::started {start(root, rec)}"
+    with open(os.path.join(q, job_id + ".waiter.log"), "ab") as log:
+        waiter = subprocess.Popen([sys.executable, os.path.abspath(__file__), "wait", root,
+                                   job_id], stdin=subprocess.DEVNULL, stdout=log,
+                                  stderr=subprocess.STDOUT, start_new_session=True)
+    write_json(os.path.join(q, job_id + ".json"), dict(rec, waiter=waiter.pid))
+    return f"::queued {len(before)} {before[0]['id']}"
+
+
+def read_framed() -> bytes:
+    """stdin: "LENGTH\n" then LENGTH bytes, read exactly (stdin stays open after them)."""
+    head = b""
+    while not head.endswith(b"\n"):
+        c = os.read(0, 1)
+        if not c:
+            break
+        head += c
+    if not head.strip().isdigit():
+        raise ValueError("no script length on stdin")
+    left, out = int(head), []
+    while left > 0:
+        chunk = os.read(0, min(left, 65536))
+        if not chunk:
+            raise ValueError("stdin ended inside the script")
+        out.append(chunk)
+        left -= len(chunk)
+    return b"".join(out)
+
+
+def run(root: str, job_id: str, submitter: str, submitted_at: float, task: str,
+        offset: str) -> int:
+    """Submit once and follow, in one session (the launch's): the framed script on stdin,
+    then stdin held open as the follower's EOF watch. A repeat of the same command (a
+    reconnect) submits nothing: it follows from ``offset``. A job that waits its turn says
+    "::ctjob queued POSITION FIRST_AHEAD" on stderr and exits 253 (the CLI waits, then
+    follows); stdout carries only the job's node.log."""
+    try:
+        script = read_framed()
+    except ValueError as exc:
+        print(f"::ctjob bad-input: {exc}", file=sys.stderr)
+        return 2
     with Locked(root):
-        path = os.path.join(q, job_id + ".sh")
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(sys.stdin.buffer.read())
-        rec = {"id": job_id, "submitter": submitter, "submitted_at": submitted_at, "task": task,
-               "state": "queued", "started_at": None, "ended_at": None, "exit_code": None}
-        write_json(os.path.join(q, job_id + ".json"), rec)
-        prune(root)
-        before = ahead(root, job_id)
-        if not before and not stopped(root):
-            print(f"::started {start(root, rec)}")
-            return 0
-        with open(os.path.join(q, job_id + ".waiter.log"), "ab") as log:
-            waiter = subprocess.Popen([sys.executable, os.path.abspath(__file__), "wait", root,
-                                       job_id], stdin=subprocess.DEVNULL, stdout=log,
-                                      stderr=subprocess.STDOUT, start_new_session=True)
-        write_json(os.path.join(q, job_id + ".json"), dict(rec, waiter=waiter.pid))
-        print(f"::queued {len(before)} {before[0]['id']}")
-    return 0
+        rec = read_json(os.path.join(qdir(root), job_id + ".json"))
+        if rec is None:
+            said = submit(root, job_id, submitter, submitted_at, task, script)
+            state = "running" if said.startswith("::started") else "queued"
+        else:
+            state = rec.get("state")
+            before = ahead(root, job_id) if state == "queued" else []
+            said = f"::queued {len(before)} {before[0]['id'] if before else '-'}"
+    if state == "queued":
+        print(said.replace("::", "::ctjob ", 1), file=sys.stderr)
+        return 253
+    if state == "cancelled" and not os.path.exists(os.path.join(root, "jobs", job_id, "pid")):
+        print(f"::ctjob no-job: job {job_id} was cancelled before it started", file=sys.stderr)
+        return 254
+    follow(os.path.join(root, "jobs", job_id), offset)
+    return 255
+
+
+def follow(jdir: str, offset: str) -> None:
+    """ctjob.sh --follow, in this process: the follower's code is the one in ctjob.sh beside
+    this file (one copy of it; no second interpreter to start). Exits with its code."""
+    ctjob = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ctjob.sh")
+    sys.stderr.flush()
+    try:
+        with open(ctjob) as f:
+            code = f.read().split("\nfollower='\n", 1)[1].split("\n'\n", 1)[0]
+        compiled = compile(code, ctjob + " (follower)", "exec")
+    except (OSError, IndexError, SyntaxError):
+        os.execvp("bash", ["bash", ctjob, jdir, "--follow", offset])
+    sys.argv = [ctjob, jdir, offset, "0"]
+    exec(compiled, {"__name__": "ctjob_follower"})
+    sys.exit(255)
 
 
 def prune(root: str) -> None:
@@ -243,7 +313,12 @@ def main(argv: list[str]) -> int:
     cmd, args = (argv[1], argv[2:]) if len(argv) > 2 else ("", [])
     args = [os.path.abspath(os.path.expanduser(args[0]))] + args[1:] if args else args
     if cmd == "submit" and len(args) == 5:
-        return submit(args[0], args[1], args[2], float(args[3]), args[4])
+        with Locked(args[0]):
+            print(submit(args[0], args[1], args[2], float(args[3]), args[4],
+                         sys.stdin.buffer.read()))
+        return 0
+    if cmd == "run" and len(args) == 6:
+        return run(args[0], args[1], args[2], float(args[3]), args[4], args[5])
     if cmd == "wait" and len(args) == 2:
         return wait(args[0], args[1])
     if cmd == "cancel" and len(args) == 2:

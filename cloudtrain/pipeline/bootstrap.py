@@ -34,8 +34,10 @@ def _bundle() -> tuple[str, bytes]:
     root = bootstrap_dir()
     files = [(p.relative_to(root).as_posix(), p)
              for p in sorted(root.rglob("*")) if p.is_file() and "__pycache__" not in p.parts]
-    # The node's storage agent travels with the scripts: store.py next to ctjob.sh.
-    files.append(("store.py", Path(__file__).resolve().parent.parent / "node" / "store.py"))
+    # The node's storage agent and job queue travel with the scripts: store.py and queue.py
+    # next to ctjob.sh (a launch runs them from script_dir(node); none travels per command).
+    node = Path(__file__).resolve().parent.parent / "node"
+    files += [("store.py", node / "store.py"), ("queue.py", node / "queue.py")]
     h = hashlib.sha256()
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=6) as tar:

@@ -11,7 +11,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterable
 
 from cloudtrain import paths
 from cloudtrain.cluster import Handle, cluster_uid
@@ -20,7 +20,7 @@ from cloudtrain.errors import CloudtrainError
 from cloudtrain.pipeline import bootstrap
 from cloudtrain.pipeline.lastseen import RULES, describe, idle_words, policy_file, saved
 from cloudtrain.provider.contract import Node, SelfStops
-from cloudtrain.remote import Group
+from cloudtrain.remote import Group, Result
 from cloudtrain.spec import Task
 from cloudtrain.state import NodeRow
 
@@ -86,7 +86,9 @@ def node_policy(handle: Handle, pol: dict[str, Any], n: NodeRow) -> str:
     return json.dumps(dict(pol, rank=n.rank, self_stop=stop))
 
 
-def _command(env: Env, handle: Handle, mode: str, pol: dict[str, Any] | None):  # type: ignore[no-untyped-def]
+def command(env: Env, handle: Handle, mode: str, pol: dict[str, Any] | None):  # type: ignore[no-untyped-def]
+    """ctguard.sh MODE on a node, as a command (it travels inline); in the modes that take it,
+    guard.py comes on stdin (guard_source())."""
     python = bootstrap.provider_node_env(handle).get("CLOUDTRAIN_PYTHON", "python3")
     uid = cluster_uid(env, handle.name)
 
@@ -103,18 +105,30 @@ def _command(env: Env, handle: Handle, mode: str, pol: dict[str, Any] | None):  
     return cmd
 
 
+_command = command
+
+
 def push(env: Env, handle: Handle, group: Group, mode: str,
-         pol: dict[str, Any] | None = None) -> dict[int, str]:
+         pol: dict[str, Any] | None = None, *, then: Callable[[NodeRow], str] | None = None,
+         raw: dict[int, Result] | None = None, ranks: Iterable[int] | None = None
+         ) -> dict[int, str]:
     """Run ctguard.sh MODE on every node (guard.py on stdin); save ``pol`` locally. Returns
-    what each node said ("::guard process|systemd|stopped") or the error."""
+    what each node said ("::guard process|systemd|stopped") or the error. ``then``: a command
+    run after it in the same session (one round trip for both), whose result (the whole
+    session's) goes into ``raw``."""
     src = guard_source()
-    res = group.run(_command(env, handle, mode, pol), stdin=lambda n: src, timeout=60)
+    cmd = command(env, handle, mode, pol)
+    run = cmd if then is None else (lambda n: f"{cmd(n)}; {then(n)}")
+    res = group.run(run, stdin=lambda n: src, timeout=60, ranks=ranks)
     if pol is not None:
         save(env, handle.name, pol)
+    if raw is not None:
+        raw.update(res)
     out = {}
     for rank, r in res.items():
         said = [ln for ln in r.stdout.splitlines() if ln.startswith("::guard")]
-        out[rank] = said[-1][2:] if r.ok and said else f"failed: {(r.stderr or r.stdout).strip()[-300:]}"
+        ok = r.error is None and (r.ok or then is not None)
+        out[rank] = said[-1][2:] if ok and said else f"failed: {(r.stderr or r.stdout).strip()[-300:]}"
     return out
 
 
@@ -136,22 +150,25 @@ def self_stop_note(handle: Handle) -> str:
 
 
 def update(env: Env, handle: Handle, group: Group, task: Task | None = None, *,
-           mode: str = "policy", **changes: Any) -> dict[str, Any]:
+           mode: str = "policy", then: Callable[[NodeRow], str] | None = None,
+           raw: dict[int, Result] | None = None, **changes: Any) -> dict[str, Any]:
     """A CLI contact that changes the policy (launch, autostop): write it on every node, renew
-    the lease, restart a guard that is gone (``mode`` "install": also clear an old stop)."""
+    the lease, restart a guard that is gone (``mode`` "install": also clear an old stop).
+    ``then``/``raw``: another command in the same round trip, and its results (see push)."""
     pol = desired(env, handle, task, **changes)
-    said = push(env, handle, group, mode, pol)
+    said = push(env, handle, group, mode, pol, then=then, raw=raw)
     for rank, s in said.items():
         if s.startswith("failed"):
             env.ui.warn(f"node guard on node {rank}: {s}")
     return pol
 
 
-def touch(env: Env, handle: Handle, group: Group) -> None:
-    """A CLI contact (exec, logs, status --refresh): renew the lease, restart a dead guard.
-    Never fails the command it is part of."""
+def touch(env: Env, handle: Handle, group: Group, ranks: Iterable[int] | None = None) -> None:
+    """A CLI contact (logs, status --refresh; exec folds its own into the job's session):
+    renew the lease, restart a dead guard, on every node (or ``ranks``). Never fails the
+    command it is part of."""
     try:
-        push(env, handle, group, "touch")
+        push(env, handle, group, "touch", ranks=ranks)
     except CloudtrainError as exc:
         env.ui.warn(f"could not renew the node guard's lease: {exc}")
 

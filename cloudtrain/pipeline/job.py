@@ -17,7 +17,7 @@ from cloudtrain.pipeline.provision import opened, roll_back
 from cloudtrain.pipeline.signals import Shielded
 from cloudtrain.pipeline.teardown import down_shielded
 from cloudtrain.provider.contract import Plan
-from cloudtrain.remote import Group
+from cloudtrain.remote import Group, GroupResult, Result
 from cloudtrain.spec import Task
 
 
@@ -93,15 +93,16 @@ def launch(env: Env, task: Task, name: str, plan: Plan, *, down_after: bool, det
     try:
         try:
             with opened(env, task, name, planned=plan) as (handle, group, fresh):
+                prep: dict[int, run.NodeFacts] = {}
                 job_id = on_nodes(env, handle, group, task, down_after=down_after,
-                                  detach=detach, limit=limit)
+                                  detach=detach, limit=limit, facts=prep)
                 if fresh:
                     bootstrap_or_roll_back(env, handle, group, task, name)
                 watch = None if limit is None or detach else budget.Watch(
                     env.state, name, limit.max_cost_usd, env.ui)
                 outcome = run.run_task(env, handle, group, task, detach=detach,
                                        overrides=overrides, guard=watch, job_id=job_id,
-                                       now=now)
+                                       now=now, prep=None if fresh else prep)
                 started = True
                 if outcome.exit_code != 0 and handle.row.use_spot:
                     interrupted = interruptions(handle, name)
@@ -126,18 +127,25 @@ def launch(env: Env, task: Task, name: str, plan: Plan, *, down_after: bool, det
     return outcome
 
 
-def on_nodes(env: Env, handle: Handle, group: Group, task: Task, *,
-             down_after: bool, detach: bool, limit: budget.Budget | None) -> str:
+def on_nodes(env: Env, handle: Handle, group: Group, task: Task, *, down_after: bool,
+             detach: bool, limit: budget.Budget | None,
+             facts: dict[int, run.NodeFacts] | None = None) -> str:
     """The launch's rules on the node guards (job-end stop for --down, the budget), before the
-    job starts: they hold when this CLI is gone. Returns the job's id."""
+    job starts: they hold when this CLI is gone. With ``facts`` (filled in), the same round
+    trip asks each node what run_task needs to know (bootstrapped? synced? set up?). Returns
+    the job's id."""
     from cloudtrain.pipeline.remote_job import new_job_id
 
     job_id = new_job_id()
     job_end, over = (0.0, 0.0) if detach else attached_grace()
+    raw: dict[int, Result] = {}
     guard.update(env, handle, group, task, mode="install",
                  down_on_end=[job_id] if down_after else [],
                  max_cost_usd=None if limit is None else limit.max_cost_usd,
-                 job_end_grace_s=job_end, budget_grace_s=over)
+                 job_end_grace_s=job_end, budget_grace_s=over,
+                 then=None if facts is None else run.prep_command(handle, task), raw=raw)
+    if facts is not None:
+        facts.update(run.prep_facts(GroupResult(sorted(raw.items()))))
     return job_id
 
 

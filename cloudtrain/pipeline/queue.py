@@ -1,5 +1,7 @@
 """The job queue from the CLI's side (docs/queue.md): a launch's job is submitted to the
-queue of every node (cloudtrain/node/queue.py, shipped inline with each command); it starts
+queue of every node (cloudtrain/node/queue.py: part of the bootstrap bundle for the launch's
+own commands, shipped inline by the others, which may meet a node bootstrapped by an older
+version); it starts
 at once on an idle cluster, else it waits there and the nodes start it when the job before it
 ends (with -d, with no CLI connected). ``queue`` lists the head's records; ``cancel`` removes
 a queued job or stops a running one through the usual stop path (stop_grace)."""
@@ -11,6 +13,7 @@ import getpass
 import json
 import shlex
 import socket
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -21,7 +24,7 @@ from cloudtrain.errors import JobFailed, RemoteError, UserError
 from cloudtrain.pipeline import bootstrap
 from cloudtrain.pipeline.remote_job import job_dir
 from cloudtrain.pipeline.teardown import stop_processes
-from cloudtrain.remote import Group, GroupResult, bash
+from cloudtrain.remote import Group, GroupResult, Result, bash
 from cloudtrain.state import NodeRow
 
 WAIT_POLL_S = 1.0
@@ -32,21 +35,29 @@ def _source() -> str:
                             .read_bytes()).decode()
 
 
-def node_command(handle: Handle, node: NodeRow, cmd: str, *args: str, marker: str = "") -> str:
-    """``queue.py CMD ROOT ARGS`` on ``node``: the file travels in the command (written there
-    when it changed), run by the node's Python (the one the guard uses). ``marker``: the
-    cluster's id, which the waiter carries so that 'down' stops it with the cluster."""
+def node_command(handle: Handle, node: NodeRow, cmd: str, *args: str, marker: str = "",
+                 bundled: bool = False) -> str:
+    """``queue.py CMD ROOT ARGS`` on ``node``, run by the node's Python (the one the guard
+    uses). ``bundled``: the copy the bootstrap bundle put in script_dir(node) (a launch, once
+    its nodes are bootstrapped with this version); otherwise the file travels in the command
+    (written to ROOT/.cloudtrain/queue when it changed). ``marker``: the cluster's id, which
+    the waiter carries so that 'down' stops it with the cluster."""
     python = bootstrap.provider_node_env(handle).get("CLOUDTRAIN_PYTHON", "python3")
     rest = " ".join(shlex.quote(a) for a in args)
     mark = f"export CLOUDTRAIN_CLUSTER_ID={shlex.quote(marker)}; " if marker else ""
+    if bundled:
+        where = f"q={shlex.quote(bootstrap.script_dir(node) + '/queue.py')}; "
+    else:
+        where = (
+            "d=$r/.cloudtrain/queue; mkdir -p \"$d\" && chmod 700 \"$d\" || exit 1; "
+            f"echo {_source()} | base64 -d > \"$d/queue.py.$$\" || exit 1; "
+            "if cmp -s \"$d/queue.py.$$\" \"$d/queue.py\"; then rm -f \"$d/queue.py.$$\"; "
+            "else mv \"$d/queue.py.$$\" \"$d/queue.py\" || exit 1; fi; q=$d/queue.py; ")
     return bash(
         mark + f"r={shlex.quote(node.root_dir)}; case $r in /*) ;; *) r=$HOME/$r ;; esac; "
-        "d=$r/.cloudtrain/queue; mkdir -p \"$d\" && chmod 700 \"$d\" || exit 1; "
-        f"echo {_source()} | base64 -d > \"$d/queue.py.$$\" || exit 1; "
-        "if cmp -s \"$d/queue.py.$$\" \"$d/queue.py\"; then rm -f \"$d/queue.py.$$\"; "
-        "else mv \"$d/queue.py.$$\" \"$d/queue.py\" || exit 1; fi; "
+        + where +
         f"py={shlex.quote(python)}; [ -x \"$py\" ] || py=$(command -v \"$py\" || command -v python3); "
-        f"exec \"$py\" \"$d/queue.py\" {shlex.quote(cmd)} \"$r\" {rest}")
+        f"exec \"$py\" \"$q\" {shlex.quote(cmd)} \"$r\" {rest}")
 
 
 def submitter() -> str:
@@ -119,10 +130,30 @@ class Turn:
         self.at = f"{time.time():.6f}"
         self.who = submitter()
         self.queued = False   # set by wait(): some node queued the job behind another
+        self._turn_said = False
+        self._lock = threading.Lock()
 
     def command(self, node: NodeRow) -> str:
+        """Submit (``-d``): "::started PID" or "::queued POSITION FIRST_AHEAD"."""
         return node_command(self.handle, node, "submit", self.job_id, self.who, self.at,
-                            self.task, marker=cluster_uid(self.env, self.handle.name))
+                            self.task, marker=cluster_uid(self.env, self.handle.name),
+                            bundled=True)
+
+    def run_command(self, node: NodeRow, offset: int) -> str:
+        """Submit once and follow, in one session (the framed script on stdin): exits with
+        the job's code, or 253 with "::ctjob queued POSITION FIRST_AHEAD" when it waits."""
+        return node_command(self.handle, node, "run", self.job_id, self.who, self.at,
+                            self.task, str(offset), marker=cluster_uid(self.env, self.handle.name),
+                            bundled=True)
+
+    def _say_queued(self, words: list[str], detach: bool) -> None:
+        with self._lock:
+            if self.queued:
+                return
+            self.queued = True
+        pos, before = (words + ["?", "?"])[:2]
+        self.env.ui.info(f"Job {self.job_id} queued behind job {before} (position {pos}): "
+                         + ("the nodes start it when its turn comes." if detach else "waiting..."))
 
     def wait(self, res: GroupResult, detach: bool) -> None:
         # Each node says "::started PID" or "::queued POSITION FIRST_AHEAD"; the head's word
@@ -131,10 +162,7 @@ class Turn:
                 for ln in x.stdout.splitlines() if ln.startswith("::queued ") and x.ok}
         if not said:
             return
-        self.queued = True
-        _, pos, before = said[min(said)][:3]
-        self.env.ui.info(f"Job {self.job_id} queued behind job {before} (position {pos}): "
-                         + ("the nodes start it when its turn comes." if detach else "waiting..."))
+        self._say_queued(said[min(said)][1:3], detach)
         if detach:
             return
         ranks = [r for r, x in res.items() if x.ok]
@@ -149,6 +177,31 @@ class Turn:
                                 f"See 'cloudtrain queue {self.handle.name}'.")
             if "queued" not in states.values():
                 self.env.ui.info(f"Job {self.job_id}: its turn came, it runs now")
+                return
+            time.sleep(WAIT_POLL_S)
+
+    def queued_on(self, res: Result) -> bool:
+        """Did the run command say the job waits its turn on this node (exit 253)?"""
+        return res.exit_code == 253 and "::ctjob queued" in res.stderr
+
+    def wait_node(self, res: Result) -> None:
+        """A node whose part waits its turn (run_command exited 253): say so (once), then
+        wait until that node has started it. Raises JobFailed when it was cancelled first."""
+        words = next((ln.split()[2:] for ln in res.stderr.splitlines()
+                      if ln.startswith("::ctjob queued ")), [])
+        self._say_queued(words, False)
+        while not self.group.stop.is_set():
+            mine = [x for x in records(self.handle, self.group, res.rank) if x["id"] == self.job_id]
+            state = mine[0].get("state") if mine else "unknown"
+            if state in ("cancelled", "unknown"):
+                self.env.state.finish_launch(self.job_id, "CANCELLED", None, None)
+                raise JobFailed(1, None, f"Job {self.job_id} was cancelled before it started.",
+                                f"See 'cloudtrain queue {self.handle.name}'.")
+            if state != "queued":
+                with self._lock:
+                    first, self._turn_said = not self._turn_said, True
+                if first:
+                    self.env.ui.info(f"Job {self.job_id}: its turn came, it runs now")
                 return
             time.sleep(WAIT_POLL_S)
 

@@ -74,16 +74,40 @@ def start_command(jdir: str, detach: bool) -> str:
     return bootstrap.inline("ctjob.sh", jdir, *(["--detach"] if detach else []))
 
 
-def follow_command(jdir: str, offset: int) -> str:
+def _py(python_bin: str | None) -> str:
+    """Where the follower finds a Python first (the one bootstrap found on the node)."""
+    return f"CT_PYTHON_BIN={shlex.quote(python_bin)} " if python_bin else ""
+
+
+def follow_command(jdir: str, offset: int, python_bin: str | None = None) -> str:
     """Stream a started job's node.log from byte ``offset``; exits with the job's exit code."""
-    return bootstrap.inline("ctjob.sh", jdir, "--follow", str(offset))
+    return _py(python_bin) + bootstrap.inline("ctjob.sh", jdir, "--follow", str(offset))
+
+
+def run_command(jdir: str, offset: int, python_bin: str | None = None) -> str:
+    """Start the job (once) and follow it from ``offset`` in one session: see framed()."""
+    return _py(python_bin) + bootstrap.inline("ctjob.sh", jdir, "--run", str(offset))
+
+
+def framed(script: str) -> bytes:
+    """The job script as ``--run`` reads it on stdin: its length, a newline, the script."""
+    data = script.encode()
+    return str(len(data)).encode() + b"\n" + data
+
+
+# A command run before the job's in the same session, and the bytes it reads on stdin (the
+# node guard's lease renewal on exec): (command, stdin).
+Before = Callable[[NodeRow], "tuple[str, bytes]"]
 
 
 class Turn(Protocol):
     """A job's turn in the cluster's queue (implemented by cloudtrain/pipeline/queue.py)."""
 
     def command(self, node: NodeRow) -> str: ...
+    def run_command(self, node: NodeRow, offset: int) -> str: ...
     def wait(self, res: dict[int, Result], detach: bool) -> None: ...
+    def queued_on(self, res: Result) -> bool: ...
+    def wait_node(self, res: Result) -> None: ...
     def withdraw(self) -> None: ...
 
 
@@ -93,8 +117,10 @@ class RemoteJob:
     def __init__(self, env: Env, handle: Handle, group: Group, job_id: str,
                  scripts: dict[int, str], sink: Callable[[int, str], None],
                  ranks: list[int], stop_on_failure: bool = True,
-                 grace: float = STOP_GRACE, turn: Turn | None = None) -> None:
+                 grace: float = STOP_GRACE, turn: Turn | None = None,
+                 before: Before | None = None) -> None:
         self.env, self.handle, self.group = env, handle, group
+        self.before = before  # run first, in the same session as the job's start
         self.turn = turn    # the job's turn in the cluster's queue (pipeline/queue.py)
         self.grace = grace
         self.stop_on_failure = stop_on_failure
@@ -108,6 +134,7 @@ class RemoteJob:
         self._stopper: threading.Thread | None = None
         self.lock = threading.Lock()
         self._last_stop = 0.0
+        self.cancelled: BaseException | None = None   # a queued part cancelled before its turn
 
     def _jdirs(self) -> dict[int, str]:
         return {n.rank: job_dir(n, self.job_id) for n in self.handle.nodes}
@@ -152,24 +179,20 @@ class RemoteJob:
             t.start()
 
     def run(self, detach: bool = False) -> dict[int, Result]:
-        """Start the job detached on every node, then (unless ``detach``) follow each node's
-        log until the job ends there: a dropped connection is resumed, not an exit."""
+        """Start the job on every node, detached (it outlives the connection); unless
+        ``detach``, start and follow each node's log in one session per node until the job
+        ends there: a dropped connection is resumed, not an exit (nor a second start)."""
         jdirs = self._jdirs()
         try:
-            res = self.group.run(self.turn.command if self.turn else
-                                 lambda n: start_command(jdirs[n.rank], True),
-                                 stdin=lambda n: self.scripts[n.rank].encode(),
-                                 combine=True, ranks=self.ranks)
-            if self.turn is not None:
-                self.turn.wait(res, detach)
-            if not detach:
-                started = [r for r in self.ranks if res[r].ok]
-                for r in self.ranks:
-                    if not res[r].ok:
-                        self._on_done(res[r])
-                res.update(self.group.follow_all(lambda n, off: follow_command(jdirs[n.rank], off),
-                                                 self.sink, started, on_done=self._on_done,
-                                                 on_note=self.env.ui.warn))
+            if detach:
+                res = self.group.run(self.turn.command if self.turn else
+                                     lambda n: start_command(jdirs[n.rank], True),
+                                     stdin=lambda n: self.scripts[n.rank].encode(),
+                                     combine=True, ranks=self.ranks)
+                if self.turn is not None:
+                    self.turn.wait(res, detach)
+            else:
+                res = self._each(lambda n: self._start_and_follow(n, jdirs[n.rank]))
         except KeyboardInterrupt:
             self.env.ui.warn("Interrupted: stopping the job on every node...")
             try:
@@ -181,7 +204,59 @@ class RemoteJob:
             raise Interrupted("Interrupted; the job was stopped on every node.") from None
         if self._stopper is not None:
             self._stopper.join()
+        if self.cancelled is not None:
+            raise self.cancelled
         return res
+
+    def _start_and_follow(self, node: NodeRow, jdir: str) -> Result:
+        """One session: (``before``), the start (through the queue with a turn), the follow."""
+        stdin = framed(self.scripts[node.rank])
+        turn = self.turn
+        if turn is not None:
+            def command(off: int) -> str:
+                return turn.run_command(node, off)
+        elif self.before is not None:
+            first, data = self.before(node)
+            stdin = data + stdin
+            command = lambda off: bash(  # noqa: E731
+                f"head -c {len(data)} | {{ {first} >&2; cat > /dev/null; }}; "
+                + run_command(jdir, off, node.python_bin))
+        else:
+            command = lambda off: run_command(jdir, off, node.python_bin)  # noqa: E731
+        r = self.group.follow(node, command, self.sink, self.env.ui.warn, stdin=stdin)
+        if turn is not None and turn.queued_on(r):
+            try:
+                turn.wait_node(r)   # its turn comes on the node (no CLI needed for that)
+            except Exception as exc:  # noqa: BLE001 - raised by run() once every node is done
+                self.cancelled = exc
+                return Result(node.rank, 1, "", "", None)
+            r = self.group.follow(node, lambda off: follow_command(jdir, off, node.python_bin),
+                                  self.sink, self.env.ui.warn)
+        self._on_done(r)
+        return r
+
+    def _each(self, one: Callable[[NodeRow], Result]) -> dict[int, Result]:
+        """``one`` on every node of ``self.ranks`` at once, in daemon threads (Ctrl-C ends the
+        wait at once); the results in rank order."""
+        nodes = [n for n in self.handle.nodes if n.rank in set(self.ranks)]
+        got: dict[int, Result] = {}
+        all_in = threading.Event()
+
+        def go(node: NodeRow) -> None:
+            try:
+                r = one(node)
+            except BaseException as exc:  # noqa: BLE001 - every node's outcome is kept
+                r = Result(node.rank, None, error=exc)
+            with self.lock:
+                got[node.rank] = r
+                if len(got) == len(nodes):
+                    all_in.set()
+
+        for n in nodes:
+            threading.Thread(target=go, args=(n,), daemon=True, name=f"ct-job-{n.rank}").start()
+        while nodes and not all_in.wait(0.1):
+            pass
+        return {r: got[r] for r in sorted(got)}
 
     def lost(self) -> NodeLost | None:
         """The lost-node error of the node that failed first, when it was lost (not exited)."""

@@ -20,7 +20,7 @@ from cloudtrain.pipeline import bootstrap, queue, storage, sync, torchrun
 from cloudtrain.pipeline.bootstrap import bootstrap_env, run_bootstrap
 from cloudtrain.pipeline.remote_job import (LogSink, RemoteJob, job_dir, new_job_id,
                                             read_worker_failures)
-from cloudtrain.remote import Group, Result, bash
+from cloudtrain.remote import Group, GroupResult, Result, bash
 from cloudtrain.spec import Task
 from cloudtrain.state import NodeRow
 
@@ -109,10 +109,12 @@ class NodeFacts:
     setup_hash: str
 
 
-def _prep(group: Group, plan_mounts: list[str],
-          boot_env: Callable[[NodeRow], dict[str, str]]) -> dict[int, NodeFacts]:
-    """One round trip per node: is it bootstrapped with these scripts, and what was last
-    synced and set up there."""
+def prep_command(handle: Handle, task: Task) -> Callable[[NodeRow], str]:
+    """The prep's command on each node: is it bootstrapped with these scripts, and what was
+    last synced and set up there (folded into the launch's node-guard round trip)."""
+    boot_env = bootstrap_env(handle, task.bootstrap)
+    plan_mounts = list(task.file_mounts)
+
     def cmd(n: NodeRow) -> str:
         root = shlex.quote(n.root_dir)
         stamp = shlex.quote(bootstrap.stamp_path(n, boot_env(n)))
@@ -121,10 +123,16 @@ def _prep(group: Group, plan_mounts: list[str],
                     f"if [ -f {stamp} ]; then echo boot=yes; fi; "
                     f"echo \"sync=$(cat {root}/.sync-fp 2>/dev/null)\"; "
                     f"echo \"setup=$(cat {root}/.setup-hash 2>/dev/null)\"")
-    res = group.run(cmd).raise_on_failure("Preparing the nodes")
+    return cmd
+
+
+def prep_facts(res: GroupResult) -> dict[int, NodeFacts]:
+    """What prep_command's output says, per node (raises when a node failed it)."""
+    res.raise_on_failure("Preparing the nodes")
     out = {}
     for rank, r in res.items():
-        kv = dict(line.split("=", 1) for line in r.stdout.splitlines() if "=" in line)
+        kv = dict(line.split("=", 1) for line in r.stdout.splitlines()
+                  if line.split("=", 1)[0] in ("boot", "sync", "setup"))
         out[rank] = NodeFacts(kv.get("boot") == "yes", kv.get("sync", ""), kv.get("setup", ""))
     return out
 
@@ -157,21 +165,23 @@ def sync_plan(task: Task) -> sync.SyncPlan:
 
 def run_task(env: Env, handle: Handle, group: Group, task: Task, *, detach: bool = False,
              overrides: dict[str, str] | None = None, job_id: str | None = None,
-             guard: Watch | None = None, now: bool = False) -> Outcome:
-    """``guard``: a budget watch that runs from here until the job ends (foreground only). When
+             guard: Watch | None = None, now: bool = False,
+             prep: dict[int, NodeFacts] | None = None) -> Outcome:
+    """``prep``: the nodes' facts when the caller already asked (prep_command, folded into
+    its own round trip). ``guard``: a budget watch that runs from here until the job ends (foreground only). When
     it reaches the budget, the job is stopped on every node, outputs are pulled back, the
     launch is recorded as BUDGET and :class:`~cloudtrain.budget.BudgetExceeded` is raised (the
     caller tears the cluster down)."""
     if guard is None:
         return _run_task(env, handle, group, task, detach=detach, overrides=overrides,
-                         job_id=job_id, guard=None, now=now)
+                         job_id=job_id, guard=None, now=now, prep=prep)
     if detach:
         raise UserError("A budget cannot be watched on a detached launch.",
                         "Run it in the foreground, or launch with --no-budget.")
     guard.start()
     try:
         return _run_task(env, handle, group, task, detach=False, overrides=overrides,
-                         job_id=job_id, guard=guard, now=now)
+                         job_id=job_id, guard=guard, now=now, prep=prep)
     finally:
         guard.stop()
 
@@ -198,7 +208,8 @@ def _budget_spent(env: Env, guard: Watch | None, job_id: str | None) -> None:
 
 def _run_task(env: Env, handle: Handle, group: Group, task: Task, *, detach: bool,
               overrides: dict[str, str] | None, job_id: str | None,
-              guard: Watch | None, now: bool = False) -> Outcome:
+              guard: Watch | None, now: bool = False,
+              prep: dict[int, NodeFacts] | None = None) -> Outcome:
     overrides = overrides or {}
     job_id = job_id or new_job_id()
     # The fingerprint (a local rsync listing, ~50 ms even for a small tree) is taken while the
@@ -207,7 +218,8 @@ def _run_task(env: Env, handle: Handle, group: Group, task: Task, *, detach: boo
     fp_pool = ThreadPoolExecutor(max_workers=1)
     fp_future: Future[str] | None = fp_pool.submit(plan.fingerprint)
     fp_pool.shutdown(wait=False)
-    prep = _prep(group, list(task.file_mounts), bootstrap_env(handle, task.bootstrap))
+    if prep is None:
+        prep = prep_facts(group.run(prep_command(handle, task)))
     if now:
         queue.refuse_if_busy(handle, group)   # launch --now on a busy cluster: exit 2
     if not all(f.bootstrapped and n.python_bin for n, f in zip(handle.nodes, prep.values())):
@@ -386,13 +398,21 @@ def pull_outputs(env: Env, handle: Handle, task: Task) -> list[Path]:
 def run_command(env: Env, handle: Handle, group: Group, command: str,
                 ranks: list[int]) -> tuple[int, int | None]:
     """``cloudtrain exec``: a command on some nodes with the job environment, stopped on every
-    node by Ctrl-C. Returns (exit code, first failing node)."""
+    node by Ctrl-C, in one session per node that also renews the node guard's lease (and
+    restarts a guard that is gone). Returns (exit code, first failing node)."""
+    from cloudtrain.pipeline import guard as node_guard
+
     job_id = "exec-" + new_job_id()
     envs = env.state.job_envs(handle.name)   # the last launch's task envs and --env
     scripts = {n.rank: script(n, job_env(env, handle, n, envs, job_id, {}), command)
                for n in handle.nodes}
     sink = LogSink(env, env.logs_dir(handle.name) / job_id, "", echo=True, raw=len(ranks) == 1)
-    job = RemoteJob(env, handle, group, job_id, scripts, sink, ranks, stop_on_failure=False)
+    others = [n.rank for n in handle.nodes if n.rank not in ranks]
+    if others:   # exec --node: the other nodes' guards hear from the CLI too
+        node_guard.touch(env, handle, group, ranks=others)
+    touch, src = node_guard.command(env, handle, "touch", None), node_guard.guard_source()
+    job = RemoteJob(env, handle, group, job_id, scripts, sink, ranks, stop_on_failure=False,
+                    before=lambda n: (touch(n), src))
     try:
         res = job.run()
     finally:

@@ -271,9 +271,12 @@ run: |
     nodes = str(cli.home / "clusters" / "hup")
 
     def followers() -> list[int]:
-        # the tail, and ctjob.sh itself (it travels inline: its header is in its command line)
+        # ctjob.sh itself (its header is in its command line when it travels inline), its
+        # follower (python: its code, with its protocol words, is in its command line), and
+        # the queue agent that follows a launch's job in-process
         return [p for p in processes_with(nodes)
-                if _comm(p) == "tail" or b"Start one job on this node" in _cmdline(p)]
+                if b"Start one job on this node" in _cmdline(p) or b"::ctjob" in _cmdline(p)
+                or b"queue.py\0run\0" in _cmdline(p)]
 
     assert wait_until(lambda: len(followers()) >= 2, 30), followers()
     proc.send_signal(signal.SIGHUP)

@@ -99,3 +99,65 @@ def test_the_guard_is_standard_library_only() -> None:
     names |= {n.module.split(".")[0] for n in ast.walk(tree)
               if isinstance(n, ast.ImportFrom) and n.module}
     assert names - {"__future__"} <= set(sys.stdlib_module_names), names
+
+
+def test_queue_run_submits_once_follows_and_says_when_a_job_waits(tmp_path: Path) -> None:
+    """node/queue.py run, as the launch's one session per node runs it from the bootstrap
+    bundle (ctjob.sh beside it): the framed script is submitted and followed; the same command
+    again (a reconnect) submits nothing and follows from its offset; a job behind a running one
+    says so (253) and is started by the node when its turn comes."""
+    import shutil
+    import subprocess
+
+    repo = Path(__file__).resolve().parents[2]
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    shutil.copy(repo / "cloudtrain" / "node" / "queue.py", bundle / "queue.py")
+    shutil.copy(repo / "bootstrap" / "ctjob.sh", bundle / "ctjob.sh")
+    root = tmp_path / "root"
+
+    def run(job: str, at: str, body: str, offset: int = 0) -> subprocess.CompletedProcess[bytes]:
+        script = body.encode()
+        p = subprocess.Popen(
+            [sys.executable, str(bundle / "queue.py"), "run", str(root), job, "me@here", at, "t",
+             str(offset)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env=dict(os.environ, CT_QUEUE_POLL="0.05"))
+        assert p.stdin is not None and p.stdout is not None and p.stderr is not None
+        p.stdin.write(str(len(script)).encode() + b"\n" + script)
+        p.stdin.flush()     # and held open, as the CLI's session holds it
+        try:
+            code = p.wait(timeout=60)
+        finally:
+            if p.poll() is None:
+                p.kill()
+        return subprocess.CompletedProcess(p.args, code, p.stdout.read(), p.stderr.read())
+
+    starts = tmp_path / "starts"
+    first = run("a", "1", f"echo a >> {starts}\necho one\necho two\nexit 5\n")
+    assert (first.returncode, first.stdout) == (5, b"one\ntwo\n"), first.stderr
+    again = run("a", "1", "echo never\n", offset=4)
+    assert (again.returncode, again.stdout) == (5, b"two\n"), again.stderr
+    assert starts.read_text() == "a\n"
+
+    gate = tmp_path / "gate"
+    long = subprocess.Popen(
+        [sys.executable, str(bundle / "queue.py"), "submit", str(root), "b", "me@here", "2", "t"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert long.communicate(f"while [ ! -e {gate} ]; do sleep 0.05; done\n".encode(),
+                            timeout=30)[0].startswith(b"::started ")
+    waits = run("c", "3", "echo c-ran\n")
+    assert waits.returncode == 253 and b"::ctjob queued 1 b" in waits.stderr, waits.stderr
+    gate.touch()
+    import time
+
+    deadline = time.monotonic() + 30
+    while not (root / "jobs" / "c" / "pid").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    follow = subprocess.Popen(["bash", str(bundle / "ctjob.sh"), str(root / "jobs" / "c"),
+                               "--follow", "0"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:   # stdin held open, as the CLI's session holds it
+        assert follow.wait(timeout=30) == 0
+        assert follow.stdout is not None and follow.stdout.read() == b"c-ran\n"
+    finally:
+        if follow.poll() is None:
+            follow.kill()
