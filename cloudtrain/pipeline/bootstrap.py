@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Callable
 from cloudtrain.errors import RemoteError
 from cloudtrain.paths import bootstrap_dir
 from cloudtrain.remote import Group, bash
-from cloudtrain.spec import BootstrapSpec
 from cloudtrain.state import NodeRow
 
 if TYPE_CHECKING:
+    from cloudtrain.spec import BootstrapSpec   # annotations only: no pydantic at import
     from cloudtrain.cluster import Handle
     from cloudtrain.context import Env
 

@@ -11,7 +11,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from cloudtrain import paths
 from cloudtrain.cluster import Handle, cluster_uid
@@ -21,8 +21,10 @@ from cloudtrain.pipeline import bootstrap
 from cloudtrain.pipeline.lastseen import RULES, describe, idle_words, policy_file, saved
 from cloudtrain.provider.contract import Node, SelfStops
 from cloudtrain.remote import Group, Result
-from cloudtrain.spec import Task
 from cloudtrain.state import NodeRow
+
+if TYPE_CHECKING:
+    from cloudtrain.spec import Task   # annotations only: no pydantic at import
 
 # The idle stop's default where cloudtrain owns the machines and they bill (the clouds).
 CLOUD_IDLE_MINUTES = 60.0

@@ -5,7 +5,7 @@ teardown of ``--down`` (also when the budget is reached). A failed job is raised
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from cloudtrain import budget
 from cloudtrain.cluster import Handle
@@ -18,7 +18,9 @@ from cloudtrain.pipeline.signals import Shielded
 from cloudtrain.pipeline.teardown import down_shielded
 from cloudtrain.provider.contract import Plan
 from cloudtrain.remote import Group, GroupResult, Result
-from cloudtrain.spec import Task
+
+if TYPE_CHECKING:
+    from cloudtrain.spec import Task   # annotations only: no pydantic at import
 
 
 def up(env: Env, task: Task, name: str, *, bootstrap: bool = True,

@@ -4,12 +4,16 @@ provider is handed, and the checks a task must pass before anything is provision
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from cloudtrain.catalog.model import Offer
 from cloudtrain.context import Env
 from cloudtrain.errors import UserError
 from cloudtrain.provider.contract import ClusterRequest, Plan, Provider
 from cloudtrain.provider.options import provider_options
-from cloudtrain.spec import Task
+
+if TYPE_CHECKING:
+    from cloudtrain.spec import Task   # annotations only: no pydantic at import
 
 
 def cluster_request(task: Task, name: str, public_key: str) -> ClusterRequest:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from cloudtrain import sshconfig
 from cloudtrain.cluster import Handle, cluster_lock, connect, node_rows
@@ -22,8 +22,10 @@ from cloudtrain.provider import registry
 from cloudtrain.provider.contract import (HasHostKeySource, HasMasterPort, Plan, Provider,
                                           ReportsAttempts)
 from cloudtrain.remote import Group
-from cloudtrain.spec import Task
 from cloudtrain.state import ClusterRow
+
+if TYPE_CHECKING:
+    from cloudtrain.spec import Task   # annotations only: no pydantic at import
 
 
 def provision(env: Env, task: Task, name: str, *, keep_on_failure: bool = False,

@@ -21,10 +21,10 @@ from cloudtrain.pipeline.bootstrap import bootstrap_env, run_bootstrap
 from cloudtrain.pipeline.remote_job import (LogSink, RemoteJob, job_dir, new_job_id,
                                             read_worker_failures)
 from cloudtrain.remote import Group, GroupResult, Result, bash
-from cloudtrain.spec import Task
 from cloudtrain.state import NodeRow
 
 if TYPE_CHECKING:
+    from cloudtrain.spec import Task   # annotations only: no pydantic at import
     from cloudtrain.budget import Watch
 
 

@@ -6,6 +6,8 @@ identity or the task's ``envs`` (docs/storage.md)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import shlex
 from pathlib import PurePosixPath
 
@@ -14,8 +16,10 @@ from cloudtrain.context import Env
 from cloudtrain.errors import RemoteError, UserError
 from cloudtrain.pipeline import bootstrap, sync
 from cloudtrain.remote import Group
-from cloudtrain.spec import Task
 from cloudtrain.state import NodeRow
+
+if TYPE_CHECKING:
+    from cloudtrain.spec import Task   # annotations only: no pydantic at import
 
 NOTHING_TO_RESTORE = 3
 

@@ -10,10 +10,14 @@ socket-interface variables are set in the job's environment by the launcher.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import shlex
 from dataclasses import dataclass
 
-from cloudtrain.spec import Train
+if TYPE_CHECKING:
+    from cloudtrain.spec import Train   # annotations only: no pydantic at import
+
 
 
 @dataclass(frozen=True)
