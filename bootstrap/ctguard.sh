@@ -15,20 +15,21 @@ root=$1 py=$2 uid=$3 rank=$4 mode=$5 policy=${6:-}
 case $root in /*) ;; *) root=$HOME/$root ;; esac
 d=$root/.cloudtrain/guard
 umask 077
-mkdir -p "$d" || exit 1
+# Every launch and exec runs this: the common path uses bash builtins only (no process
+# started), so a contact costs the node a shell and nothing more.
+[ -d "$d" ] || mkdir -p "$d" || exit 1
 [ -x "$py" ] || py=$(command -v "$py" || command -v python3 || command -v python || echo python3)
 export CLOUDTRAIN_CLUSTER_ID=$uid CT_GUARD_RANK=$rank
-unit=cloudtrain-guard-$(printf '%s' "$root" | cksum | cut -d' ' -f1)
 
 if [ "$mode" = state ]; then
     exec "$py" "$d/guard.py" state "$root"
 fi
 # guard.py comes on stdin in every other mode: written when it is missing or changed.
-cat > "$d/guard.py.tmp" || exit 1
-if [ -s "$d/guard.py.tmp" ] && ! cmp -s "$d/guard.py.tmp" "$d/guard.py"; then
-    mv "$d/guard.py.tmp" "$d/guard.py" || exit 1
-else
-    rm -f "$d/guard.py.tmp"
+new='' old=''
+IFS= read -r -d '' new || true
+[ -r "$d/guard.py" ] && { IFS= read -r -d '' old < "$d/guard.py" || true; }
+if [ -n "$new" ] && [ "$new" != "$old" ]; then
+    printf '%s' "$new" > "$d/guard.py.tmp" && mv "$d/guard.py.tmp" "$d/guard.py" || exit 1
 fi
 if [ "$mode" = install ]; then
     rm -f "$d/stopped.json" "$d/state.json"
@@ -36,19 +37,23 @@ fi
 if [ -n "$policy" ]; then
     printf '%s\n' "$policy" > "$d/policy.json.tmp" && mv "$d/policy.json.tmp" "$d/policy.json"
 fi
-printf '{"at": %s}\n' "$(date +%s)" > "$d/lease.tmp" && mv "$d/lease.tmp" "$d/lease"
+printf -v now '%(%s)T' -1
+printf '{"at": %s}\n' "$now" > "$d/lease"   # one short write: read whole or not at all
 [ -e "$d/stopped.json" ] && { echo "::guard stopped"; exit 0; }
 
 running() {  # PIDFILE WORD: the pid in PIDFILE is alive and its command line has WORD
-    local p
-    p=$(cat "$1" 2>/dev/null) || return 1
-    [ -n "$p" ] && kill -0 "$p" 2>/dev/null && tr '\0' ' ' < "/proc/$p/cmdline" 2>/dev/null | grep -q -- "$2"
+    local p args
+    { read -r p < "$1" || [ -n "$p" ]; } 2>/dev/null || return 1   # no newline at the end: ok
+    [ -n "$p" ] && kill -0 "$p" 2>/dev/null || return 1
+    { mapfile -d '' -t args < "/proc/$p/cmdline"; } 2>/dev/null || return 1
+    [[ " ${args[*]} " == *"$2"* ]]
 }
 
-how=process
-if [ "$(cat /proc/1/comm 2>/dev/null)" = systemd ] && [ -z "${CT_GUARD_NO_SYSTEMD:-}" ] \
-        && sudo -n true 2>/dev/null; then
+how=process init=''
+{ read -r init < /proc/1/comm; } 2>/dev/null
+if [ "$init" = systemd ] && [ -z "${CT_GUARD_NO_SYSTEMD:-}" ] && sudo -n true 2>/dev/null; then
     how=systemd
+    unit=cloudtrain-guard-$(printf '%s' "$root" | cksum | cut -d' ' -f1)
     if [ "$mode" = install ] || [ ! -e "/etc/systemd/system/$unit.service" ]; then
         sudo -n tee "/etc/systemd/system/$unit.service" > /dev/null <<UNIT
 [Unit]

@@ -277,6 +277,7 @@ def run(root: str) -> int:
     last_write = 0.0
     last_rules = None
     log(root, f"guard started (pid {os.getpid()})")
+    lease = 0.0
     while True:
         if os.path.exists(os.path.join(d, "stopped.json")):
             return 0
@@ -288,7 +289,9 @@ def run(root: str) -> int:
         busy = bool(jobs or ttys or queued)
         if busy:
             busy_at = now
-        lease = num(read_json(os.path.join(d, "lease")) or {}, "at") or 0.0
+        # The newest lease seen: the CLI rewrites the file in place (no process for a rename),
+        # so a read in the instant of its rewrite may find it empty.
+        lease = max(lease, num(read_json(os.path.join(d, "lease")) or {}, "at") or 0.0)
         reason, seen = decide(root, pol, now, busy_at, lease, busy)
         seen.update(jobs=len(jobs), ssh_sessions=ttys, queued=queued, pid=os.getpid())
         rules = {k: pol.get(k) for k in ("idle_minutes", "down", "down_on_end", "max_cost_usd",
