@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import shlex
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -408,8 +409,11 @@ def run_command(env: Env, handle: Handle, group: Group, command: str,
                for n in handle.nodes}
     sink = LogSink(env, env.logs_dir(handle.name) / job_id, "", echo=True, raw=len(ranks) == 1)
     others = [n.rank for n in handle.nodes if n.rank not in ranks]
-    if others:   # exec --node: the other nodes' guards hear from the CLI too
-        node_guard.touch(env, handle, group, ranks=others)
+    # exec --node: the other nodes' guards hear from the CLI too, meanwhile
+    beside = threading.Thread(target=node_guard.touch, args=(env, handle, group),
+                              kwargs={"ranks": others}, daemon=True)
+    if others:
+        beside.start()
     touch, src = node_guard.command(env, handle, "touch", None), node_guard.guard_source()
     job = RemoteJob(env, handle, group, job_id, scripts, sink, ranks, stop_on_failure=False,
                     before=lambda n: (touch(n), src))
@@ -417,6 +421,8 @@ def run_command(env: Env, handle: Handle, group: Group, command: str,
         res = job.run()
     finally:
         sink.close()
+        if others:
+            beside.join(timeout=60)
     first = job.first_failure()
     if first is None:
         return 0, None
