@@ -28,6 +28,7 @@ Everything runs under a fresh temporary CLOUDTRAIN_HOME; every cluster is torn d
 from __future__ import annotations
 
 import argparse
+import resource
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +52,7 @@ class Run:
     overhead: float | None        # latest stamp - t0
     first_start: float | None     # earliest stamp - t0
     wall: float                   # CLI exit - t0
+    cpu: float = 0.0              # CPU s of the CLI and the processes it waited for (its ssh)
     phases: dict[str, float] = field(default_factory=dict)
     tail: str = ""
     lines: list[tuple[float, str]] = field(default_factory=list)  # (s since start, line)
@@ -82,8 +84,11 @@ def write_task(wd: Path, name: str, nodes: int, stamps: Path) -> Path:
 def one_launch(task: Path, home: Path, stamps: Path, nodes: int) -> Run:
     for f in stamps.glob("started-*"):
         f.unlink()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     code, t0, t1, lines = timed_lines(cloudtrain_cmd() + ["launch", str(task), "-y"],
                                       ct_env(home), cwd=task.parent)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     vals = []
     for f in stamps.glob("started-*"):
         try:
@@ -105,7 +110,7 @@ def one_launch(task: Path, home: Path, stamps: Path, nodes: int) -> Run:
     return Run(code=code if complete or code != 0 else -1,
                overhead=(max(vals) - t0) if complete else None,
                first_start=(min(vals) - t0) if complete else None,
-               wall=t1 - t0, phases=phases, tail=tail,
+               wall=t1 - t0, cpu=cpu, phases=phases, tail=tail,
                lines=[(t - t0, text) for t, text in lines])
 
 
@@ -160,12 +165,15 @@ def report(results: list[CountResult], target4: float, target_ratio: float, repe
             fmt(max(x.overhead for x in ok)) if ok else "-",  # type: ignore[type-var]
             fmt(median([x.first_start for x in ok])) if ok else "-",  # type: ignore[misc]
             fmt(median([x.wall for x in ok])) if ok else "-",
+            fmt(median([x.cpu for x in ok])) if ok else "-",
         ])
     print(table(["nodes", "cold launch s", "ok", "overhead med s", "min s", "max s",
-                 "first node s", "launch wall med s"], rows))
+                 "first node s", "launch wall med s", "laptop CPU med s"], rows))
     print("  overhead     = latest per-node start stamp - time just before `cloudtrain launch`")
     print("  first node   = earliest per-node start stamp - the same start time")
     print("  launch wall  = until the CLI exited (job done, logs closed, state written)")
+    print("  laptop CPU   = user+sys CPU of the CLI and its ssh clients (the nodes' own work not")
+    print("                 counted: on this machine local nodes share its CPUs with the CLI)")
 
     print()
     print("## Where a warm launch spends its time (median seconds since the CLI was started)")
@@ -196,6 +204,10 @@ def report(results: list[CountResult], target4: float, target_ratio: float, repe
     else:
         print(f"overhead at 4 nodes <= {target4:.2f} s: not measured "
               "(needs 4 in --nodes and a completed run)")
+    cpu = {r.nodes: median([x.cpu for x in r.ok_warm()]) for r in results if r.ok_warm()}
+    if 1 in cpu and 16 in cpu:
+        print(f"(figure) laptop CPU per launch, 16 nodes / 1 node: {cpu[16] / cpu[1]:.2f}x "
+              f"({fmt(cpu[16])} s / {fmt(cpu[1])} s)")
     if 1 in med and 16 in med:
         ratio = med[16] / med[1]
         print(f"overhead 16 nodes / 1 node <= {target_ratio:.2f}x: {ratio:.2f}x "

@@ -32,11 +32,12 @@ if [ -n "$new" ] && [ "$new" != "$old" ]; then
     printf '%s' "$new" > "$d/guard.py.tmp" && mv "$d/guard.py.tmp" "$d/guard.py" || exit 1
 fi
 if [ "$mode" = install ]; then
-    rm -f "$d/stopped.json" "$d/state.json"
+    [ -e "$d/stopped.json" ] && rm -f "$d/stopped.json"
+    [ -s "$d/state.json" ] && : > "$d/state.json"    # what the guard saw: forgotten
 fi
-if [ -n "$policy" ]; then
-    printf '%s\n' "$policy" > "$d/policy.json.tmp" && mv "$d/policy.json.tmp" "$d/policy.json"
-fi
+# Written in place (no process for a rename): the guard keeps its last good policy when a
+# read finds the file mid-write.
+[ -n "$policy" ] && printf '%s\n' "$policy" > "$d/policy.json"
 printf -v now '%(%s)T' -1
 printf '{"at": %s}\n' "$now" > "$d/lease"   # one short write: read whole or not at all
 [ -e "$d/stopped.json" ] && { echo "::guard stopped"; exit 0; }

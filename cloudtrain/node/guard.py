@@ -314,8 +314,9 @@ def deadman(root: str) -> int:
     d = gdir(root)
     with open(os.path.join(d, "deadman.pid"), "w") as f:
         f.write(str(os.getpid()))
+    pol: dict = {}
     while not os.path.exists(os.path.join(d, "stopped.json")):
-        pol = read_json(os.path.join(d, "policy.json")) or {}
+        pol = read_json(os.path.join(d, "policy.json")) or pol   # the last good one
         end = lifetime_end(pol)
         if end is not None and time.time() >= end:
             stop(root, pol, "lifetime", "(deadman)")

@@ -120,10 +120,12 @@ def prep_command(handle: Handle, task: Task) -> Callable[[NodeRow], str]:
         root = shlex.quote(n.root_dir)
         stamp = shlex.quote(bootstrap.stamp_path(n, boot_env(n)))
         mk = " ".join(shlex.quote(str(PurePosixPath(sync.mount_target(n, m)).parent)) for m in plan_mounts)
-        return bash(f"mkdir -p {root}/workdir {root}/jobs {mk}; "
-                    f"if [ -f {stamp} ]; then echo boot=yes; fi; "
-                    f"echo \"sync=$(cat {root}/.sync-fp 2>/dev/null)\"; "
-                    f"echo \"setup=$(cat {root}/.setup-hash 2>/dev/null)\"")
+        # bash builtins only: no process started on the node unless a folder is missing
+        return bash(f"for d in {root}/workdir {root}/jobs {mk}; do "
+                    "[ -d \"$d\" ] || mkdir -p \"$d\"; done; "
+                    f"if [ -f {stamp} ]; then echo boot=yes; fi; s='' h=''; "
+                    f"{{ read -r s < {root}/.sync-fp; read -r h < {root}/.setup-hash; }} "
+                    "2>/dev/null; echo \"sync=$s\"; echo \"setup=$h\"")
     return cmd
 
 
