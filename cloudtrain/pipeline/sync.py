@@ -30,11 +30,12 @@ from pathlib import Path, PurePosixPath
 
 from cloudtrain.errors import RemoteError, UserError
 from cloudtrain import sshmux
+from cloudtrain.pipeline import treestamp
 from cloudtrain.keys import ClusterKeys, ssh_command_options
 from cloudtrain.state import NodeRow
 
 IGNORE_FILES = (".gitignore", ".cloudtrainignore")
-FILTER_VERSION = "2"
+FILTER_VERSION = "3"
 
 
 @dataclass(frozen=True)
@@ -115,9 +116,15 @@ _LIST_LINE = re.compile(rb"^(\S{10}) +[\d,.]+ \S+ \S+ (.*?)\n?$", re.DOTALL)
 
 
 def _hash_listing(h: "hashlib._Hash", root: Path, filters: list[str]) -> None:
-    """Hash what ``rsync -a FILTERS root/ DEST`` would send: rsync lists the files (read as
-    it walks), this hashes each one's name, type, size, mtime (ns) and mode (and a link's
-    target)."""
+    """Hash what ``rsync -a FILTERS root/ DEST`` would send (rsync's listing, or the one of
+    the last launch when the folder has not changed since: :mod:`treestamp`)."""
+    h.update(treestamp.digest(root, filters, lambda: _listing_digest(root, filters)).encode())
+
+
+def _listing_digest(root: Path, filters: list[str]) -> str:
+    """rsync lists the files (read as it walks), this hashes each one's name, type, size,
+    mtime (ns) and mode (and a link's target)."""
+    h = hashlib.sha256()
     rootb = os.fsencode(root)
     real: dict[str, bytes] = {".": b""}  # rsync's printed dir path -> real relative path
     with tempfile.TemporaryFile() as errf, \
@@ -147,6 +154,7 @@ def _hash_listing(h: "hashlib._Hash", root: Path, filters: list[str]) -> None:
         raise UserError(f"Listing '{root}' for the sync failed (rsync exit {proc.returncode}): "
                         + err.decode(errors="replace").strip()[-300:],
                         "Check that every file under it is readable.")
+    return h.hexdigest()
 
 
 def _real_name(rootb: bytes, real: dict[str, bytes], shown: str, is_link: bool) -> bytes | None:
