@@ -43,7 +43,7 @@ printf '{"at": %s}\n' "$now" > "$d/lease"   # one short write: read whole or not
 [ -e "$d/stopped.json" ] && { echo "::guard stopped"; exit 0; }
 
 running() {  # PIDFILE WORD: the pid in PIDFILE is alive and its command line has WORD
-    local p args
+    local p='' args=()
     { read -r p < "$1" || [ -n "$p" ]; } 2>/dev/null || return 1   # no newline at the end: ok
     [ -n "$p" ] && kill -0 "$p" 2>/dev/null || return 1
     { mapfile -d '' -t args < "/proc/$p/cmdline"; } 2>/dev/null || return 1

@@ -161,3 +161,44 @@ def test_queue_run_submits_once_follows_and_says_when_a_job_waits(tmp_path: Path
     finally:
         if follow.poll() is None:
             follow.kill()
+
+
+def test_ctguard_starts_the_guard_on_a_fresh_node_once_and_renews_the_lease(tmp_path: Path) -> None:
+    """ctguard.sh on a node that never had a guard (no pid files yet): it starts one, says so,
+    and a second contact renews the lease without starting another; policy and guard.py are
+    written. (A contact that died on the missing pid files left every new cluster unguarded.)"""
+    import subprocess
+    import time
+
+    script = Path(__file__).resolve().parents[2] / "bootstrap" / "ctguard.sh"
+    root = tmp_path / "node"
+    src = (Path(guard.__file__)).read_bytes()
+    env = dict(os.environ, CT_GUARD_NO_SYSTEMD="1", CT_GUARD_POLL="0.2")
+
+    def contact(mode: str, *extra: str) -> str:
+        r = subprocess.run(["bash", str(script), str(root), sys.executable, "ctguard-unit", "0",
+                            mode, *extra], input=src, capture_output=True, env=env, timeout=30)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.decode()
+
+    d = root / ".cloudtrain" / "guard"
+    try:
+        assert "::guard process" in contact("install", json.dumps({"idle_minutes": None}))
+        assert (d / "guard.py").read_bytes() == src
+        assert json.loads((d / "policy.json").read_text()) == {"idle_minutes": None}
+        deadline = time.monotonic() + 10
+        while not ((d / "guard.pid").exists() and (d / "deadman.pid").exists()):
+            assert time.monotonic() < deadline, "the guard did not start"
+            time.sleep(0.05)
+        first = {f: (d / f).read_text() for f in ("supervisor.pid", "deadman.pid")}
+        lease = json.loads((d / "lease").read_text())["at"]
+        assert abs(lease - time.time()) < 5
+        assert "::guard process" in contact("touch")
+        assert {f: (d / f).read_text() for f in first} == first   # nothing started twice
+    finally:
+        (d / "stopped.json").write_text("{}")
+        for f in ("supervisor.pid", "guard.pid", "deadman.pid"):
+            try:
+                os.kill(int((d / f).read_text().split()[0]), 9)
+            except (OSError, ValueError):
+                pass
