@@ -114,7 +114,10 @@ def stop_node_command(marker: str, node_dir: Path) -> str:
     mark = shlex.quote(f"{MARKER}={marker}")
     home = shlex.quote(f"HOME={node_dir / 'root'}")
     pidfile = shlex.quote(str(node_dir / "sshd.pid"))
-    return (f"p=$(cat {pidfile} 2>/dev/null) && kill -TERM \"$p\" 2>/dev/null; "
+    # The listener's children are the open SSH sessions (a laptop's persistent connection
+    # among them): a machine that powers off ends them too.
+    return (f"p=$(cat {pidfile} 2>/dev/null) && {{ pkill -TERM -P \"$p\" 2>/dev/null; "
+            "kill -TERM \"$p\" 2>/dev/null; }; "
             "mine() { for e in /proc/[0-9]*/environ; do q=${e#/proc/}; q=${q%/environ}; "
             f"[ \"$q\" = $$ ] && continue; grep -qzxF {mark} \"$e\" 2>/dev/null && "
             f"grep -qzxF {home} \"$e\" 2>/dev/null && echo \"$q\"; done; }}; "
@@ -142,12 +145,28 @@ def pid(node_dir: Path) -> int | None:
 
 
 def stop(node_dir: Path) -> None:
+    """End the node's sshd and its open sessions (as a machine that powers off would)."""
     p = pid(node_dir)
-    if p is not None:
+    if p is None:
+        return
+    for q in [*children(p), p]:
         try:
-            os.kill(p, signal.SIGTERM)
-        except ProcessLookupError:
+            os.kill(q, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
             pass
+
+
+def children(parent: int) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == parent:
+                out.append(int(entry.name))
+        except (OSError, IndexError, ValueError):
+            pass
+    return out
 
 
 def sshd_under(folder: Path) -> list[int]:
