@@ -27,6 +27,8 @@ run "$py" "$here/bench_cli_start.py" -n 20
 run "$py" "$here/bench_launch_overhead.py" --nodes "$nodes" --repeats "$repeats"
 run "$py" "$here/bench_sync.py" --nodes "$sync_nodes" --repeats "$repeats"
 run "$py" "$here/bench_cost.py" -n 200 -m 10
+run "$py" "$here/bench_commands.py"
+run "$py" "$here/bench_ssh.py"
 run "$py" "$here/bench_template.py" --nprocs 1,2
 run "$py" "$here/bench_aws.py"
 exit $status
