@@ -83,7 +83,7 @@ def mux_dir() -> Path | None:
     local = home / "mux"
     if len(str(local)) + 40 <= SOCKET_ROOM:
         return local if _private(local) else None
-    base = Path(tempfile.gettempdir()) / f"cloudtrain-mux-{os.getuid()}"
+    base = Path("/tmp") / f"cloudtrain-mux-{os.getuid()}"   # short on every platform
     short = base / hashlib.sha256(str(home).encode()).hexdigest()[:12]
     return short if _private(base) and _private(short) else None
 
@@ -193,6 +193,11 @@ def end_cluster(keys: ClusterKeys, ranks: set[int] | None = None,
             end_master(p)
         except (OSError, subprocess.SubprocessError):
             pass
+    if d.parent.name.startswith("cloudtrain-mux-"):
+        try:
+            d.rmdir()           # the shared folder keeps no empty folder of a home
+        except OSError:
+            pass                # other clusters' sockets are still there
     return found
 
 
