@@ -111,16 +111,22 @@ def test_status_refresh_shows_gpus_and_flags_idle_during_a_job(gpu_cluster) -> N
         job.communicate(timeout=120)
 
 
-def _ssh_sockets(pid: int, ports: set[int]) -> set[str]:
-    """Inodes of the established TCP connections of ``pid`` to the nodes' ports."""
+def _ssh_sockets(pid: int, ports: set[int], home: Path) -> set[str]:
+    """Inodes of the established TCP connections to the nodes' ports held by ``pid`` or by
+    the OpenSSH masters this home's commands use (the connections live there)."""
+    from conftest import processes_with
+
+    masters = [p for p in processes_with(str(home))
+               if b"ControlPersist" in Path(f"/proc/{p}/cmdline").read_bytes()]
     mine = set()
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
-        try:
-            link = os.readlink(fd)
-        except OSError:
-            continue
-        if link.startswith("socket:["):
-            mine.add(link[8:-1])
+    for holder in [pid, *masters]:
+        for fd in Path(f"/proc/{holder}/fd").iterdir():
+            try:
+                link = os.readlink(fd)
+            except OSError:
+                continue
+            if link.startswith("socket:["):
+                mine.add(link[8:-1])
     out = set()
     for table in ("tcp", "tcp6"):
         for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
@@ -144,10 +150,10 @@ def test_top_once_and_live_over_one_connection_per_node(gpu_cluster, tmp_path: P
                                 stderr=subprocess.STDOUT, env=cli.env())
     try:
         assert wait_until(lambda: out.read_text().count("GPU use at") >= 2, 60), out.read_text()
-        first = _ssh_sockets(proc.pid, ports)
+        first = _ssh_sockets(proc.pid, ports, cli.home)
         frames = out.read_text().count("GPU use at")
         assert wait_until(lambda: out.read_text().count("GPU use at") >= frames + 3, 60)
-        assert len(first) == 2 and _ssh_sockets(proc.pid, ports) == first   # the same 2
+        assert len(first) == 2 and _ssh_sockets(proc.pid, ports, cli.home) == first   # the same 2
     finally:
         proc.send_signal(signal.SIGINT)
         rc = proc.wait(timeout=30)
