@@ -95,6 +95,14 @@ def account_sas(account: str, key: str, endpoint: str, hours: float = 24.0) -> s
     return f"{endpoint}/{account}?" + urllib.parse.urlencode(f)
 
 
+def _term_blocked() -> None:
+    """In rclone's process before it starts: SIGTERM blocked (Go keeps an inherited mask). A
+    job's stop sends SIGTERM to every process of the job, rclone included; a transfer then
+    goes on until it ends, or until the SIGKILL that follows stop_grace, instead of breaking
+    the checkpoint upload the grace is for."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+
+
 def rclone_env(url: dict[str, str], base: dict[str, str] | None = None) -> dict[str, str]:
     """The environment rclone runs with: the job's, plus remote ``cts`` for this URL."""
     env = dict(os.environ if base is None else base)
@@ -158,7 +166,8 @@ class Rclone:
 
     def run(self, *args: str, stdin: bytes | None = None, check: bool = True) -> bytes:
         cmd = ["rclone", "--retries", "3", "--low-level-retries", "3", "--stats", "0", *args]
-        p = subprocess.run(cmd, env=self.env, input=stdin, capture_output=True)
+        p = subprocess.run(cmd, env=self.env, input=stdin, capture_output=True,
+                           preexec_fn=_term_blocked)
         if check and p.returncode != 0:
             err = [ln for ln in p.stderr.decode(errors="replace").splitlines() if ln.strip()]
             raise StoreError(f"rclone {args[0]} failed: " + (err[-1][:400] if err else f"exit {p.returncode}"))
@@ -169,7 +178,7 @@ class Rclone:
         if hashes:
             args.insert(1, "--hash")
         cmd = ["rclone", "--retries", "3", "--low-level-retries", "3", *args]
-        p = subprocess.run(cmd, env=self.env, capture_output=True)
+        p = subprocess.run(cmd, env=self.env, capture_output=True, preexec_fn=_term_blocked)
         if p.returncode == 3:      # rclone: directory not found (nothing under this prefix yet)
             return []
         if p.returncode != 0:      # e.g. no access: never mistaken for "no checkpoint yet"

@@ -113,7 +113,10 @@ def wrap_body(task: Task, node: NodeRow, command: str) -> str:
     # and exit with the job's own code once the job has saved and ended.
     lines += [f"{command} &", "ct_job=$!", "trap ':' TERM"]
     if node.rank == 0:
-        lines += [f'python3 {store} watch {url} "$CLOUDTRAIN_CHECKPOINT_DIR" --pid "$ct_job" &',
+        # SIGTERM ignored until store.py takes it over (a stop in its first milliseconds must
+        # not end the watch that makes the last upload).
+        lines += [f'(trap "" TERM; exec python3 {store} watch {url} "$CLOUDTRAIN_CHECKPOINT_DIR" '
+                  '--pid "$ct_job") &',
                   "ct_watch=$!"]
     lines += ['while kill -0 "$ct_job" 2>/dev/null; do wait "$ct_job"; done',
               'wait "$ct_job"; ct_rc=$?']

@@ -177,9 +177,12 @@ def test_run_body_with_checkpoints_keeps_its_exit_code(cli: CLI, tmp_path: Path)
         doc = {"name": "st-run", "num_nodes": 2, "resources": {"provider": "local"},
                "envs": {**emu.envs, "CLOUDTRAIN_CHECKPOINT_INTERVAL": "0.5"},
                "checkpoints": emu.url("ckpt/run-body"),
+               # Node 0 fails first: the stop's SIGTERM then reaches its last upload too
+               # (node 1 is stopped while it sleeps), which must still complete.
                "run": 'test -n "$CLOUDTRAIN_CHECKPOINT_DIR" || exit 9\n'
                       'mkdir -p "$CLOUDTRAIN_CHECKPOINT_DIR"\n'
                       'echo "$CLOUDTRAIN_NODE_RANK" > "$CLOUDTRAIN_CHECKPOINT_DIR/step-000007.txt"\n'
+                      '[ "$CLOUDTRAIN_NODE_RANK" = 0 ] || sleep 5\n'
                       'exit 3'}
         task = proj / "t.yaml"
         task.write_text(json.dumps(doc))
