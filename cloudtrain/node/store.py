@@ -96,10 +96,8 @@ def account_sas(account: str, key: str, endpoint: str, hours: float = 24.0) -> s
 
 
 def _term_blocked() -> None:
-    """In rclone's process before it starts: SIGTERM blocked (Go keeps an inherited mask). A
-    job's stop sends SIGTERM to every process of the job, rclone included; a transfer then
-    goes on until it ends, or until the SIGKILL that follows stop_grace, instead of breaking
-    the checkpoint upload the grace is for."""
+    """rclone starts with SIGTERM blocked (Go keeps the mask): a job's stop lets a transfer end
+    (or the SIGKILL after stop_grace) instead of breaking the upload the grace is for."""
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
 
 
@@ -361,14 +359,9 @@ def watch(url_text: str, directory: str, pid: int | None, interval: float) -> in
             try:
                 upload(url_text, directory, rc)
                 last_sent = cur
-            except StoreError as exc:
-                if stopping["term"]:
-                    # The stop's SIGTERM reached rclone too (it carries the job's marker): the
-                    # last pass below uploads this state again once the job has ended.
-                    _say("upload interrupted by the stop; the last pass redoes it")
-                else:
-                    failures += 1
-                    _say(f"upload failed ({exc}); retrying at the next change")
+            except StoreError as exc:   # the last pass below sends this state again
+                failures += 1
+                _say(f"upload failed ({exc}); retrying at the next change")
         prev = cur
     cur = scan(directory)
     if cur and cur != last_sent:
