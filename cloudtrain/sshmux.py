@@ -146,17 +146,6 @@ def reuse_options(keys: ClusterKeys, node: NodeRow) -> list[str]:
     return ["-o", "ControlPath=" + str(path).replace("%", "%%"), "-o", "ControlMaster=no"]
 
 
-def control(keys: ClusterKeys, node: NodeRow, path: Path, op: str, timeout: float = 5) -> bool:
-    """``ssh -O op`` (check, exit) on a master; True when it answered yes."""
-    try:
-        r = subprocess.run(["ssh", *base_options(keys, node, path), "-O", op, node.host],
-                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, timeout=timeout)
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return r.returncode == 0
-
-
 def end_master(path: Path) -> None:
     """End the master on ``path`` (it closes its connection and removes the socket); a stale
     socket file is removed."""
