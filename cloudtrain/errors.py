@@ -7,11 +7,14 @@ Every error cloudtrain raises on purpose is a :class:`CloudtrainError`. Each car
     CloudtrainError (1)
     ├── UserError (2)                 bad input: the user must change something
     │   ├── SpecError                 the task file is wrong (names the field and line)
-    │   └── ClusterNotFound           no such cluster
+    │   ├── ClusterNotFound           no such cluster
+    │   ├── MissingSDK                a cloud's SDK extra is not installed
+    │   └── NoCallerAddress           this machine's public IP, for the SSH rule, is unknown
     ├── ProviderError (1)             the provider could not do what was asked
     │   ├── CapacityError             try another zone
     │   ├── QuotaError                try another region / raise the quota
     │   ├── AuthError                 stop: nothing else will work
+    │   │   └── NoCredentials         none found: no call reached the cloud
     │   └── TransientError            retry with backoff
     ├── RemoteError (1)               SSH / bootstrap / sync on a node failed
     │   ├── SSHTimeout
@@ -73,6 +76,29 @@ class ClusterNotFound(UserError):
         self.name = name
 
 
+class MissingSDK(UserError):
+    """A provider's SDK (its pip extra) is not installed: nothing reached the cloud."""
+
+    def __init__(self, provider: str, module: str) -> None:
+        super().__init__(f"The {provider} provider needs its SDK ({module}), which is not "
+                         "installed here.",
+                         f"Install it: pip install 'cloudtrain[{provider}]'.")
+        self.provider = provider
+        self.module = module
+
+
+class NoCallerAddress(UserError):
+    """This machine's public IP address (the SSH rule's source) could not be found: the clouds
+    look it up before they create anything."""
+
+
+def reached_nothing(exc: BaseException) -> bool:
+    """Whether ``exc`` says that nothing reached the cloud: the provider could not be asked at
+    all (no SDK, no credentials), or stopped before its first call that creates anything
+    (this machine's address unknown). Then this process created nothing there."""
+    return isinstance(exc, (MissingSDK, NoCredentials, NoCallerAddress))
+
+
 class ProviderError(CloudtrainError):
     """The provider could not do what was asked. ``code`` is the provider's own word for
     the failure (an AWS/ARM error code, a GCE operation error, ...), ``zone`` where it
@@ -96,6 +122,11 @@ class QuotaError(ProviderError):
 
 class AuthError(ProviderError):
     """Credentials or permissions are missing: nothing else will work until fixed."""
+
+
+class NoCredentials(AuthError):
+    """No credentials could be found or loaded at all: the provider cannot be asked, and no
+    call of this process reached the cloud with them (so nothing was created by it)."""
 
 
 class TransientError(ProviderError):

@@ -44,15 +44,15 @@ def needs_pick(task: Task) -> bool:
 
 
 def availability(candidates: Iterable[str] = CLOUDS) -> dict[str, str | None]:
-    """For each cloud: None when ``up`` can use it (installed and credentials present), else
-    why not. Reads the registry and credential files; imports no SDK."""
+    """For each cloud: None when ``up`` can use it (installed, with its SDK, and credentials
+    present), else why not. Reads the registry and credential files; imports no SDK."""
     from cloudtrain import credentials
     from cloudtrain.provider import registry
 
     installed = set(registry.names())
     out: dict[str, str | None] = {}
     for p in sorted(set(candidates)):
-        if p not in installed:
+        if p not in installed or registry.sdk_missing(p) is not None:
             out[p] = f"not installed (pip install 'cloudtrain[{p}]')"
         elif not credentials.present(p):
             out[p] = "no credentials found"

@@ -44,6 +44,13 @@ def guard(fn: Callable[..., Any]) -> Callable[..., Any]:
             return fn(*args, **kwargs)
         except CloudtrainError as exc:
             fail(exc)
+        except ModuleNotFoundError as exc:   # a cloud's SDK, imported deep in its provider
+            from cloudtrain.provider.registry import sdk_error
+
+            missing = sdk_error(exc)
+            if missing is None:
+                raise
+            fail(missing)
         except KeyboardInterrupt:
             fail(Interrupted("Interrupted."))
 

@@ -269,11 +269,15 @@ def status_table(rows: list[ClusterRow], spent: dict[str, float | None],
 @click.option("-y", "--yes", is_flag=True, help="Do not ask.")
 @click.option("--provider", "provider_name",
               help="Tear down by tag on this provider even with no local state.")
+@click.option("--forget", is_flag=True,
+              help="When the provider cannot be asked (its SDK or credentials missing), "
+                   "forget the cluster here without asking.")
 @guard
-def down(names: tuple[str, ...], all_: bool, yes: bool, provider_name: str | None) -> None:
+def down(names: tuple[str, ...], all_: bool, yes: bool, provider_name: str | None,
+         forget: bool) -> None:
     """Tear clusters down and check with the provider that nothing is left."""
     from cloudtrain.errors import CloudtrainError
-    from cloudtrain.pipeline import teardown
+    from cloudtrain.pipeline import forget as forgetting
     from cloudtrain.pipeline.signals import stop_signals_as_interrupt
 
     stop_signals_as_interrupt()
@@ -295,7 +299,7 @@ def down(names: tuple[str, ...], all_: bool, yes: bool, provider_name: str | Non
     failed: list[BaseException] = []
     for n in targets:
         try:
-            teardown.down(env, n, provider_name=provider_name, require_found=True)
+            forgetting.down(env, n, provider_name, forget=forget)
         except CloudtrainError as exc:
             env.ui.error(f"{n}: {exc}")
             failed.append(exc)

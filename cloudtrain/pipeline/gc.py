@@ -40,14 +40,17 @@ def _command(provider: str, all_regions: bool, any_owner: bool) -> str:
 def collect(env: Env, provider_name: str | None, *, all_regions: bool, any_owner: bool,
             force: bool, yes: bool, can_ask: bool, confirm: Callable[[int], bool]
             ) -> tuple[list[dict[str, Any]], list[CloudtrainError]]:
-    """List, per provider (``provider_name``, or every installed one with credentials), what
-    cloudtrain tagged that no live cluster owns, and remove it with ``yes`` (or when
+    """List, per provider (``provider_name``, or every installed one with its SDK and
+    credentials; the others are skipped with a note), what cloudtrain tagged that no live
+    cluster owns, and remove it with ``yes`` (or when
     ``confirm(count)`` says so, where ``can_ask``). Running instances are left alone without
     ``force``; another home's resources unless ``any_owner``. Returns every resource seen
     (each with whether it was removed, or why it was left alone) and the providers' errors
     (the other providers are still collected)."""
     names = [provider_name] if provider_name else registry.names()
-    _reconcile(env, names)
+    if provider_name:
+        registry.require_sdk(provider_name)   # exit 2 with the pip line
+    _reconcile(env, [n for n in names if registry.sdk_missing(n) is None])
     report: list[dict[str, Any]] = []
     failed: list[CloudtrainError] = []
     for name in names:
@@ -56,6 +59,10 @@ def collect(env: Env, provider_name: str | None, *, all_regions: bool, any_owner
             if provider_name:
                 raise UserError(f"Provider '{name}' cannot list what it created.",
                                 "gc works with cloud providers (e.g. --provider aws).")
+            continue
+        if registry.sdk_missing(name) is not None:
+            env.ui.info(f"{name}: skipped, its SDK is not installed (to include it: pip "
+                        f"install 'cloudtrain[{name}]')")
             continue
         if not provider_name and not credentials.present(name) \
                 and not registry.is_instance(name):
@@ -135,7 +142,7 @@ def _reconcile(env: Env, providers: list[str]) -> None:
             try:
                 guard.reconcile(env, row.name)
             except CloudtrainError as exc:
-                env.ui.warn(f"'{row.name}' stopped itself, but removing what is left failed: {exc}")
+                env.ui.warn(f"'{row.name}': checking with {row.provider} failed: {exc}")
 
 
 def _show_others(env: Env, provider: str, others: list[Any], kinds: dict[int, str]) -> None:

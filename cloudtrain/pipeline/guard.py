@@ -368,7 +368,9 @@ def reconcile_all(env: Env, name: str | None) -> list[dict[str, Any]]:
         try:
             done = reconcile(env, row.name)
         except CloudtrainError as exc:
-            env.ui.warn(f"'{row.name}' stopped itself, but removing what is left failed: {exc}")
+            # neutral: the provider may not even have been asked (reconcile said so if it
+            # saw the nodes stop before the removal failed)
+            env.ui.warn(f"'{row.name}': checking with {row.provider} failed: {exc}")
             continue
         if done is not None:
             out.append(done)

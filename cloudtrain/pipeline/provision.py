@@ -1,7 +1,10 @@
 """Provision: make sure a cluster's nodes exist and run, adopting what exists (reconciled by
 the cluster's tag), and record them; roll a cluster this call created back when a later
-step fails. When the planner picked the offer, a capacity or quota failure walks on to the
-next offer of the same ranked list (the plan's alternatives, across providers)."""
+step fails. A new cluster whose provider was never reached (no SDK, no credentials, no
+caller address: :func:`cloudtrain.errors.reached_nothing`) leaves nothing behind: no state
+row, no folder, and no rollback to report. When the planner picked the offer, a capacity or
+quota failure walks on to the next offer of the same ranked list (the plan's alternatives,
+across providers)."""
 
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 from cloudtrain import sshconfig
 from cloudtrain.cluster import Handle, cluster_lock, connect, node_rows
 from cloudtrain.context import Env
-from cloudtrain.errors import CapacityError, ProviderError, QuotaError, UserError
+from cloudtrain.errors import CapacityError, ProviderError, QuotaError, UserError, reached_nothing
 from cloudtrain.keys import (FIRST_CONTACT, PINNED_AT_CREATION, ensure_keys, is_pinned,
                              pin_host_keys, record_pinning)
 from cloudtrain.pipeline.teardown import forget_files
@@ -44,6 +47,7 @@ def provision(env: Env, task: Task, name: str, *, keep_on_failure: bool = False,
 
 def _provision(env: Env, task: Task, name: str, *, keep_on_failure: bool,
                planned: Plan | None) -> tuple[Handle, bool]:
+    registry.require_sdk(task.resources.provider)   # before anything is written here
     existing = env.state.get_cluster(name)
     if existing is not None and existing.provider != task.resources.provider:
         raise UserError(
@@ -56,6 +60,29 @@ def _provision(env: Env, task: Task, name: str, *, keep_on_failure: bool,
             f"Use another name (-c) or take it down first: cloudtrain down {name}")
     provider = env.provider(task.resources.provider)
     check_mounts(task, provider)
+    with _unreached_leaves_nothing(env, name, new=existing is None):
+        return _make(env, task, name, provider, existing, keep_on_failure=keep_on_failure,
+                     planned=planned)
+
+
+@contextmanager
+def _unreached_leaves_nothing(env: Env, name: str, *, new: bool) -> Iterator[None]:
+    """An ``up`` of a new cluster that fails before its provider was reached leaves the state
+    as it found it: the row it wrote and the folder it made are removed, silently (there is
+    nothing to roll back)."""
+    made_dir = new and not env.pctx.cluster_dir(name).exists()
+    try:
+        yield
+    except BaseException as exc:
+        if new and reached_nothing(exc):
+            env.state.delete_cluster(name)
+            if made_dir:
+                forget_files(env, name)
+        raise
+
+
+def _make(env: Env, task: Task, name: str, provider: Provider, existing: ClusterRow | None, *,
+          keep_on_failure: bool, planned: Plan | None) -> tuple[Handle, bool]:
     keys = ensure_keys(env.pctx.cluster_dir(name), comment=f"cloudtrain-{name}")
     request = cluster_request(task, name, keys.public_key())
     if planned is None:
@@ -87,8 +114,8 @@ def _provision(env: Env, task: Task, name: str, *, keep_on_failure: bool,
             if len(nodes) != task.num_nodes:
                 raise ProviderError(f"the provider returned {len(nodes)} node(s) for "
                                     f"{task.num_nodes} requested.", "Run 'cloudtrain up' again.")
-        except BaseException:
-            if fresh and not keep_on_failure:
+        except BaseException as exc:
+            if fresh and not keep_on_failure and not reached_nothing(exc):
                 roll_back(env, provider, name)
             raise
         old_ids = {n.rank: n.instance_id for n in (existing.nodes if existing else [])}

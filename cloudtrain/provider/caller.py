@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from cloudtrain.errors import UserError
+from cloudtrain.errors import NoCallerAddress
 
 CHECKIP_URL = "https://checkip.amazonaws.com"
 CALLER_IP_TTL = 3600.0
@@ -57,7 +57,7 @@ class CallerCidr:
             ip = self.lookup().strip()
             ipaddress.IPv4Address(ip)
         except Exception as exc:  # noqa: BLE001 - any failure: ask the user for the range
-            raise UserError(
+            raise NoCallerAddress(
                 f"Could not find this machine's public IP address for the cluster's SSH rule "
                 f"({CHECKIP_URL}: {exc}).",
                 "Set it in the task: resources.ssh_cidr: 203.0.113.7/32 (your address), or your "

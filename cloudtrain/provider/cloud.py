@@ -98,6 +98,8 @@ class CloudProvider:
     allows_absolute_mounts: ClassVar[bool] = True
     powers_off: ClassVar[bool] = True
     list_is_cheap: ClassVar[bool] = False
+    sdk_modules: ClassVar[tuple[str, ...]] = ()
+    """The SDK modules the cloud's calls import (its extra: ``pip install 'cloudtrain[<name>]'``)."""
     shape_examples: ClassVar[tuple[str, str]]
     """(accelerators, instance_type) examples for the message when a task gives neither."""
     zone_re: ClassVar[re.Pattern[str] | None] = None

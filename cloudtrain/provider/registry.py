@@ -1,7 +1,10 @@
 """Find providers through the ``cloudtrain.providers`` entry-point group.
 
 Loading a provider class must stay cheap: provider modules import their cloud SDK lazily,
-inside the methods (or factories) that talk to the cloud.
+inside the methods (or factories) that talk to the cloud. A provider class names the SDK
+modules it needs in ``sdk_modules`` (its pip extra is ``cloudtrain[<name>]``), so that a
+missing SDK is said before anything starts (:func:`require_sdk`), in lists of providers
+(:func:`sdk_missing`), and where an import deep in a provider fails (:func:`sdk_error`).
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from functools import lru_cache
 from importlib.metadata import EntryPoint, entry_points
 from typing import TYPE_CHECKING
 
-from cloudtrain.errors import UserError
+from cloudtrain.errors import MissingSDK, UserError
 
 if TYPE_CHECKING:
     from cloudtrain.provider.contract import Provider, ProviderContext
@@ -40,18 +43,11 @@ def provider_class(name: str) -> type[Provider]:
 
         close = get_close_matches(name, list(eps), n=1)
         hint = f"Did you mean '{close[0]}'? " if close else ""
-        raise UserError(
-            f"Unknown provider '{name}'.",
-            hint + f"Installed providers: {', '.join(sorted(eps)) or 'none'}. Cloud providers "
-            "come with their extra, e.g. pip install 'cloudtrain[aws]'.",
-        )
+        raise UserError(f"Unknown provider '{name}'.", hint + described(sorted(eps)))
     try:
         return eps[name].load()
     except ImportError as exc:
-        raise UserError(
-            f"Provider '{name}' could not be loaded ({exc}).",
-            f"Install its extra: pip install 'cloudtrain[{name}]'.",
-        ) from None
+        raise MissingSDK(name, getattr(exc, "name", None) or str(exc)) from None
 
 
 def get(name: str, ctx: ProviderContext) -> Provider:
@@ -72,3 +68,68 @@ def register_instance(name: str, provider: Provider) -> None:
 
 def unregister_instance(name: str) -> None:
     _instances.pop(name, None)
+
+
+# --- SDKs: installed or not ------------------------------------------------------------------
+
+def _findable(module: str) -> bool:
+    from importlib.util import find_spec
+
+    try:
+        return find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def sdk_missing(name: str) -> str | None:
+    """The first SDK module provider ``name`` needs that is not installed here (None: it has
+    all it needs, or names none). A registered instance (a test's) has what it needs."""
+    if name in _instances:
+        return None
+    try:
+        cls = provider_class(name)
+    except MissingSDK as exc:
+        return exc.module
+    return next((m for m in getattr(cls, "sdk_modules", ()) if not _findable(m)), None)
+
+
+def require_sdk(name: str) -> None:
+    """Raise :class:`MissingSDK` (exit 2, the pip line) when provider ``name`` lacks its SDK."""
+    missing = sdk_missing(name)
+    if missing is not None:
+        raise MissingSDK(name, missing)
+
+
+def sdk_error(exc: ModuleNotFoundError) -> MissingSDK | None:
+    """The :class:`MissingSDK` for an SDK import that failed inside a provider (None: the
+    missing module is no provider's SDK)."""
+    root = (exc.name or "").split(".")[0]
+    for name in names():
+        try:
+            modules = getattr(provider_class(name), "sdk_modules", ())
+        except UserError:
+            continue
+        if root and any(m.split(".")[0] == root for m in modules):
+            return MissingSDK(name, exc.name or root)
+    return None
+
+
+def described(providers: list[str] | None = None) -> str:
+    """The providers as lists say them: those installed (and which of them have no
+    credentials, as far as the standard files and variables tell), and those whose SDK is
+    not installed, with the pip line."""
+    from cloudtrain import credentials
+
+    ready, no_sdk = [], []
+    for name in providers if providers is not None else names():
+        if sdk_missing(name) is not None:
+            no_sdk.append(name)
+        elif credentials.present(name) or name in _instances:
+            ready.append(name)
+        else:
+            ready.append(f"{name} (no credentials found)")
+    out = f"Installed providers: {', '.join(ready) or 'none'}."
+    if no_sdk:
+        out += (f" Not installed (their SDK is missing): {', '.join(no_sdk)}; e.g. pip "
+                f"install 'cloudtrain[{no_sdk[0]}]'.")
+    return out

@@ -17,7 +17,8 @@ import threading
 import time
 from typing import Any, Callable, Iterator, Protocol
 
-from cloudtrain.errors import AuthError, CapacityError, ProviderError, QuotaError, TransientError
+from cloudtrain.errors import (AuthError, CapacityError, NoCredentials, ProviderError, QuotaError,
+                               TransientError)
 
 # --- which AWS error means what -----------------------------------------------------------
 
@@ -98,9 +99,12 @@ def classify(exc: BaseException, what: str) -> ProviderError:
     if isinstance(exc, (NoCredentialsError, PartialCredentialsError, ProfileNotFound,
                         CredentialRetrievalError)) or code in (
             "SSOTokenLoadError", "UnauthorizedSSOTokenError", "TokenRetrievalError"):
-        return AuthError(f"{what}: no usable AWS credentials ({exc}).",
-                         "Run 'aws configure' (or 'aws sso login'), or set AWS_PROFILE or "
-                         "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY.", code=code)
+        # none found at all: no call reached AWS (an expired token may follow calls that did)
+        none = isinstance(exc, (NoCredentialsError, PartialCredentialsError, ProfileNotFound))
+        cls = NoCredentials if none else AuthError
+        return cls(f"{what}: no usable AWS credentials ({exc}).",
+                   "Run 'aws configure' (or 'aws sso login'), or set AWS_PROFILE or "
+                   "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY.", code=code)
     if isinstance(exc, NoRegionError):
         return ProviderError(f"{what}: no AWS region is configured.",
                              "Set resources.region in the task, or AWS_DEFAULT_REGION.",

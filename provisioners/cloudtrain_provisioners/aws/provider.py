@@ -37,6 +37,7 @@ HOST_KEY_POLL = 5.0
 
 class AWSProvider(CloudProvider):
     name: ClassVar[str] = "aws"
+    sdk_modules: ClassVar[tuple[str, ...]] = ("boto3", "botocore")
     title: ClassVar[str] = "AWS"
     options_model: ClassVar[type[AWSOptions]] = AWSOptions
     shape_examples = ("A100:8", "p4d.24xlarge")
@@ -143,6 +144,7 @@ class AWSProvider(CloudProvider):
 
     def ensure_network(self, request: ClusterRequest) -> NetworkRef:
         self.begin_attempts(request.name)
+        cidr = self.cidr.get(request.resources.ssh_cidr)   # before anything is created
         live = self._scan(request.name)[0]
         regions = [live[0].region] if live else [t.region for t in self.targets(request)]
         for region in regions:
@@ -152,7 +154,7 @@ class AWSProvider(CloudProvider):
                 self._attempt(request.name, region, None, "-", "quota", exc)
                 continue
             rules = "; ".join(r.text() for r in network.desired_rules(
-                self.cidr.get(request.resources.ssh_cidr), list(request.resources.ports)))
+                cidr, list(request.resources.ports)))
             return NetworkRef(f"{region}/{net.group_id}",
                               f"security group {net.group_id} in {net.vpc_id} ({region}): {rules}")
         raise self._exhausted(request, "no region had room for the cluster's network")

@@ -39,8 +39,8 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable
 
-from cloudtrain.errors import (AuthError, CapacityError, ProviderError, QuotaError, TransientError,
-                               UserError, code_of)
+from cloudtrain.errors import (AuthError, CapacityError, MissingSDK, NoCredentials, ProviderError,
+                               QuotaError, TransientError, UserError, code_of)
 
 DEFAULT_ENDPOINT = "https://management.azure.com"
 ENDPOINT_ENV = "CLOUDTRAIN_AZURE_ARM_ENDPOINT"
@@ -144,8 +144,8 @@ def classify(exc: BaseException, what: str) -> ProviderError:
     if code in TRANSIENT_CODES:
         return TransientError(text, "Azure is throttling or had a passing fault; run it again "
                                     "in a minute.", code=code)
-    if isinstance(exc, ClientAuthenticationError):
-        return AuthError(f"{what}: no usable Azure credentials ({_first_line(exc)}).",
+    if isinstance(exc, ClientAuthenticationError):   # no token could be had: ARM was not reached
+        return NoCredentials(f"{what}: no usable Azure credentials ({_first_line(exc)}).",
                          AUTH_HINT, code=code or type(exc).__name__)
     if isinstance(exc, (ServiceRequestError, ServiceResponseError)):
         return TransientError(f"{what}: could not reach Azure Resource Manager "
@@ -239,8 +239,7 @@ class AzureClients:
                 try:
                     from azure.identity import DefaultAzureCredential
                 except ImportError:
-                    raise UserError("The Azure provider needs azure-identity.",
-                                    "Install it: pip install 'cloudtrain[azure]'.") from None
+                    raise MissingSDK("azure", "azure.identity") from None
                 self._credential = DefaultAzureCredential()
         return self._credential
 
@@ -265,8 +264,7 @@ class AzureClients:
                     from azure.mgmt.network import NetworkManagementClient
                     from azure.mgmt.resource.resources import ResourceManagementClient
                 except ImportError as exc:
-                    raise UserError(f"The Azure provider needs the Azure SDK ({exc}).",
-                                    "Install it: pip install 'cloudtrain[azure]'.") from None
+                    raise MissingSDK("azure", exc.name or "azure.mgmt") from None
                 cred, kw = self.credential(), self._kwargs()
                 c = Clients(subscription_id,
                             ResourceManagementClient(cred, subscription_id, **kw),

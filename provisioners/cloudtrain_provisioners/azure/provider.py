@@ -40,6 +40,8 @@ MAX_PARALLEL = 16
 
 class AzureProvider(CloudProvider):
     name: ClassVar[str] = "azure"
+    sdk_modules: ClassVar[tuple[str, ...]] = ("azure.identity", "azure.mgmt.compute",
+                                              "azure.mgmt.network", "azure.mgmt.resource")
     title: ClassVar[str] = "Azure"
     options_model: ClassVar[type[AzureOptions]] = AzureOptions
     shape_examples = ("A100:8", "Standard_ND96asr_v4")
@@ -187,6 +189,7 @@ class AzureProvider(CloudProvider):
     def ensure_network(self, request: ClusterRequest) -> NetworkRef:
         name = request.name
         self.begin_attempts(name)
+        cidr = self.cidr.get(request.resources.ssh_cidr)   # before anything is created
         api = self._api(self._subscription(name, request))
         if self._opts(request).self_stop and selfstop.can_assign(api) is False:
             raise selfstop.permission_error(api.subscription_id)   # before anything exists
@@ -194,7 +197,7 @@ class AzureProvider(CloudProvider):
         region = self._existing_region(api, name) or self.targets(request)[0].region
         net = self._region_net(request, api, region)
         rules = "; ".join(r.text() for r in network.desired_rules(
-            self.cidr.get(request.resources.ssh_cidr), list(request.resources.ports),
+            cidr, list(request.resources.ports),
             self._opts(request).vnet_cidr))
         return NetworkRef(net.subnet_id, f"NSG {tags.NSG} in {net.group} ({region}): {rules}")
 

@@ -28,8 +28,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from cloudtrain.errors import (AuthError, CapacityError, CloudtrainError, ProviderError,
-                               QuotaError, TransientError)
+from cloudtrain.errors import (AuthError, CapacityError, CloudtrainError, MissingSDK,
+                               NoCredentials, ProviderError, QuotaError, TransientError)
 
 ENDPOINT_ENV = "CLOUDTRAIN_GCP_API_ENDPOINT"
 PROJECT_ENVS = ("CLOUDTRAIN_GCP_PROJECT", "GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CORE_PROJECT",
@@ -100,9 +100,8 @@ class GoogleClients:
         try:
             import google.auth
             from google.auth import exceptions as gauth_exc
-        except ImportError as exc:  # pragma: no cover - the extra is missing
-            raise ProviderError(f"The GCP provider needs google-cloud-compute ({exc}).",
-                                "Install it: pip install 'cloudtrain[gcp]'.") from None
+        except ImportError as exc:  # the extra is missing
+            raise MissingSDK("gcp", getattr(exc, "name", None) or "google-auth") from None
         try:
             if self.credentials_file:
                 from google.oauth2 import service_account
@@ -111,10 +110,10 @@ class GoogleClients:
                 try:
                     info = json.loads(path.read_text())
                 except (OSError, ValueError) as exc:
-                    raise AuthError(f"The GCP key file {path} cannot be read: {exc}.",
+                    raise NoCredentials(f"The GCP key file {path} cannot be read: {exc}.",
                                     CREDENTIALS_HINT) from None
                 if info.get("type") != "service_account":
-                    raise AuthError(f"{path} is not a service-account key file "
+                    raise NoCredentials(f"{path} is not a service-account key file "
                                     f"(type {info.get('type')!r}).", CREDENTIALS_HINT)
                 self._credentials = service_account.Credentials.from_service_account_info(
                     info, scopes=SCOPES)
@@ -122,10 +121,10 @@ class GoogleClients:
             else:
                 self._credentials, self._cred_project = google.auth.default(scopes=SCOPES)
         except gauth_exc.DefaultCredentialsError as exc:
-            raise AuthError(f"No GCP credentials found ({str(exc).splitlines()[0]}).",
+            raise NoCredentials(f"No GCP credentials found ({str(exc).splitlines()[0]}).",
                             CREDENTIALS_HINT, code="credentials") from None
         except (ValueError, KeyError) as exc:
-            raise AuthError(f"The GCP credentials cannot be used: {exc}.",
+            raise NoCredentials(f"The GCP credentials cannot be used: {exc}.",
                             CREDENTIALS_HINT, code="credentials") from None
         self._loaded = True
         return self._credentials
@@ -145,7 +144,7 @@ class GoogleClients:
             self._load_credentials()
         if self._cred_project:
             return str(self._cred_project)
-        raise AuthError("No GCP project is set.",
+        raise NoCredentials("No GCP project is set.",
                         "Give resources.gcp.project in the task, or set GOOGLE_CLOUD_PROJECT "
                         "(or 'gcloud config set project ID' for ADC).",
                         code="no-project")
@@ -210,7 +209,7 @@ def classify(exc: BaseException, what: str) -> CloudtrainError:
     from google.auth import exceptions as aexc
 
     if isinstance(exc, aexc.DefaultCredentialsError):
-        return AuthError(f"No GCP credentials found ({exc}).", CREDENTIALS_HINT,
+        return NoCredentials(f"No GCP credentials found ({exc}).", CREDENTIALS_HINT,
                          code="credentials")
     if isinstance(exc, aexc.RefreshError):
         return AuthError(f"The GCP credentials were refused when refreshed: {exc}.",

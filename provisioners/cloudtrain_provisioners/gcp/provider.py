@@ -36,6 +36,8 @@ DEFAULT_REGION = "us-central1"
 
 class GCPProvider(CloudProvider):
     name: ClassVar[str] = "gcp"
+    sdk_modules: ClassVar[tuple[str, ...]] = ("google.auth", "google.api_core",
+                                              "google.cloud.compute_v1")
     title: ClassVar[str] = "GCP"
     options_model: ClassVar[type[GCPOptions]] = GCPOptions
     shape_examples = ("T4:1, A100:8", "a2-highgpu-8g")
