@@ -9,7 +9,8 @@ Every error cloudtrain raises on purpose is a :class:`CloudtrainError`. Each car
     │   ├── SpecError                 the task file is wrong (names the field and line)
     │   ├── ClusterNotFound           no such cluster
     │   ├── MissingSDK                a cloud's SDK extra is not installed
-    │   └── NoCallerAddress           this machine's public IP, for the SSH rule, is unknown
+    │   └── NotAsked                  a setting the cloud needs first is missing
+    │       └── NoCallerAddress       this machine's public IP, for the SSH rule, is unknown
     ├── ProviderError (1)             the provider could not do what was asked
     │   ├── CapacityError             try another zone
     │   ├── QuotaError                try another region / raise the quota
@@ -87,16 +88,22 @@ class MissingSDK(UserError):
         self.module = module
 
 
-class NoCallerAddress(UserError):
+class NotAsked(UserError):
+    """A setting the provider needs before its first call (e.g. an Azure subscription) is
+    missing: the cloud was not asked anything."""
+
+
+class NoCallerAddress(NotAsked):
     """This machine's public IP address (the SSH rule's source) could not be found: the clouds
     look it up before they create anything."""
 
 
 def reached_nothing(exc: BaseException) -> bool:
     """Whether ``exc`` says that nothing reached the cloud: the provider could not be asked at
-    all (no SDK, no credentials), or stopped before its first call that creates anything
-    (this machine's address unknown). Then this process created nothing there."""
-    return isinstance(exc, (MissingSDK, NoCredentials, NoCallerAddress))
+    all (no SDK, no credentials, no subscription), or stopped before its first call that
+    creates anything (this machine's address unknown). Then this process created nothing
+    there."""
+    return isinstance(exc, (MissingSDK, NoCredentials, NotAsked))
 
 
 class ProviderError(CloudtrainError):

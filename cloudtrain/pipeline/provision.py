@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator
 
 from cloudtrain import sshconfig
@@ -60,29 +61,38 @@ def _provision(env: Env, task: Task, name: str, *, keep_on_failure: bool,
             f"Use another name (-c) or take it down first: cloudtrain down {name}")
     provider = env.provider(task.resources.provider)
     check_mounts(task, provider)
-    with _unreached_leaves_nothing(env, name, new=existing is None):
-        return _make(env, task, name, provider, existing, keep_on_failure=keep_on_failure,
-                     planned=planned)
+    with _nothing_made_leaves_nothing(env, name, new=existing is None) as progress:
+        return _make(env, task, name, provider, existing, progress,
+                     keep_on_failure=keep_on_failure, planned=planned)
+
+
+@dataclass
+class Progress:
+    """How far one ``up`` got: ``creating`` once it asks the provider to create anything."""
+
+    creating: bool = False
 
 
 @contextmanager
-def _unreached_leaves_nothing(env: Env, name: str, *, new: bool) -> Iterator[None]:
-    """An ``up`` of a new cluster that fails before its provider was reached leaves the state
-    as it found it: the row it wrote and the folder it made are removed, silently (there is
-    nothing to roll back)."""
+def _nothing_made_leaves_nothing(env: Env, name: str, *, new: bool) -> Iterator[Progress]:
+    """An ``up`` of a new cluster that fails before it asked the provider to create anything,
+    or whose provider was never reached, leaves the state as it found it: the row it wrote
+    and the folder it made are removed, silently (there is nothing to roll back)."""
     made_dir = new and not env.pctx.cluster_dir(name).exists()
+    progress = Progress()
     try:
-        yield
+        yield progress
     except BaseException as exc:
-        if new and reached_nothing(exc):
+        if new and (not progress.creating or reached_nothing(exc)):
             env.state.delete_cluster(name)
             if made_dir:
                 forget_files(env, name)
         raise
 
 
-def _make(env: Env, task: Task, name: str, provider: Provider, existing: ClusterRow | None, *,
-          keep_on_failure: bool, planned: Plan | None) -> tuple[Handle, bool]:
+def _make(env: Env, task: Task, name: str, provider: Provider, existing: ClusterRow | None,
+          progress: Progress, *, keep_on_failure: bool, planned: Plan | None
+          ) -> tuple[Handle, bool]:
     keys = ensure_keys(env.pctx.cluster_dir(name), comment=f"cloudtrain-{name}")
     request = cluster_request(task, name, keys.public_key())
     if planned is None:
@@ -106,6 +116,7 @@ def _make(env: Env, task: Task, name: str, provider: Provider, existing: Cluster
             options=request.options.model_dump(mode="json") if request.options else {},
             resources=task.resources.model_dump(mode="json"),
         )
+        progress.creating = True
         env.state.upsert_cluster(row)
         try:
             env.ui.step(f"Provisioning {task.num_nodes} node(s) on {provider.name} for '{name}'")

@@ -144,7 +144,8 @@ class AWSProvider(CloudProvider):
 
     def ensure_network(self, request: ClusterRequest) -> NetworkRef:
         self.begin_attempts(request.name)
-        cidr = self.cidr.get(request.resources.ssh_cidr)   # before anything is created
+        rules = "; ".join(r.text() for r in network.desired_rules(   # before anything is made
+            self.cidr.get(request.resources.ssh_cidr), list(request.resources.ports)))
         live = self._scan(request.name)[0]
         regions = [live[0].region] if live else [t.region for t in self.targets(request)]
         for region in regions:
@@ -153,8 +154,6 @@ class AWSProvider(CloudProvider):
             except QuotaError as exc:
                 self._attempt(request.name, region, None, "-", "quota", exc)
                 continue
-            rules = "; ".join(r.text() for r in network.desired_rules(
-                cidr, list(request.resources.ports)))
             return NetworkRef(f"{region}/{net.group_id}",
                               f"security group {net.group_id} in {net.vpc_id} ({region}): {rules}")
         raise self._exhausted(request, "no region had room for the cluster's network")

@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, ClassVar
 
-from cloudtrain.errors import ProviderError, UserError, code_of
+from cloudtrain.errors import NotAsked, ProviderError, UserError, code_of
 from cloudtrain.provider import (ClusterRequest, NetworkRef, Node, NodeHealth, Plan, SelfStop,
                                  generate_host_key, host_key_cloud_config)
 from cloudtrain.provider.cloud import CloudProvider, Existing, Pin, Target, Unavailable, worst
@@ -63,7 +63,7 @@ class AzureProvider(CloudProvider):
         sub = (self._opts(request).subscription_id if request is not None else None) \
             or self._record(cluster).get("subscription_id") or self.clients.default_subscription()
         if not sub:
-            raise UserError("No Azure subscription is known for this cluster.",
+            raise NotAsked("No Azure subscription is known for this cluster.",
                             "Set resources.azure.subscription_id in the task, or "
                             "AZURE_SUBSCRIPTION_ID, or choose a default one with "
                             "'az account set --subscription ID'.")
