@@ -17,7 +17,7 @@ from cloudtrain.commands.base import CONTEXT, guard, open_env
 @click.command(name="gc", context_settings=CONTEXT)
 @click.option("--provider", "provider_name", metavar="NAME",
               help="Only this provider (default: every installed cloud; those without "
-                   "credentials are skipped with a note).")
+                   "their SDK or credentials are skipped with a note).")
 @click.option("--all-regions", is_flag=True,
               help="Search every enabled region (default: the default region and the "
                    "regions of this machine's clusters).")
