@@ -303,7 +303,8 @@ def csv_rows(rep: Report) -> list[list[str]]:
 def recoveries_json(rows: Iterable[RecoveryRow]) -> list[dict[str, object]]:
     """Each replacement of lost nodes (docs/recovery.md): when (``lost_at``: the last poll
     that saw the nodes running; ``detected_at_unix``: when the cloud said lost), which ranks, the cloud's
-    reason, the seconds lost by phase, and the dollars (lost work, replacement). The
+    reason, the seconds lost by phase, the dollars (lost work, replacement), and what the
+    restarted job could resume from ("restarted from step 0" when nothing). The
     replacement's node-hours are in the cluster's usage intervals like any node's."""
     return [{
         "cluster": r.cluster, "launch_job": r.launch_job, "old_job": r.old_job,
@@ -313,6 +314,7 @@ def recoveries_json(rows: Iterable[RecoveryRow]) -> list[dict[str, object]]:
         "bootstrap_s": _r(r.bootstrap_s, 3), "sync_s": _r(r.sync_s, 3),
         "restart_s": _r(r.restart_s, 3), "seconds_lost": _r(r.seconds_lost, 3),
         "lost_work_usd": _r(r.lost_work_usd), "replacement_usd": _r(r.replacement_usd),
+        "resumed_from": r.resumed_from,
     } for r in rows]
 
 
@@ -326,7 +328,7 @@ def recovery_line(r: RecoveryRow) -> str:
     return (f"{r.cluster}: recovery {r.status.lower()} at {when}: node(s) "
             f"{','.join(map(str, r.ranks))} ({r.reason}); {r.seconds_lost:.1f}s lost"
             + (f" ({phases})" if phases else "") + f"; {cost}; job {r.old_job} -> "
-            f"{r.new_job or '-'}")
+            f"{r.new_job or '-'}" + (f"; {r.resumed_from}" if r.resumed_from else ""))
 
 
 def money(x: float | None) -> str:

@@ -66,6 +66,9 @@ class Group:
         self.keys = keys
         self.conns: dict[int, Transport] = {}
         self.stop = threading.Event()
+        self.patience: float | None = None
+        """How long :meth:`follow` keeps reconnecting to a silent node before NodeLost, when
+        longer than node_timeout() (``launch --recover``: the unresponsive window)."""
         self._pool = ThreadPoolExecutor(max_workers=max(1, min(64, len(self.nodes) * 2)),
                                         thread_name_prefix="ct-ssh")
 
@@ -172,11 +175,13 @@ class Group:
                on_note: Callable[[str], None] | None = None, stdin: bytes | None = None) -> Result:
         """Follow a job that runs detached on ``node``: ``command(offset)`` streams its log
         from that byte and exits with the job's exit code. A dropped connection is
-        reconnected (with backoff, until the node has been silent for node_timeout()) and the
+        reconnected (with backoff, until the node has been silent for node_timeout(), or
+        ``patience`` when that is longer) and the
         stream resumes at the byte it stopped at, so no line is lost or repeated. Only the
         job's own exit ends it; a node that does not come back ends it with NodeLost.
         ``stdin``: bytes sent first on every attempt (stdin is then held open as always)."""
         limit = node_timeout()
+        patience = max(limit, self.patience or 0.0)
         lines = LineBuffer(node.rank, on_line)
         tail = Tail(TAIL_BYTES)
         err = Tail(TAIL_BYTES)
@@ -217,15 +222,15 @@ class Group:
                 since = time.monotonic() - silent
                 if on_note is not None:
                     on_note(f"node {node.rank} ({node_address(node)}): {exc.args[0]}; reconnecting "
-                            f"(gives up after {limit:.0f} s without an answer)")
+                            f"(gives up after {patience:.0f} s without an answer)")
             try:
-                self._reconnect(node, deadline=since + limit)
+                self._reconnect(node, deadline=since + patience)
             except (SSHTimeout, RemoteError) as exc:
                 if self.stop.is_set():
                     return done(None, RemoteError("stopped"))
                 if isinstance(exc, HostKeyMismatch):
                     return done(None, exc)
-                return done(None, NodeLost(node, time.monotonic() - since, limit,
+                return done(None, NodeLost(node, time.monotonic() - since, patience,
                                            "it did not accept a new SSH connection"))
             if on_note is not None:
                 on_note(f"node {node.rank}: reconnected after {time.monotonic() - since:.1f} s; "

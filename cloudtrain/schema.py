@@ -7,7 +7,8 @@ Schema versions (``PRAGMA user_version``): 0/1 the first release; 2 adds ``usage
 ``usage.max_cost_usd``, ``clusters.max_cost_usd`` (the budget in force) and
 ``launches.end_reason``; 3 adds the ``recoveries`` table (one row per replacement of nodes
 the cloud took, issue 13: when, which ranks, the cloud's reason, the seconds lost by phase,
-the dollars). Older databases are migrated in place when opened (``state``).
+the dollars); 4 adds ``recoveries.resumed_from`` (what the restarted job could resume from:
+"restarted from step 0" when nothing, issue 21). Older databases are migrated in place when opened (``state``).
 """
 
 from __future__ import annotations
@@ -93,12 +94,13 @@ CREATE TABLE IF NOT EXISTS recoveries (
     reason TEXT NOT NULL,
     detect_s REAL, replace_s REAL, bootstrap_s REAL, sync_s REAL, restart_s REAL,
     lost_work_usd REAL, replacement_usd REAL,
-    status TEXT NOT NULL DEFAULT 'REPLACING'
+    status TEXT NOT NULL DEFAULT 'REPLACING',
+    resumed_from TEXT
 );
 CREATE INDEX IF NOT EXISTS recoveries_cluster ON recoveries(cluster);
 """
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 # Columns added after the first release: (table, column, declaration). A database created
 # before them gets them through ALTER TABLE when it is opened.
@@ -108,6 +110,7 @@ ADDED_COLUMNS = (
     ("usage", "end_reason", "TEXT"),
     ("usage", "cluster_created_at", "REAL"),
     ("usage", "max_cost_usd", "REAL"),
+    ("recoveries", "resumed_from", "TEXT"),
 )
 
 
@@ -188,6 +191,7 @@ class RecoveryRow:
     lost_work_usd: float | None = None
     replacement_usd: float | None = None
     status: str = "REPLACING"
+    resumed_from: str | None = None
 
     @property
     def seconds_lost(self) -> float:

@@ -286,12 +286,13 @@ class State:
     # --- recoveries (issue 13) --------------------------------------------------------------
 
     def add_recovery(self, cluster: str, launch_job: str, old_job: str, lost_at: float,
-                     ranks: list[int], reason: str) -> int:
+                     ranks: list[int], reason: str, resumed_from: str | None = None) -> int:
         with self._write() as db:
             cur = db.execute(
-                "INSERT INTO recoveries (cluster, launch_job, old_job, lost_at, ranks, reason) "
-                "VALUES (?,?,?,?,?,?)",
-                (cluster, launch_job, old_job, lost_at, ",".join(map(str, ranks)), reason))
+                "INSERT INTO recoveries (cluster, launch_job, old_job, lost_at, ranks, reason, "
+                "resumed_from) VALUES (?,?,?,?,?,?,?)",
+                (cluster, launch_job, old_job, lost_at, ",".join(map(str, ranks)), reason,
+                 resumed_from))
             return int(cur.lastrowid or 0)
 
     def update_recovery(self, rid: int, **fields: object) -> None:

@@ -1,7 +1,8 @@
-"""The recovery controller (``launch --recover``, issue 13): follow the job as a launch does
-and, every ``recovery.poll_seconds``, ask the CLOUD which nodes it took
-(``provider.node_health``). Only the cloud's word is a loss: a node whose SSH drops while the
-cloud says it runs is left to the reconnect logic of the log follower. On a loss: stop the
+"""The recovery controller (``launch --recover``, issues 13 and 21): follow the job as a launch
+does and, every ``recovery.poll_seconds``, ask the CLOUD which nodes it took
+(``provider.node_health``; :mod:`.recover_watch`). Only the cloud's word is a loss at once: a
+node whose SSH drops while the cloud says it runs is waited for (the log follower keeps
+reconnecting) up to the unresponsive window, then replaced as "unresponsive". On a loss: stop the
 surviving ranks (SIGTERM, stop_grace: they write a checkpoint), discard the lost ranks,
 provision again (``pipeline.provision``: same place first, the planner's failover order when
 that has no capacity and ``failover`` allows it), bootstrap and sync the new nodes, and start
@@ -10,194 +11,36 @@ row of the ledger (``state.recoveries``) with its seconds lost by phase and its 
 
 from __future__ import annotations
 
-import shlex
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 from cloudtrain import budget
-from cloudtrain.cluster import Handle
 from cloudtrain.context import Env
 from cloudtrain.errors import CloudtrainError, JobFailed, UserError
 from cloudtrain.pipeline import run
-from cloudtrain.provider.contract import NodeHealth, Plan, ReportsNodeHealth
-from cloudtrain.remote import Group, bash
+from cloudtrain.pipeline.recover_watch import (HealthWatch, Loss, lost_now,
+                                               no_checkpoints_warning, unresponsive_window)
+from cloudtrain.provider.contract import Plan, ReportsNodeHealth
+from cloudtrain.remote import NodeLost
 from cloudtrain.spec import Task
 from cloudtrain.taskmodel import Recovery
 
 
-@dataclass
-class Loss:
-    """What the cloud said it took, and when the controller saw it."""
-
-    ranks: list[int]
-    reason: str
-    last_running_at: float
-    detected_at: float
-    work_since: float
-    """The job's start or its last checkpoint, whichever is later: work after it is lost."""
-
-
-@dataclass
-class HealthWatch:
-    """A thread asking the provider about the nodes every ``poll`` seconds while a job runs;
-    it also carries the launch's budget watch (``run_task`` takes one guard). On a loss it
-    stops the job (the surviving ranks get SIGTERM and stop_grace) and ends the log follow."""
-
-    env: Env
-    handle: Handle
-    group: Group
-    poll: float
-    task: Task
-    watch: budget.Watch | None = None
-    head_log: Callable[[], object] | None = None
-    """The head's job log on this machine: its ``store.py watch`` says there when a checkpoint
-    reached the bucket, which is all that survives the loss of the head."""
-    loss: Loss | None = None
-    uploaded_at: float | None = None
-    _log_offset: int = 0
-    started_at: float = field(default_factory=time.time)
-    last_running_at: float = field(default_factory=time.time)
-    exceeded: threading.Event = field(default_factory=threading.Event)
-    _stop: Callable[[str], None] | None = None
-    _done: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
-
-    def __post_init__(self) -> None:
-        if self.watch is not None:
-            self.exceeded = self.watch.exceeded
-
-    def error(self) -> budget.BudgetExceeded:
-        assert self.watch is not None
-        return self.watch.error()
-
-    def start(self) -> None:
-        if self.watch is not None:
-            self.watch.start()
-        self._thread = threading.Thread(target=self._loop, name="health-watch", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._done.set()
-        if self.watch is not None:
-            self.watch.stop()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=5)
-
-    def attach(self, stop: Callable[[str], None]) -> None:
-        self._stop = stop
-        self.started_at = time.time()
-        if self.watch is not None:
-            self.watch.attach(stop)
-
-    def detach(self) -> None:
-        self._stop = None
-        if self.watch is not None:
-            self.watch.detach()
-
-    def _loop(self) -> None:
-        while not self._done.wait(self.poll):
-            try:
-                health = ask(self.handle)
-            except CloudtrainError as exc:   # the cloud could not be asked: not a loss
-                self.env.ui.warn(f"recovery: could not ask the cloud about the nodes: {exc}")
-                continue
-            lost = [h for h in health if h.state == "lost"]
-            if not lost:
-                before, self.last_running_at = self.last_running_at, time.time()
-                self._note_uploads(before)
-                continue
-            if self._stop is None:
-                continue    # between steps: run_task fails on its own, or the next job sees it
-            ckpt = None
-            if any(h.rank == 0 for h in lost):     # the head's disk is gone: only the bucket's
-                ckpt = self.uploaded_at if self.task.checkpoints else None
-            else:
-                try:
-                    ckpt = last_checkpoint_at(self.group, self.handle, self.task)
-                except CloudtrainError:
-                    ckpt = None
-            self.loss = Loss([h.rank for h in lost], "; ".join(f"node {h.rank}: {h.reason}"
-                                                             for h in lost),
-                             self.last_running_at, time.time(),
-                             max(self.started_at, ckpt or 0.0))
-            self.env.ui.warn(f"recovery: the cloud took {self.loss.reason}")
-            self._stop(f"the cloud took node(s) {self.loss.ranks}")
-            self.group.stop.set()   # the lost node's follow ends now, not at the node timeout
-            return
-
-    def _note_uploads(self, before: float) -> None:
-        """When the head's log (read on from where the last poll stopped) says a checkpoint
-        was uploaded, count it from the poll before (the upload ended after that one)."""
-        from pathlib import Path
-
-        path = self.head_log() if self.head_log is not None else None
-        if not self.task.checkpoints or not isinstance(path, Path):
-            return
-        try:
-            with path.open("rb") as f:
-                f.seek(self._log_offset)
-                new = f.read()
-        except OSError:
-            return
-        cut = new.rfind(b"\n") + 1
-        self._log_offset += cut
-        if b"[store] Uploaded checkpoint " in new[:cut]:
-            self.uploaded_at = before
-
-
-def ask(handle: Handle) -> list[NodeHealth]:
-    provider = handle.provider
-    if not isinstance(provider, ReportsNodeHealth):
-        raise UserError(f"The {provider.name} provider cannot tell which nodes the cloud took, "
-                        "so --recover cannot run on it.", "Launch without --recover.")
-    return provider.node_health(handle.name)
-
-
-def lost_now(handle: Handle, health: HealthWatch) -> Loss | None:
-    """A step before the job (sync, setup) failed: was it the cloud taking a node? Asked once,
-    so that the loss, not the failed step, decides what happens."""
-    try:
-        lost = [h for h in ask(handle) if h.state == "lost"]
-    except CloudtrainError:
-        return None
-    if not lost:
-        return None
-    now = time.time()
-    return Loss([h.rank for h in lost], "; ".join(f"node {h.rank}: {h.reason}" for h in lost),
-                health.last_running_at, now, now)
-
-
-def check(env: Env, task: Task, plan: Plan) -> Recovery:
+def check(env: Env, task: Task, plan: Plan, *, warn: bool = True) -> Recovery:
     """The task's recovery settings (defaults for a bare --recover); refuses a provider that
-    cannot report node health (exit 2, before anything is created)."""
+    cannot report node health and a bad CLOUDTRAIN_UNRESPONSIVE_WINDOW (exit 2, before
+    anything is created); warns (``warn``) when the task has no ``checkpoints:``."""
     provider = env.provider(plan.provider or task.resources.provider or "local")
     if not isinstance(provider, ReportsNodeHealth):
         raise UserError(f"--recover needs a provider that reports node health; "
                         f"'{provider.name}' does not.",
                         "Launch without --recover, or pick aws, gcp, azure or local.")
+    unresponsive_window()
+    if warn and not task.checkpoints:
+        env.ui.warn(no_checkpoints_warning())
     return task.recovery or Recovery()
-
-
-def last_checkpoint_at(group: Group, handle: Handle, task: Task) -> float | None:
-    """When the surviving head last wrote a checkpoint: the newest file under its
-    CLOUDTRAIN_CHECKPOINT_DIR (``checkpoints:``'s directory, or the task envs' value) on
-    rank 0, or None."""
-    from cloudtrain.pipeline import storage
-
-    where = (storage.checkpoint_dir(handle.nodes[0]) if task.checkpoints
-             else task.envs.get("CLOUDTRAIN_CHECKPOINT_DIR"))
-    if not where or 0 not in group.conns:
-        return None
-    d = shlex.quote(where)
-    res = group.run(bash(f"cd {shlex.quote(handle.nodes[0].root_dir)}/workdir 2>/dev/null; "
-                         f"find {d} -type f -printf '%T@\\n' 2>/dev/null | sort -n | tail -1"),
-                    ranks=[0], timeout=15)
-    try:
-        return float(res[0].stdout.strip())
-    except (ValueError, KeyError):
-        return None
 
 
 def first_line_at(path_of: Callable[[], object], done: threading.Event) -> list[float]:
@@ -276,7 +119,7 @@ class Controller:
             self.count += 1
             rid = self.env.state.add_recovery(self.name, self.launch_job or outcome.job_id,
                                               outcome.job_id, loss.last_running_at, loss.ranks,
-                                              loss.reason)
+                                              loss.reason, loss.resumes_from)
             if self.count > self.rec.max_recoveries:
                 self.env.state.update_recovery(rid, status="GAVE_UP")
                 raise JobFailed(1, loss.ranks[0],
@@ -303,6 +146,7 @@ class Controller:
 
         phases: dict[str, float] = {}
         with self.provisioned(opened, pending is not None) as (handle, group, fresh):
+            group.patience = unresponsive_window()   # a silent node is waited for, not lost
             t = time.time()
             if pending is not None:
                 phases["replace_s"] = t - pending[1].detected_at
@@ -326,10 +170,12 @@ class Controller:
             try:
                 outcome = run.run_task(self.env, handle, group, self.task,
                                        overrides=self.overrides, guard=health, job_id=job_id)
-            except CloudtrainError:
+            except CloudtrainError as exc:
                 if health.exceeded.is_set():
                     raise       # the budget, not the loss, ends the launch
                 health.loss = health.loss or lost_now(handle, health)
+                if health.loss is None and isinstance(exc, NodeLost):
+                    health.loss = health.unresponsive(exc, group.patience)
                 if health.loss is None:
                     raise
                 outcome = run.Outcome(job_id, 1)    # the loss, not the error, is the story

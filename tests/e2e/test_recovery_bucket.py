@@ -133,6 +133,8 @@ def _check_recovered(cli: CLI, name: str, proc: subprocess.Popen[str], reference
     rec = recs[0]
     assert rec["ranks"] == [0] and rec["status"] == "RECOVERED", rec
     assert isinstance(rec["restart_s"], float) and rec["restart_s"] >= 0, rec
+    assert str(rec["resumed_from"]).startswith("the newest checkpoint in the bucket"), rec
+    assert "without 'checkpoints:'" not in err, err[-3000:]       # the task has them
     return text, got
 
 

@@ -1,6 +1,7 @@
-"""The recoveries ledger (issue 13): an old database gains the table when opened; a recovery
-row is written, updated and read back; cost-report's JSON and the status line show it; a
-provider that cannot tell which nodes the cloud took is refused by --recover (exit 2)."""
+"""The recoveries ledger (issues 13, 21): an old database gains the table (and the
+``resumed_from`` column) when opened; a recovery row is written, updated and read back;
+cost-report's JSON and the status line show it; a provider that cannot tell which nodes the
+cloud took, or a bad CLOUDTRAIN_UNRESPONSIVE_WINDOW, is refused by --recover (exit 2)."""
 
 from __future__ import annotations
 
@@ -25,9 +26,10 @@ def test_an_old_database_gains_the_recoveries_table(tmp_path: Path) -> None:
     db.close()
     state = open_state(tmp_path)
     with sqlite3.connect(tmp_path / "state.db") as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
     assert state.recoveries() == []
-    rid = state.add_recovery("c", "j0", "j0", 1000.0, [1, 3], "node 1: preempted")
+    rid = state.add_recovery("c", "j0", "j0", 1000.0, [1, 3], "node 1: preempted",
+                             "restarted from step 0")
     state.update_recovery(rid, new_job="j1", detect_s=2.0, replace_s=60.0, bootstrap_s=30.0,
                           sync_s=5.0, restart_s=3.0, lost_work_usd=0.5, replacement_usd=0.25,
                           status="RECOVERED")
@@ -41,6 +43,20 @@ def test_an_old_database_gains_the_recoveries_table(tmp_path: Path) -> None:
     assert j["lost_work_usd"] == 0.5 and j["status"] == "RECOVERED"
     line = ledger.recovery_line(r)
     assert "node(s) 1,3 (node 1: preempted); 100.0s lost" in line and "j0 -> j1" in line
+    assert j["resumed_from"] == "restarted from step 0" and line.endswith("; restarted from step 0")
+
+
+def test_a_version_3_database_gains_resumed_from(tmp_path: Path) -> None:
+    state = open_state(tmp_path)
+    state.add_recovery("c", "j0", "j0", 1000.0, [1], "node 1: preempted")
+    with sqlite3.connect(tmp_path / "state.db") as db:    # as cloudtrain 3 left it
+        db.executescript("ALTER TABLE recoveries DROP COLUMN resumed_from; "
+                         "PRAGMA user_version=3;")
+    again = open_state(tmp_path)
+    [r] = again.recoveries()
+    assert r.reason == "node 1: preempted" and r.resumed_from is None
+    again.add_recovery("c", "j1", "j1", 2000.0, [0], "node 0: unresponsive", "restarted from step 0")
+    assert [x.resumed_from for x in again.recoveries()] == [None, "restarted from step 0"]
 
 
 def test_recover_is_refused_on_a_provider_without_node_health(tmp_path: Path) -> None:
@@ -59,3 +75,18 @@ def test_recover_is_refused_on_a_provider_without_node_health(tmp_path: Path) ->
     st = subprocess.run([sys.executable, "-m", "cloudtrain", "status", "--json"],
                         capture_output=True, text=True, env=env, timeout=60)
     assert st.stdout.strip() == "[]"
+
+
+def test_a_bad_unresponsive_window_is_refused_before_anything_is_created(tmp_path: Path) -> None:
+    task = tmp_path / "t.yaml"
+    task.write_text("name: mine\nnum_nodes: 1\nresources: {provider: local}\nrun: 'true'\n")
+    home = tmp_path / "home"
+    env = {"CLOUDTRAIN_HOME": str(home), "NO_COLOR": "1", "PATH": "/usr/bin:/bin"}
+    for bad in ("ten", "0", "-5", "nan", "inf"):
+        r = subprocess.run([sys.executable, "-m", "cloudtrain", "launch", str(task), "-y",
+                            "--recover"], capture_output=True, text=True, timeout=60,
+                           env={**env, "CLOUDTRAIN_UNRESPONSIVE_WINDOW": bad})
+        assert r.returncode == 2, (bad, r.stderr)
+        assert f"CLOUDTRAIN_UNRESPONSIVE_WINDOW='{bad}' is not a positive number" in r.stderr
+        assert "Traceback" not in r.stderr
+        assert not (home / "clusters").exists() or not any((home / "clusters").iterdir())

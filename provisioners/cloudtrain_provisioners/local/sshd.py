@@ -145,13 +145,15 @@ def pid(node_dir: Path) -> int | None:
 
 
 def stop(node_dir: Path) -> None:
-    """End the node's sshd and its open sessions (as a machine that powers off would)."""
+    """End the node's sshd and its open sessions (as a machine that powers off would), also
+    when they are frozen (SIGSTOP, an unresponsive node): SIGCONT delivers the SIGTERM."""
     p = pid(node_dir)
     if p is None:
         return
     for q in [*children(p), p]:
         try:
             os.kill(q, signal.SIGTERM)
+            os.kill(q, signal.SIGCONT)
         except (ProcessLookupError, PermissionError):
             pass
 
