@@ -157,6 +157,9 @@ class Resources(BaseModel):
         return dict(self.model_extra or {})
 
 
+_MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,99}(\.[A-Za-z_][A-Za-z0-9_]{0,99}){0,31}$")
+
+
 class Train(_Strict):
     script: str | None = None
     module: str | None = None
@@ -178,6 +181,17 @@ class Train(_Strict):
     def _script(cls, v: str | None) -> str | None:
         if v is not None:
             _check_path_text(v)
+            if v.startswith(("/", "-", "~")) or ".." in v.split("/"):
+                raise ValueError(f"'{v[:60]}': give the script's path inside workdir, without "
+                                 "'..' and not starting with '/', '~' or '-', e.g. train.py")
+        return v
+
+    @field_validator("module")
+    @classmethod
+    def _module(cls, v: str | None) -> str | None:
+        if v is not None and not _MODULE_RE.match(v):
+            raise ValueError(f"'{v[:60]}' is not a Python module name; write dotted names, "
+                             "e.g. pkg.train")
         return v
 
     @field_validator("nproc_per_node")
@@ -194,6 +208,7 @@ class Train(_Strict):
         return self
 
 
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 _REQ_RE = re.compile(r"^torch(\s*(==|>=|<=|~=|<|>|!=)\s*[0-9][0-9A-Za-z.+*]*)?(\s*,\s*(==|>=|<=|~=|<|>|!=)\s*[0-9][0-9A-Za-z.+*]*)*$")
 
 
@@ -208,8 +223,14 @@ class BootstrapSpec(_Strict):
     @field_validator("python")
     @classmethod
     def _python(cls, v: str | None) -> str | None:
-        if v is not None and not v.startswith("/"):
-            raise ValueError("give the absolute path of a python on the nodes, e.g. /opt/conda/bin/python")
+        if v is not None:
+            if not v.startswith("/"):
+                raise ValueError("give the absolute path of a python on the nodes, e.g. "
+                                 "/opt/conda/bin/python")
+            _check_path_text(v)
+            if _CONTROL_RE.search(v):
+                raise ValueError("the path has control characters; give the absolute path of "
+                                 "a python on the nodes, e.g. /opt/conda/bin/python")
         return v
 
     @field_validator("torch")

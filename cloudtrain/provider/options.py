@@ -7,6 +7,7 @@ registry, with the same kind of errors (a :class:`SpecError` naming the field an
 - ``check_task(task)``: right after parsing, before anything is created: options written
   for another provider, and a provider name that is not installed;
 - ``provider_options(task)``: the provider's own options model, validated;
+- ``check_options(task)``: the same check for a command that needs no provider (``cost``);
 - ``load_checked(path)`` / ``parse_checked(text)``: ``spec``'s loading plus ``check_task``,
   in the order a user sees the errors (the file, its fields, its provider, its local paths).
 
@@ -20,7 +21,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
-from cloudtrain.errors import SpecError
+from cloudtrain.errors import SpecError, UserError
 from cloudtrain.provider import registry
 from cloudtrain.spec import Resources, Task, check_paths, clean_loc, parse_task, read_task_file
 
@@ -72,6 +73,21 @@ def load_checked(path: str | Path, *, known_providers: tuple[str, ...] = ()) -> 
                          known_providers=known_providers)
     check_paths(task, source=str(p))
     return task
+
+
+def check_options(task: Task) -> None:
+    """``resources.<provider>`` checked by the provider's own model, for a command that
+    creates nothing and needs no provider otherwise (``cost``): the same refusals as ``up`` and
+    ``launch``. A provider that cannot be loaded here has no model to check against: skipped
+    (``cost`` prices clouds whose provider is not installed)."""
+    name = task.resources.provider
+    if name is None:
+        return
+    try:
+        registry.provider_class(name)
+    except UserError:
+        return
+    provider_options(task)
 
 
 def provider_options(task: Task) -> BaseModel | None:
