@@ -81,10 +81,9 @@ def cost(task_file: str, hours: float | None, as_json: bool, top: int | None,
 
 def load_cost_task(task_file: str, accelerators: str | None) -> Task:
     from cloudtrain.planner import CLOUDS
-    from cloudtrain.provider.options import check_options, load_checked
+    from cloudtrain.provider.options import load_checked
 
-    task = load_checked(task_file, known_providers=CLOUDS)
-    check_options(task)     # resources.<provider>: refused as up and launch refuse it
+    task = load_checked(task_file, known_providers=CLOUDS)   # resources.<provider> included
     if accelerators is not None:
         from pydantic import ValidationError
 

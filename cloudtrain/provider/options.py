@@ -7,7 +7,8 @@ registry, with the same kind of errors (a :class:`SpecError` naming the field an
 - ``check_task(task)``: right after parsing, before anything is created: options written
   for another provider, and a provider name that is not installed;
 - ``provider_options(task)``: the provider's own options model, validated;
-- ``check_options(task)``: the same check for a command that needs no provider (``cost``);
+- ``check_options(task)``: that check where the provider is installed, before anything is
+  opened (``load_checked`` runs it, so ``cost`` refuses what ``up`` refuses);
 - ``load_checked(path)`` / ``parse_checked(text)``: ``spec``'s loading plus ``check_task``,
   in the order a user sees the errors (the file, its fields, its provider, its local paths).
 
@@ -66,20 +67,23 @@ def parse_checked(text: str, source: str = "task.yaml", base_dir: Path | None = 
 
 
 def load_checked(path: str | Path, *, known_providers: tuple[str, ...] = ()) -> Task:
-    """The task file at ``path``: read, parsed, its provider checked, then its local paths
-    (:func:`cloudtrain.spec.load_task` with :func:`check_task` in between)."""
+    """The task file at ``path``: read, parsed, its provider and the provider's options
+    checked, then its local paths (:func:`cloudtrain.spec.load_task` with :func:`check_task`
+    and :func:`check_options` in between): every command that reads a task refuses the same
+    input, before it opens the home or creates anything."""
     p = Path(path)
     task = parse_checked(read_task_file(p), source=str(p), base_dir=p.parent,
                          known_providers=known_providers)
+    check_options(task)
     check_paths(task, source=str(p))
     return task
 
 
 def check_options(task: Task) -> None:
-    """``resources.<provider>`` checked by the provider's own model, for a command that
-    creates nothing and needs no provider otherwise (``cost``): the same refusals as ``up`` and
-    ``launch``. A provider that cannot be loaded here has no model to check against: skipped
-    (``cost`` prices clouds whose provider is not installed)."""
+    """``resources.<provider>`` checked by the provider's own model (as ``provider_options``),
+    for every command that reads a task, before it opens anything. A provider that cannot be
+    loaded here has no model to check against: skipped (``cost`` prices clouds whose provider
+    is not installed; ``up`` says what to install)."""
     name = task.resources.provider
     if name is None:
         return
