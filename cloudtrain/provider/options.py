@@ -24,7 +24,8 @@ from pydantic import BaseModel, ValidationError
 
 from cloudtrain.errors import SpecError, UserError
 from cloudtrain.provider import registry
-from cloudtrain.spec import Resources, Task, check_paths, clean_loc, parse_task, read_task_file
+from cloudtrain.spec import (Resources, Task, check_paths, clean_loc, non_finite_error,
+                             non_finite_path, one_line, parse_task, read_task_file)
 
 
 def check_task(task: Task, known_providers: tuple[str, ...] = ()) -> Task:
@@ -111,17 +112,22 @@ def provider_options(task: Task) -> BaseModel | None:
     if raw is None:
         raw = {}
     try:
-        return model.model_validate(raw)
+        opts = model.model_validate(raw)
     except ValidationError as exc:
         e = exc.errors()[0]
         clean = clean_loc(tuple(e["loc"]))
         loc = ".".join(str(p) for p in clean)
         field = f"resources.{name}" + (f".{loc}" if loc else "")
         where["line"] = task.line_of("resources", name, *clean)
-        msg = e["msg"].removeprefix("Value error, ")
+        msg = one_line(e["msg"].removeprefix("Value error, "))
         if e["type"] == "extra_forbidden":
             known = list(model.model_fields)
             close = get_close_matches(str(e["loc"][-1]), known, n=1)
             hint = f"Did you mean '{close[0]}'?" if close else f"Known fields: {', '.join(known)}."
             raise SpecError("unknown field", field=field, hint=hint, **where) from None
         raise SpecError(msg, field=field, hint="Fix it and run again.", **where) from None
+    bad = non_finite_path(opts.model_dump())    # "1.0e400" or "nan" read by a float field
+    if bad is not None:
+        raise non_finite_error(("resources", name, *bad), task.line_of("resources", name, *bad),
+                               task.source)
+    return opts

@@ -40,7 +40,7 @@ def _address(v: str, what: str) -> str:
         return str(ipaddress.ip_address(v))
     except ValueError:
         pass
-    if not _HOSTNAME.match(v):
+    if not _HOSTNAME.fullmatch(v):
         shown = v if len(v) <= 60 else v[:57] + "..."
         raise ValueError(f"{what} {shown!r} is neither a host name (letters, digits, '-' and "
                          "'.', not starting with '-') nor an IP address; write e.g. "
@@ -71,7 +71,7 @@ class SSHHost(BaseModel):
     @field_validator("user")
     @classmethod
     def _user(cls, v: str) -> str:
-        if not _USER.match(v):
+        if not _USER.fullmatch(v):
             raise ValueError(f"the user {v[:40]!r} is not a login name (letters, digits, '_', "
                              "'.' and '-', not starting with '-'); write e.g. ubuntu")
         return v
