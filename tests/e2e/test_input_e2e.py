@@ -56,3 +56,25 @@ def test_mount_target_climbing_out_of_the_node_is_refused_and_writes_nothing(
     assert not escaped.exists()
     assert cli.status() == []
     assert_nothing_left(cli.home)
+
+
+def test_bootstrap_python_missing_on_the_node_is_named_not_replaced(cli: CLI,
+                                                                    tmp_path: Path) -> None:
+    """bootstrap.python names a Python the node does not have: bootstrap stops at its python
+    step naming the field and the path, and installs nothing (no virtualenv, no PyTorch)."""
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    missing = tmp_path / "no-such-env" / "bin" / "python"
+    task = proj / "task.yaml"
+    task.write_text(f"name: nopy\nnum_nodes: 1\nworkdir: .\nbootstrap:\n  python: {missing}\n"
+                    "run: echo ran\n")
+    r = cli.run("launch", str(task), "--down", "-y", timeout=400)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0, out[-3000:]
+    assert f"bootstrap.python: '{missing}' does not exist on this node" in out, out[-3000:]
+    assert "step 'python' failed" in out, out[-3000:]
+    assert "pip install" not in out and "virtualenv" not in out, out[-3000:]
+    assert "ran" not in r.stdout.split()
+    assert not missing.exists()
+    r = cli.run("down", "nopy", "-y", timeout=120)
+    assert_nothing_left(cli.home)
