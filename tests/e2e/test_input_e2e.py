@@ -1,7 +1,8 @@
 """Task input as the user meets it on real local nodes (sshd on loopback): the script's
-`train.args` reach it untouched through torchrun (finding 18), and a file_mounts target that
+`train.args` reach it untouched through torchrun (finding 18), a file_mounts target that
 climbs out of the node's workdir is refused before anything exists, leaving nothing where it
-pointed (finding 16)."""
+pointed (finding 16), and a bootstrap.python the node lacks is named by bootstrap instead of
+starting a PyTorch install (issue 21)."""
 
 from __future__ import annotations
 
