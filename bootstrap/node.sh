@@ -10,6 +10,9 @@
 #   CLOUDTRAIN_ROOT           the node's cloudtrain folder (default ~/cloudtrain): venv, stamps
 #   CLOUDTRAIN_NODE_IP        the node's cluster address (to find the interface carrying it)
 #   CLOUDTRAIN_PYTHON         a Python to use first (e.g. a local node's virtualenv)
+#   CLOUDTRAIN_PYTHON_FIELD   set (to the task field, bootstrap.python) when the user asked
+#                             for CLOUDTRAIN_PYTHON: then it must exist and run Python 3.9+,
+#                             else the step fails naming the field and the path (exit 6)
 #   CLOUDTRAIN_PYTHON_CANDIDATES  colon-separated Pythons to look at (default: the usual
 #                             deep-learning image environments, then python3)
 #   CLOUDTRAIN_TORCH          the pip requirement to install when PyTorch is missing (torch)
@@ -193,6 +196,20 @@ probe() {  # probe PYTHON -> sets P_PY P_TORCH P_CUDA; false if it does not run
     P_TORCH=$(sed -n 's/^torch=//p' <<<"$out")
     P_CUDA=$(sed -n 's/^torch_cuda=//p' <<<"$out")
 }
+asked_python() {  # the Python the task asked for must be there: say so, install nothing
+    local py=$CLOUDTRAIN_PYTHON field=$CLOUDTRAIN_PYTHON_FIELD
+    local fix="give the path of a python that is on every node, or remove $field to let cloudtrain find or install one."
+    if [ -z "$py" ] || [ ! -e "$py" ]; then
+        FAIL_CODE=6 fail "$field: '$py' does not exist on this node; $fix"
+    elif [ -d "$py" ] || [ ! -x "$py" ]; then
+        FAIL_CODE=6 fail "$field: '$py' on this node is not an executable file; $fix"
+    elif ! probe "$py"; then
+        FAIL_CODE=6 fail "$field: '$py' on this node does not run as Python; $fix"
+    elif ! version_ge "$P_PY" 3.9; then
+        FAIL_CODE=6 fail "$field: '$py' on this node is Python $P_PY; cloudtrain needs 3.9 or newer: $fix"
+    fi
+}
+if [ -n "${CLOUDTRAIN_PYTHON_FIELD:-}" ]; then asked_python; fi
 default_candidates="/opt/conda/envs/pytorch/bin/python:/opt/pytorch/bin/python3:/opt/conda/bin/python3"
 candidates="${CLOUDTRAIN_PYTHON:-}:$VENV/bin/python:${CLOUDTRAIN_PYTHON_CANDIDATES:-$default_candidates}:$(command -v python3 2>/dev/null || true)"
 PY="" PY_VERSION="" TORCH="" TORCH_CUDA="" first=""

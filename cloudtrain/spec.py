@@ -22,7 +22,8 @@ from cloudtrain.yamlsrc import MAX_BYTES, LocatedYaml, load_located
 
 # The model's names, importable from here as before the model moved to taskmodel.
 __all__ = ["Accelerators", "BootstrapSpec", "Resources", "Task", "Train", "check_paths",
-           "clean_loc", "load_task", "parse_accelerators", "parse_task", "read_task_file"]
+           "clean_loc", "load_task", "non_finite_error", "non_finite_path", "one_line",
+           "parse_accelerators", "parse_task", "read_task_file"]
 
 
 def _fields_at(loc: tuple[Any, ...]) -> list[str]:
@@ -39,6 +40,36 @@ def _fields_at(loc: tuple[Any, ...]) -> list[str]:
             if ann is cand or (hasattr(ann, "__args__") and cand in getattr(ann, "__args__", ())):
                 model = cand
     return [n for n in (model.model_fields if model else {}) if n != "base_dir"]
+
+
+# Control characters as Python writes them in a string ('\n', '\x1b'): a value quoted in an
+# error message stays on its line, and cannot move the cursor or recolour the terminal.
+_ESCAPES = {c: repr(chr(c))[1:-1] for c in (*range(32), 127)}
+
+
+def one_line(text: str) -> str:
+    """``text`` with its control characters written as escapes (a message stays one line)."""
+    return text.translate(_ESCAPES)
+
+
+def non_finite_path(value: Any, path: tuple[Any, ...] = ()) -> tuple[Any, ...] | None:
+    """The path of the first float in ``value`` (a dump of a validated model) that is inf or
+    nan, or None: a string such as "1.0e400" or "nan" that a float field parsed."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return path
+    items = value.items() if isinstance(value, dict) else \
+        enumerate(value) if isinstance(value, (list, tuple)) else ()
+    for k, v in items:
+        found = non_finite_path(v, path + (k,))
+        if found is not None:
+            return found
+    return None
+
+
+def non_finite_error(path: tuple[Any, ...], line: int | None, source: str) -> SpecError:
+    return SpecError("is not a finite number", hint="Write a finite number.",
+                     field=".".join(str(p) for p in path if not isinstance(p, int)),
+                     line=line, source=source)
 
 
 def clean_loc(loc: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -61,14 +92,14 @@ def _error_from_validation(exc: ValidationError, located: LocatedYaml, source: s
         hint = f"Did you mean '{close[0]}'?" if close else (
             f"Known fields here: {', '.join(known)}." if known else "Remove it.")
         return SpecError("unknown field", hint=hint, field=dotted, line=line, source=source)
-    msg = e["msg"]
+    msg = one_line(e["msg"])
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, "):]
     if e["type"] == "missing":
         msg = "is required"
     got = e.get("input")
     if e["type"] not in ("missing", "value_error") and not isinstance(got, (dict, list)):
-        msg += f" (got {got!r})"
+        msg += f" (got {got!r:.80})"
     more = f" ({len(errors) - 1} more problem(s) after this one.)" if len(errors) > 1 else ""
     return SpecError(msg, hint=("Fix it and run again." + more).strip(), field=dotted or "(top)",
                      line=line, source=source)
@@ -85,6 +116,9 @@ def parse_task(text: str, source: str = "task.yaml", base_dir: Path | None = Non
         task = Task.model_validate(located.data)
     except ValidationError as exc:
         raise _error_from_validation(exc, located, source) from None
+    bad = non_finite_path(task.model_dump())
+    if bad is not None:
+        raise non_finite_error(bad, located.line_of(bad), source)
     task = task.model_copy(update={"base_dir": (base_dir or Path(".")).resolve()})
     task.attach_source(located, source)
     return task

@@ -130,8 +130,8 @@ def base_options(keys: ClusterKeys, node: NodeRow, path: Path, connect_timeout: 
 def client_argv(keys: ClusterKeys, node: NodeRow, path: Path, command: str) -> list[str]:
     """``ssh`` that runs ``command`` over the master (or, when the master is gone, connects on
     its own with the same strict options)."""
-    return ["ssh", *base_options(keys, node, path), "-o", "ControlMaster=no", "-T", node.host,
-            command]
+    return ["ssh", *base_options(keys, node, path), "-o", "ControlMaster=no", "-T", "--",
+            node.host, command]
 
 
 def reuse_options(keys: ClusterKeys, node: NodeRow) -> list[str]:
@@ -242,7 +242,7 @@ def start_master(keys: ClusterKeys, node: NodeRow, path: Path, *, deadline: floa
             left = deadline - time.monotonic()
             argv = ["ssh", *base_options(keys, node, path, max(1, min(int(left), 10)), learn),
                     "-M", "-N", "-f", "-o", f"ControlPersist={persist}s",
-                    "-o", "ServerAliveCountMax=4", node.host]
+                    "-o", "ServerAliveCountMax=4", "--", node.host]
             # The master daemonizes and keeps its stdout/stderr: never a pipe of ours (a
             # reader would wait for it to exit); its errors go to a file read here.
             with tempfile.TemporaryFile() as err:

@@ -62,9 +62,21 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+_PLACE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+_ITYPE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
 class Accelerators(_Strict):
     name: str
     count: int = Field(ge=1, le=64)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not v.strip() or v.startswith("-") or len(v) > 64 or _CONTROL_RE.search(v):
+            raise ValueError(f"'{v[:40]}' is not a GPU model name; write e.g. A100 or H100")
+        return v
 
     def __str__(self) -> str:
         return f"{self.name}:{self.count}"
@@ -133,6 +145,31 @@ class Resources(BaseModel):
     def _acc(cls, v: Any) -> Any:
         return parse_accelerators(v)
 
+    @field_validator("region", "zone")
+    @classmethod
+    def _place(cls, v: str | None) -> str | None:
+        if v is not None and not _PLACE_RE.fullmatch(v):
+            raise ValueError(f"'{v[:60]}' is not a region or zone name (letters, digits, '-' "
+                             "and '_', e.g. us-east-1)")
+        return v
+
+    @field_validator("instance_type")
+    @classmethod
+    def _itype(cls, v: str | None) -> str | None:
+        if v is not None and not _ITYPE_RE.fullmatch(v):
+            raise ValueError(f"'{v[:60]}' is not an instance type name (letters, digits, '.', "
+                             "'-' and '_', e.g. p4d.24xlarge)")
+        return v
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, v: str | None) -> str | None:
+        if v is not None and (not v.strip() or v.startswith("-") or len(v) > 1024
+                              or _CONTROL_RE.search(v)):
+            raise ValueError("write an image id, name or path (at most 1024 characters, no "
+                             "control characters, not starting with '-'), e.g. ami-0abc1234")
+        return v
+
     @field_validator("ports")
     @classmethod
     def _ports(cls, v: list[int]) -> list[int]:
@@ -157,6 +194,9 @@ class Resources(BaseModel):
         return dict(self.model_extra or {})
 
 
+_MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,99}(\.[A-Za-z_][A-Za-z0-9_]{0,99}){0,31}$")
+
+
 class Train(_Strict):
     script: str | None = None
     module: str | None = None
@@ -178,6 +218,17 @@ class Train(_Strict):
     def _script(cls, v: str | None) -> str | None:
         if v is not None:
             _check_path_text(v)
+            if v.startswith(("/", "-", "~")) or ".." in v.split("/"):
+                raise ValueError(f"'{v[:60]}': give the script's path inside workdir, without "
+                                 "'..' and not starting with '/', '~' or '-', e.g. train.py")
+        return v
+
+    @field_validator("module")
+    @classmethod
+    def _module(cls, v: str | None) -> str | None:
+        if v is not None and not _MODULE_RE.fullmatch(v):
+            raise ValueError(f"'{v[:60]}' is not a Python module name; write dotted names, "
+                             "e.g. pkg.train")
         return v
 
     @field_validator("nproc_per_node")
@@ -208,8 +259,14 @@ class BootstrapSpec(_Strict):
     @field_validator("python")
     @classmethod
     def _python(cls, v: str | None) -> str | None:
-        if v is not None and not v.startswith("/"):
-            raise ValueError("give the absolute path of a python on the nodes, e.g. /opt/conda/bin/python")
+        if v is not None:
+            if not v.startswith("/"):
+                raise ValueError("give the absolute path of a python on the nodes, e.g. "
+                                 "/opt/conda/bin/python")
+            _check_path_text(v)
+            if _CONTROL_RE.search(v):
+                raise ValueError("the path has control characters; give the absolute path of "
+                                 "a python on the nodes, e.g. /opt/conda/bin/python")
         return v
 
     @field_validator("torch")

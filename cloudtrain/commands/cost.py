@@ -83,7 +83,7 @@ def load_cost_task(task_file: str, accelerators: str | None) -> Task:
     from cloudtrain.planner import CLOUDS
     from cloudtrain.provider.options import load_checked
 
-    task = load_checked(task_file, known_providers=CLOUDS)
+    task = load_checked(task_file, known_providers=CLOUDS)   # resources.<provider> included
     if accelerators is not None:
         from pydantic import ValidationError
 

@@ -218,7 +218,7 @@ def ssh(cluster_name: str, node: int) -> None:
     if exe is None:
         raise UserError("The 'ssh' client is not installed.", "Install OpenSSH's client.")
     args = ["ssh", *reuse_options(handle.keys, n),    # over the node's master when it answers
-            *ssh_command_options(handle.keys, n.port, n.identity_file), "-t", f"{n.user}@{n.host}"]
+            *ssh_command_options(handle.keys, n.port, n.identity_file), "-t", "--", f"{n.user}@{n.host}"]
     sys.stdout.flush()
     stop = node_guard.keep_alive(env, cluster_name)
     signal.signal(signal.SIGINT, signal.SIG_IGN)     # Ctrl-C is the remote shell's

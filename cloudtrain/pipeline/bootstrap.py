@@ -105,8 +105,9 @@ def node_env(cfg: BootstrapSpec, node: NodeRow, extra: dict[str, str]) -> dict[s
     folder, and the task's bootstrap choices."""
     env = {**extra, "CLOUDTRAIN_NODE_IP": node.internal_ip, "CLOUDTRAIN_ROOT": node.root_dir,
            "CLOUDTRAIN_TORCH": cfg.torch}
-    if cfg.python:
+    if cfg.python:  # the user's choice: node.sh fails naming the field where it is missing
         env["CLOUDTRAIN_PYTHON"] = cfg.python
+        env["CLOUDTRAIN_PYTHON_FIELD"] = "bootstrap.python"
     if cfg.torch_index:
         env["CLOUDTRAIN_TORCH_INDEX"] = cfg.torch_index
     if cfg.cuda_toolkit:

@@ -7,6 +7,8 @@ registry, with the same kind of errors (a :class:`SpecError` naming the field an
 - ``check_task(task)``: right after parsing, before anything is created: options written
   for another provider, and a provider name that is not installed;
 - ``provider_options(task)``: the provider's own options model, validated;
+- ``check_options(task)``: that check where the provider is installed, before anything is
+  opened (``load_checked`` runs it, so ``cost`` refuses what ``up`` refuses);
 - ``load_checked(path)`` / ``parse_checked(text)``: ``spec``'s loading plus ``check_task``,
   in the order a user sees the errors (the file, its fields, its provider, its local paths).
 
@@ -20,9 +22,10 @@ from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
-from cloudtrain.errors import SpecError
+from cloudtrain.errors import SpecError, UserError
 from cloudtrain.provider import registry
-from cloudtrain.spec import Resources, Task, check_paths, clean_loc, parse_task, read_task_file
+from cloudtrain.spec import (Resources, Task, check_paths, clean_loc, non_finite_error,
+                             non_finite_path, one_line, parse_task, read_task_file)
 
 
 def check_task(task: Task, known_providers: tuple[str, ...] = ()) -> Task:
@@ -65,13 +68,31 @@ def parse_checked(text: str, source: str = "task.yaml", base_dir: Path | None = 
 
 
 def load_checked(path: str | Path, *, known_providers: tuple[str, ...] = ()) -> Task:
-    """The task file at ``path``: read, parsed, its provider checked, then its local paths
-    (:func:`cloudtrain.spec.load_task` with :func:`check_task` in between)."""
+    """The task file at ``path``: read, parsed, its provider and the provider's options
+    checked, then its local paths (:func:`cloudtrain.spec.load_task` with :func:`check_task`
+    and :func:`check_options` in between): every command that reads a task refuses the same
+    input, before it opens the home or creates anything."""
     p = Path(path)
     task = parse_checked(read_task_file(p), source=str(p), base_dir=p.parent,
                          known_providers=known_providers)
+    check_options(task)
     check_paths(task, source=str(p))
     return task
+
+
+def check_options(task: Task) -> None:
+    """``resources.<provider>`` checked by the provider's own model (as ``provider_options``),
+    for every command that reads a task, before it opens anything. A provider that cannot be
+    loaded here has no model to check against: skipped (``cost`` prices clouds whose provider
+    is not installed; ``up`` says what to install)."""
+    name = task.resources.provider
+    if name is None:
+        return
+    try:
+        registry.provider_class(name)
+    except UserError:
+        return
+    provider_options(task)
 
 
 def provider_options(task: Task) -> BaseModel | None:
@@ -91,17 +112,22 @@ def provider_options(task: Task) -> BaseModel | None:
     if raw is None:
         raw = {}
     try:
-        return model.model_validate(raw)
+        opts = model.model_validate(raw)
     except ValidationError as exc:
         e = exc.errors()[0]
         clean = clean_loc(tuple(e["loc"]))
         loc = ".".join(str(p) for p in clean)
         field = f"resources.{name}" + (f".{loc}" if loc else "")
         where["line"] = task.line_of("resources", name, *clean)
-        msg = e["msg"].removeprefix("Value error, ")
+        msg = one_line(e["msg"].removeprefix("Value error, "))
         if e["type"] == "extra_forbidden":
             known = list(model.model_fields)
             close = get_close_matches(str(e["loc"][-1]), known, n=1)
             hint = f"Did you mean '{close[0]}'?" if close else f"Known fields: {', '.join(known)}."
             raise SpecError("unknown field", field=field, hint=hint, **where) from None
         raise SpecError(msg, field=field, hint="Fix it and run again.", **where) from None
+    bad = non_finite_path(opts.model_dump())    # "1.0e400" or "nan" read by a float field
+    if bad is not None:
+        raise non_finite_error(("resources", name, *bad), task.line_of("resources", name, *bad),
+                               task.source)
+    return opts

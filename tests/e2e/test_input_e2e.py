@@ -1,7 +1,8 @@
 """Task input as the user meets it on real local nodes (sshd on loopback): the script's
-`train.args` reach it untouched through torchrun (finding 18), and a file_mounts target that
+`train.args` reach it untouched through torchrun (finding 18), a file_mounts target that
 climbs out of the node's workdir is refused before anything exists, leaving nothing where it
-pointed (finding 16)."""
+pointed (finding 16), and a bootstrap.python the node lacks is named by bootstrap instead of
+starting a PyTorch install (issue 21)."""
 
 from __future__ import annotations
 
@@ -55,4 +56,26 @@ def test_mount_target_climbing_out_of_the_node_is_refused_and_writes_nothing(
     assert "field 'file_mounts'" in r.stderr and "'..'" in r.stderr, r.stderr
     assert not escaped.exists()
     assert cli.status() == []
+    assert_nothing_left(cli.home)
+
+
+def test_bootstrap_python_missing_on_the_node_is_named_not_replaced(cli: CLI,
+                                                                    tmp_path: Path) -> None:
+    """bootstrap.python names a Python the node does not have: bootstrap stops at its python
+    step naming the field and the path, and installs nothing (no virtualenv, no PyTorch)."""
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    missing = tmp_path / "no-such-env" / "bin" / "python"
+    task = proj / "task.yaml"
+    task.write_text(f"name: nopy\nnum_nodes: 1\nworkdir: .\nbootstrap:\n  python: {missing}\n"
+                    "run: echo ran\n")
+    r = cli.run("launch", str(task), "--down", "-y", timeout=400)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0, out[-3000:]
+    assert f"bootstrap.python: '{missing}' does not exist on this node" in out, out[-3000:]
+    assert "step 'python' failed" in out, out[-3000:]
+    assert "pip install" not in out and "virtualenv" not in out, out[-3000:]
+    assert "ran" not in r.stdout.split()
+    assert not missing.exists()
+    r = cli.run("down", "nopy", "-y", timeout=120)
     assert_nothing_left(cli.home)

@@ -2,12 +2,19 @@
 
 Each file is a valid task (drawn at random from a pool of valid fields) with exactly ONE
 defect injected: a wrong type, an out-of-range or non-finite number, a bad name, a hostile
-path, a YAML bomb, a loop of aliases, deep nesting, an unsupported tag, a merge key, a NUL or
+path or URL (``s3://../x``, ``file:///etc``, unknown schemes, a bucket name its cloud refuses,
+credentials in a URL), a value that a command line would read as an option, a YAML bomb, a loop of aliases, deep nesting, an unsupported tag, a merge key, a NUL or
 other control character, unicode where only ASCII is allowed, a huge string, a broken file
 structure, broken YAML syntax. Every defect makes the task invalid whatever the rest of it is,
 so the right answer for every generated file is the same: exit 2, a one-paragraph error, no
 traceback, nothing created. The valid bases themselves are checked separately (see
 tests/unit/test_malformed_inputs.py), so a refusal is the defect's doing, not the base's.
+
+Every field of the task has its own defects (:data:`BAD_VALUES`): top-level fields by name,
+nested ones by dotted path (``resources.region``, ``train.module``, ``autostop.idle_minutes``,
+``resources.ssh.hosts``, ``resources.aws.ssh_user`` ...), the defect put into an otherwise
+valid mapping. :func:`field_paths` lists the task's fields, so a test can check that none is
+left without one.
 
 Files are expected to live in a project directory made by :func:`make_project`.
 """
@@ -88,7 +95,25 @@ def valid_base(rng: random.Random) -> dict[str, str]:
         t["max_hours"] = rng.choice(["1.5", "2", "0.25"])
     if rng.random() < 0.3:
         t["max_cost_usd"] = rng.choice(["3", "10.5"])
+    if rng.random() < 0.2:
+        t["stop_grace"] = rng.choice(["30", "60", "600.5"])
+    if rng.random() < 0.2:
+        t["autostop"] = rng.choice(["false", "true", _j({"idle_minutes": 30}),
+                                    _j({"idle_minutes": 5, "down": False})])
+    if rng.random() < 0.2:
+        t["checkpoints"] = _j(rng.choice(GOOD_BUCKETS))
+    if rng.random() < 0.15:
+        t["recovery"] = rng.choice(["true", "false", _j({"max_recoveries": 2}),
+                                    _j({"failover": False, "poll_seconds": 5})])
+    if rng.random() < 0.15:
+        mounts = json.loads(t.get("file_mounts", "{}"))
+        mounts["ckpt-in"] = rng.choice(GOOD_BUCKETS)
+        t["file_mounts"] = _j(mounts)
     return t
+
+
+GOOD_BUCKETS = ["s3://my-bucket/run-1", "gs://my_bucket/ckpt", "s3://data.example.com/x/y",
+                "https://acct1.blob.core.windows.net/ckpts/run-1"]
 
 
 def render(t: dict[str, str]) -> str:
@@ -113,7 +138,7 @@ BAD_VALUES: dict[str, list[str]] = {
                     "{'~root/x': ./data}", "{.: ./data}", "{./: ./data}", "{'': ./data}",
                     "{data: ./missing}", "{lnk/x: ./data}", "{lnk/sub/x: ./cfg.json}",
                     "{x: '" + "a" * 300 + "'}", "{'" + "y" * 300 + "': ./data}",
-                    "{'" + "z/" * 2100 + "': ./data}", "[data]", "{data: [a]}",
+                    "{? '" + "z/" * 2100 + "': ./data}", "[data]", "{data: [a]}",
                     "{data: \"./da\\0ta\"}", "{\"a\\0b\": ./data}", "{data: {a: b}}", "5"],
     "envs": ["{1BAD: x}", "{'A-B': x}", "{'': x}", "{'ÄB': x}", "{'A B': x}", "[A]",
              "{A: [1]}", "{A: {b: 1}}", "{A: \"x\\0y\"}", "{'ＡＢ': x}", "5", "'A=1'"],
@@ -146,6 +171,125 @@ BAD_VALUES: dict[str, list[str]] = {
     "max_hours": ["0", "-1", "1.0e9", "9000", "'soon'", "[1]", *NON_FINITE],
     "max_cost_usd": ["0", "-5", "1.0e8", "'lots'", "{a: 1}", *NON_FINITE],
 }
+
+# Bucket URLs each cloud refuses (its own naming rules) or that are no bucket URL at all.
+BAD_BUCKET_URLS = [
+    "s3://../x", "s3://./x", "s3://bucket/../x", "s3://bucket/a/./b", "s3://my-bucket//x",
+    "gs://my-bucket/a//b", "s3://bucket//", "file:///etc", "file://localhost/etc/passwd",
+    "ftp://host/x", "javascript://x", "unknown://bucket/x", "s3:///x", "s3://", "gs://",
+    "s3://xn--abc/x", "s3://sthree-data/x", "s3://sthree-configurator/x", "s3://amzn-s3-demo-x",
+    "s3://data-s3alias/x", "s3://data--ol-s3/x", "s3://data.mrap/x", "s3://data--x-s3/x",
+    "s3://data--table-s3/x", "s3://192.168.5.4/x", "s3://My-Bucket/x", "s3://my_bucket/x",
+    "s3://ab", "s3://" + "a" * 64, "s3://a..b/x", "s3://-bucket/x", "s3://bucket-/x",
+    "gs://goog-data/x", "gs://googbucket", "gs://my-google-data/x", "gs://my-g00gle/x",
+    "gs://googl3-x", "gs://" + "g" * 64, "gs://" + "a" * 64 + ".example.com",
+    "gs://10.0.0.1/x", "gs://a..b", "gs://-x/y", "gs://x_/y",
+    "https://acct1.blob.core.windows.net/a--b/x", "https://acct1.blob.core.windows.net/AB/x",
+    "https://acct1.blob.core.windows.net//c1/x", "https://acct1.blob.core.windows.net/",
+    "https://ACCT.blob.core.windows.net/c1/x", "https://evil.example.com/c1/x",
+    "https://x.blob.core.windows.net/c1/x", "http://10.0.0.5:10000/acct1/c1/x",
+    "http://127.0.0.1/acct1/c1/x", "http://127.0.0.1:10000/A/c1/x", "az://acct1/c1/x",
+    "s3://AKIAKEY:SECRET@bucket/x", "gs://user@bucket/x", "s3://bucket/x?versionId=1",
+    "https://acct1.blob.core.windows.net/c1/x?sig=abc", "s3://bucket/x#frag",
+    "s3://bucket/a\\b", "s3://bucket/" + "p" * 1100,
+]
+_URL_VALUES = [_j(u) for u in BAD_BUCKET_URLS]
+
+# Values a command line would read as an option, or that carry a newline into a config file.
+HOSTILE_WORDS = ["-oProxyCommand=touch /tmp/ct-pwned", "--help", "-x", "a\nb", "a b\tc",
+                 "", "x" * 300]
+
+BAD_VALUES.update({
+    "file_mounts": BAD_VALUES["file_mounts"] + [f"{{data: {u}}}" for u in _URL_VALUES],
+    "checkpoints": _URL_VALUES + ["5", "[s3://b/x]", "{a: b}", "true", "''", "not-a-url",
+                                  "./local/dir", "/abs/dir"],
+    "stop_grace": ["0", "-1", "3601", "1.0e9", "'soon'", "[1]", "{a: 1}", "null", "''",
+                   *NON_FINITE],
+    "autostop": ["'sometimes'", "5", "[5]", "'true'", "{idle_minutes: 5, idle: 3}",
+                 "{idel_minutes: 5}"],
+    "autostop.idle_minutes": ["0", "-5", "1.0e9", "'soon'", "[1]", "{a: 1}", *NON_FINITE],
+    "autostop.down": ["perhaps", "[true]", "{a: 1}", "2", "'sometimes'"],
+    "recovery": ["'maybe'", "5", "[true]", "{max_recoveres: 3}", "''"],
+    "recovery.max_recoveries": ["-1", "101", "1.5", "'many'", "[1]", "null", *NON_FINITE],
+    "recovery.failover": ["perhaps", "[1]", "3", "'sometimes'"],
+    "recovery.poll_seconds": ["0", "0.1", "601", "-1", "'often'", "[1]", *NON_FINITE],
+    "resources.provider": ["nowhere", "[local]", "5", _j("-oProxyCommand=x"), "LOCAL"],
+    "resources.region": [_j(w) for w in HOSTILE_WORDS] + ["[us-east-1]", "5", "{a: b}",
+                                                          _j("../x"), _j("us east 1")],
+    "resources.zone": [_j(w) for w in HOSTILE_WORDS] + ["[a]", "7", _j("us-east-1a;rm")],
+    "resources.instance_type": [_j(w) for w in HOSTILE_WORDS] + ["[p4d]", "5",
+                                                                 _j("p4d.24xlarge x")],
+    "resources.image": [_j(w) for w in ("-oProxyCommand=x", "", "a\nb", "x" * 1100, "\t")]
+                       + ["[ami-1]", "5"],
+    "resources.accelerators": ["'A100:x'", "'A100:0'", "'A100:65'", "':4'", "{A100: .inf}",
+                               "{A100: -1}", "{A100: 1, H100: 2}", "{name: A100, count: 0}",
+                               "{name: A100, cnt: 1}", "5", "[A100]", _j("-x:8"),
+                               _j("A1\u000700:8"), _j("x" * 100 + ":8"), "'A100:1.5'"],
+    "resources.use_spot": ["perhaps", "[true]", "{a: 1}", "2", "'sometimes'"],
+    "resources.disk_size_gb": ["7", "70000", "-1", "1.5", "'big'", "[8]", *NON_FINITE],
+    "resources.ports": ["[22]", "[0]", "[70000]", "[-1]", "[.nan]", "[.inf]", "8080",
+                        "[http]", "[[1]]", "[1.5]"],
+    "resources.ssh_cidr": ["not-a-cidr", "'10.0.0.0/33'", "[1]", "5", "'-oX'", "''"],
+    "resources.max_hourly_cost": ["0", "-1", "1.0e9", "'cheap'", "[1]", *NON_FINITE],
+    "resources.local.network": ["netns2", "[loopback]", "5", "''"],
+    "resources.local.python": ["relative/python", "5", _j("/" + "p/" * 2500),
+                               _j("/usr/bin/py\nthon"), "''"],
+    "resources.local.price_per_hour": ["-1", "1.0e9", "'free'", "[1]", *NON_FINITE],
+    "resources.local.typo": ["1"],
+    "resources.ssh.hosts": ["[]", "5", "[5]", "[[h1]]", _j(["-oProxyCommand=touch x"]),
+                            _j(["u@-oProxyCommand=x"]), _j(["-x@h1"]), _j(["h1:port"]),
+                            _j(["h1:70000"]), _j([{"address": "--", "user": "u"}]),
+                            _j([{"address": "h1", "user": "-oX=y"}]),
+                            _j([{"address": "h1", "internal_ip": "-oX"}]),
+                            _j([{"address": "h1", "internal_ip": "a\nb"}]),
+                            _j([{"address": "h1", "port": 0}]),
+                            _j([{"address": "h1", "port": 1.0e400}]),
+                            _j([{"address": "h1", "identity_file": "-oX"}]),
+                            _j([{"address": "h1", "identity_file": "k\ney"}]),
+                            _j([{"address": "h 1"}]), _j([{"address": ""}]),
+                            _j([{"address": "h1", "adress": "h2"}])],
+    "resources.aws.efa": ["maybe", "[1]", "2"],
+    "resources.aws.ssh_user": [_j(w) for w in ("-oX=y", "ubuntu\n", "Ubuntu", "a b", "")],
+    "resources.aws.vpc_id": [_j("sg-1"), "5", "[vpc-1]"],
+    "resources.aws.subnet_ids": [_j(["x-1"]), _j("subnet-1"), "5"],
+    "resources.aws.spot_max_price": ["0", "-1", "'cheap'", "'inf'", "'nan'", *NON_FINITE],
+    "resources.aws.host_key_wait": ["-1", "901", "'soon'", *NON_FINITE],
+    "resources.aws.vpcid": ["vpc-1"],
+    "resources.gcp.ssh_user": [_j(w) for w in ("-oX=y", "root\n", "A", "")],
+    "resources.gcp.public_ip": ["perhaps", "[1]"],
+    "resources.gcp.host_key_wait": ["-1", "'soon'", *NON_FINITE],
+    "resources.gcp.projcet": ["x"],
+    "resources.azure.ssh_user": [_j(w) for w in ("-oX=y", "root", "azureuser\n", "")],
+    "resources.azure.vnet_cidr": [_j("8.8.8.0/24"), _j("10.0.0.0/28"), "5", _j("x")],
+    "resources.azure.spot_max_price": ["-2", "'cheap'", *NON_FINITE],
+    "resources.azure.sizes": ["[a]"],
+    **{f"resources.aws.{f}": ["perhaps", "[1]", "{a: 1}"]
+       for f in ("placement_group", "public_ip", "inject_host_key")},
+    "resources.aws.iam_instance_profile": ["5", "[x]", "{a: 1}"],
+    **{f"resources.gcp.{f}": ["5", "[x]", "{a: 1}"]
+       for f in ("project", "credentials_file", "network", "subnetwork", "image_project",
+                 "image_family", "disk_type", "service_account")},
+    **{f"resources.{c}.{f}": ["5", "{a: 1}", "[[x]]"]
+       for c in ("gcp", "azure") for f in ("regions", "zones")},
+    "resources.gcp.install_nvidia_driver": ["perhaps", "[1]"],
+    "resources.azure.subscription_id": ["5", "[x]", "{a: 1}"],
+    **{f"resources.azure.{f}": ["perhaps", "[1]", "{a: 1}"]
+       for f in ("public_ip", "accelerated_networking", "self_stop")},
+    "train.script": [_j("/etc/passwd"), _j("../train.py"), _j("-c"), _j("~/train.py"), "5",
+                     "[train.py]", _j("s" * 300), _j("")],
+    "train.module": [_j("-cimport os"), _j("os;rm"), _j("a..b"), _j("1mod"), _j(""), "5",
+                     "[m]", _j("m" * 200)],
+    "train.args": ["5", "[[1]]", "[{a: 1}]", "'--lr 1'", "{a: b}"],
+    "train.nproc_per_node": ["0", "65", "-1", "many", "1.5", "[1]", *NON_FINITE],
+    "train.rendezvous": ["etcd", "[static]", "5", "STATIC"],
+    "train.max_restarts": ["-1", "101", "1.5", "'x'", *NON_FINITE],
+    "train.master_port": ["80", "1023", "70000", "-1", "'port'", *NON_FINITE],
+    "bootstrap.python": ["relative/python", _j("/" + "p" * 300), _j("/" + "p/" * 2500 + "py"),
+                         _j("/usr/bin/py\nthon"), "5", "[/usr/bin/python3]", "''"],
+    "bootstrap.torch": ["numpy", _j("torch; rm -rf /"), _j("torch==x"), "5", "[torch]"],
+    "bootstrap.torch_index": ["'ftp://x'", "'file:///etc'", "'https://a b'", "5", "''"],
+    "bootstrap.cuda_toolkit": ["perhaps", "[true]", "2"],
+})
 
 UNKNOWN_KEYS = ["num_node", "nmae", "resorces", "wrokdir", "envz", "setpu", "rnu", "outptus",
                 "max_hour", "bootsrap", "file_mount", "näme", "名前", "🚀", "Name", "NUM_NODES",
@@ -252,6 +396,68 @@ def _syntax(rng: random.Random, base: dict[str, str]) -> tuple[str, str]:
     return kind, "%YAML 9.9\n---\n" + text
 
 
+# What a provider's options need besides the defect, so the defect is the only fault.
+_PROVIDER_BASE: dict[str, dict[str, object]] = {
+    "local": {"provider": "local"},
+    "ssh": {"provider": "ssh"},
+    "aws": {"provider": "aws", "accelerators": "A100:8"},
+    "gcp": {"provider": "gcp", "accelerators": "A100:8"},
+    "azure": {"provider": "azure", "accelerators": "A100:8"},
+}
+
+
+def _nested(top: str, base_text: str | None, sub: str, value: str) -> str:
+    """The flow mapping of ``top`` (its base value, when it has one, else the least that is
+    valid) with ``sub`` set to the raw YAML ``value``: ``resources.region``,
+    ``train.module``, or a provider's option ``resources.<provider>.<option>``."""
+    base: dict[str, object] = {}
+    if base_text and base_text.startswith("{"):
+        base = json.loads(base_text)
+    if top == "train":
+        base = {k: v for k, v in base.items() if k != "script"} if sub == "script" else base
+        if sub == "module":
+            base.pop("script", None)
+        elif sub != "script":
+            base.setdefault("script", "train.py")
+    key, _, option = sub.partition(".")
+    if option:                      # resources.<provider>.<option>
+        base = dict(_PROVIDER_BASE[key])
+        inner = {"hosts": ["h1"]} if key == "ssh" and option != "hosts" else {}
+        value = "{" + ", ".join([*(f"{k}: {_j(v)}" for k, v in inner.items()),
+                                 f"{option}: {value}"]) + "}"
+    base.pop(key, None)
+    return "{" + ", ".join([*(f"{k}: {_j(v)}" for k, v in base.items()), f"{key}: {value}"]) + "}"
+
+
+def field_paths() -> list[str]:
+    """Every field of a task, by dotted path: the top level, the nested models' fields, and
+    the options of the providers installed with cloudtrain."""
+    from cloudtrain.taskmodel import Autostop, BootstrapSpec, Recovery, Resources, Task, Train
+
+    out = [f for f in Task.model_fields if f != "base_dir"]
+    for top, model in (("resources", Resources), ("train", Train), ("bootstrap", BootstrapSpec),
+                       ("autostop", Autostop), ("recovery", Recovery)):
+        out += [f"{top}.{f}" for f in model.model_fields]
+    from cloudtrain.provider import registry
+
+    for name in ("local", "ssh", "aws", "gcp", "azure"):
+        model = getattr(registry.provider_class(name), "options_model", None)
+        out += [f"resources.{name}.{f}" for f in (model.model_fields if model else {})]
+    return out
+
+
+def _bad_value(base: dict[str, str], field: str, value: str) -> tuple[str, str]:
+    """``base`` with ``field`` (a top-level name or a dotted path) set to ``value``."""
+    t = dict(base)
+    top, _, sub = field.partition(".")
+    if top == "train":
+        t.pop("run", None)
+    if top == "run":
+        t.pop("train", None)
+    t[top] = _nested(top, t.get(top), sub, value) if sub else value
+    return f"bad-value:{field}", render(t)
+
+
 def _defect(rng: random.Random, base: dict[str, str]) -> tuple[str, str]:
     """One defective file from a valid base: (defect kind, text)."""
     kind = rng.choices(
@@ -261,13 +467,7 @@ def _defect(rng: random.Random, base: dict[str, str]) -> tuple[str, str]:
     t = dict(base)
     if kind == "bad-value":
         field = rng.choice(list(BAD_VALUES))
-        value = rng.choice(BAD_VALUES[field])
-        if field == "train":
-            t.pop("run", None)
-        if field == "run":
-            t.pop("train", None)
-        t[field] = value
-        return f"bad-value:{field}", render(t)
+        return _bad_value(t, field, rng.choice(BAD_VALUES[field]))
     if kind == "unknown-field":
         t[rng.choice(UNKNOWN_KEYS)] = _j(rng.choice(["x", 1, [1], {"a": 1}]))
         return kind, render(t)
@@ -316,17 +516,26 @@ def _defect(rng: random.Random, base: dict[str, str]) -> tuple[str, str]:
     return f"syntax:{sub}", text
 
 
-def generate(n: int = 1200, seed: int = SEED) -> list[Malformed]:
-    """``n`` distinct malformed task files, the same ones for the same seed."""
+COUNT = 1800
+
+
+def generate(n: int = COUNT, seed: int = SEED) -> list[Malformed]:
+    """``n`` distinct malformed task files, the same ones for the same seed: first every bad
+    value of :data:`BAD_VALUES` once (each on a base drawn at random), then defects of every
+    kind drawn at random."""
     rng = random.Random(seed)
     out: list[Malformed] = []
     seen: set[str] = set()
+    every = [(f, v) for f, values in BAD_VALUES.items() for v in values]
     attempts = 0
     while len(out) < n:
         attempts += 1
         if attempts > n * 50:
             raise RuntimeError(f"only {len(out)} distinct files after {attempts} attempts")
-        kind, text = _defect(rng, valid_base(rng))
+        if every:
+            kind, text = _bad_value(valid_base(rng), *every.pop(0))
+        else:
+            kind, text = _defect(rng, valid_base(rng))
         if text in seen:
             continue
         seen.add(text)

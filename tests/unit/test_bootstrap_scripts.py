@@ -384,3 +384,64 @@ def test_table_rows_are_consistent() -> None:
             return tuple(int(x) for x in v.split("."))
         assert key(min_driver) >= key(cuda[cuda_v][1]), f"{gen}: driver floor below CUDA's"
         assert int(branch) >= key(min_driver)[0], f"{gen}: installs a driver older than it needs"
+
+
+@pytest.mark.parametrize("make, says", [
+    (None, "does not exist on this node"),
+    ("dir", "is not an executable file"),
+    ("text", "is not an executable file"),
+    ("old", "is Python 3.8.10; cloudtrain needs 3.9 or newer"),
+], ids=["missing", "directory", "not-executable", "too-old"])
+def test_asked_python_that_cannot_serve_is_named_and_nothing_is_installed(
+        tmp_path: Path, make: str | None, says: str) -> None:
+    """bootstrap.python names a Python the node lacks (or one that cannot serve): the python
+    step fails naming the field and the path, before any virtualenv or PyTorch install."""
+    node = FakeNode(tmp_path)
+    asked = tmp_path / "opt" / "env" / "bin" / "python"
+    extra: dict[str, str] = {}
+    if make == "dir":
+        asked.mkdir(parents=True)
+    elif make == "text":
+        asked.parent.mkdir(parents=True)
+        asked.write_text("not a program\n")
+    elif make == "old":
+        asked.parent.mkdir(parents=True)
+        shutil.copy(node.bin / "python3", asked)
+        extra["STUB_PYVER"] = "3.8.10"
+    r = node.run(CLOUDTRAIN_PYTHON=str(asked), CLOUDTRAIN_PYTHON_FIELD="bootstrap.python", **extra)
+    assert r.rc == 6, r.out
+    fail = r.lines("::fail")
+    assert fail and fail[0].startswith(f"bootstrap.python: '{asked}'") and says in fail[0], r.out
+    assert "remove bootstrap.python" in fail[0]
+    assert r.installs() == [], r.calls
+    assert "::step torch" not in r.out
+
+
+def test_asked_python_that_works_is_used(tmp_path: Path) -> None:
+    node = FakeNode(tmp_path)
+    asked = tmp_path / "opt" / "env" / "bin" / "python"
+    asked.parent.mkdir(parents=True)
+    shutil.copy(node.bin / "python3", asked)
+    r = node.run(CLOUDTRAIN_PYTHON=str(asked), CLOUDTRAIN_PYTHON_FIELD="bootstrap.python")
+    assert r.rc == 0, r.out
+    assert r.result("python_bin") == str(asked.parent)
+    assert not [c for c in r.calls if c.startswith("python -m venv")], r.calls
+
+
+def test_a_provider_python_hint_that_is_missing_is_passed_over(tmp_path: Path) -> None:
+    """Without the field (a provider's own hint, not the user's choice) a missing
+    CLOUDTRAIN_PYTHON is only one candidate among others, as before; the field is set only
+    for the task's bootstrap.python."""
+    from cloudtrain.pipeline.bootstrap import node_env
+    from cloudtrain.schema import NodeRow
+    from cloudtrain.spec import BootstrapSpec
+
+    row = NodeRow("c", 0, "i", "h", 22, "u", "10.0.0.1", "UP", "/r")
+    hint = {"CLOUDTRAIN_PYTHON": "/provider/python"}
+    assert "CLOUDTRAIN_PYTHON_FIELD" not in node_env(BootstrapSpec(), row, hint)
+    env = node_env(BootstrapSpec(python="/opt/x/python"), row, hint)
+    assert env["CLOUDTRAIN_PYTHON"] == "/opt/x/python"
+    assert env["CLOUDTRAIN_PYTHON_FIELD"] == "bootstrap.python"
+    r = FakeNode(tmp_path).run(CLOUDTRAIN_PYTHON=str(tmp_path / "nowhere" / "python"))
+    assert r.rc == 0, r.out
+    assert r.result("python_bin") == str(tmp_path / "ct" / "venv" / "bin")

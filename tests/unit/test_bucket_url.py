@@ -23,6 +23,12 @@ GOOD = [
     ("https://acct1.blob.core.windows.net/ckpts/run-1", ("az", "ckpts", "run-1", "acct1", "")),
     ("http://127.0.0.1:10000/devstoreaccount1/ckpts/a",
      ("az", "ckpts", "a", "devstoreaccount1", "http://127.0.0.1:10000")),
+    # Close to a reserved word, but allowed by the clouds' rules.
+    ("s3://sthree/x", ("s3", "sthree", "x", "", "")),
+    ("s3://my-xn--b/x", ("s3", "my-xn--b", "x", "", "")),
+    ("s3://s3alias-data", ("s3", "s3alias-data", "", "", "")),
+    ("gs://go-og/x", ("gs", "go-og", "x", "", "")),
+    ("gs://" + "a" * 63 + "." + "b" * 63, ("gs", "a" * 63 + "." + "b" * 63, "", "", "")),
 ]
 
 BAD = [
@@ -44,10 +50,26 @@ BAD = [
     ("http://127.0.0.1:10000/Dev/c1/x", "not a valid storage account"),
     ("az://acct/c/x", "write Azure Blob URLs as"),
     ("ftp://bucket/x", "not a bucket URL"),
+    ("file:///etc/passwd", "not a bucket URL"),
+    ("s3://my-bucket//x", "empty path segment"),
+    ("s3://my-bucket/x//", "empty path segment"),
+    ("https://acct1.blob.core.windows.net//c1/x", "not a valid Azure container"),
+    ("s3://xn--data/x", "S3 reserves names starting 'xn--'"),
+    ("s3://sthree-configurator", "S3 reserves names starting 'sthree-'"),
+    ("s3://x-s3alias", "S3 reserves names ending '-s3alias'"),
+    ("s3://x--ol-s3", "S3 reserves names ending '--ol-s3'"),
+    ("s3://x.mrap", "S3 reserves names ending '.mrap'"),
+    ("s3://x--x-s3", "S3 reserves names ending '--x-s3'"),
+    ("gs://goog", "GCS reserves names starting 'goog'"),
+    ("gs://a-google-b", "'google'"),
+    ("gs://a-go0g1e-b", "'google'"),
+    ("gs://" + "a" * 64, "at most 63"),
+    ("gs://" + "a" * 64 + ".b", "longer than 63"),
+    ("gs://" + ".".join(["a" * 60] * 4), "not a valid GCS bucket"),
 ]
 
 
-@pytest.mark.parametrize("text,want", GOOD, ids=[g[0] for g in GOOD])
+@pytest.mark.parametrize("text,want", GOOD, ids=[g[0][:60] for g in GOOD])
 def test_good_urls_parse_and_round_trip(text: str, want: tuple[str, ...]) -> None:
     u = bucket_url.parse(text)
     assert (u.scheme, u.bucket, u.prefix, u.account, u.endpoint) == want
@@ -57,7 +79,7 @@ def test_good_urls_parse_and_round_trip(text: str, want: tuple[str, ...]) -> Non
     assert (n["scheme"], n["bucket"], n["prefix"]) == (u.scheme, u.bucket, u.prefix)
 
 
-@pytest.mark.parametrize("text,says", BAD, ids=[b[0] or "empty" for b in BAD])
+@pytest.mark.parametrize("text,says", BAD, ids=[b[0][:60] or "empty" for b in BAD])
 def test_bad_urls_are_refused_with_the_rule(text: str, says: str) -> None:
     with pytest.raises(bucket_url.BucketURLError) as e:
         bucket_url.parse(text)

@@ -333,3 +333,35 @@ def test_pick_is_the_cheapest_offer_on_a_cloud_with_credentials(fake_clouds: Any
     assert "$32.77/h per node, $65.54/h for the cluster" in text
     assert "picked by the planner" in text
     assert not (home / "clusters").exists() or not any((home / "clusters").iterdir())
+
+
+CLOUD_OPTIONS = [
+    ("aws", "efa: maybe", "resources.aws.efa"),
+    ("aws", "vpcid: vpc-1", "resources.aws.vpcid"),
+    ("gcp", "public_ip: [1]", "resources.gcp.public_ip"),
+    ("gcp", "projcet: x", "resources.gcp.projcet"),
+    ("azure", "host_key_wait: soon", "resources.azure.host_key_wait"),
+    ("azure", "sizes: [a]", "resources.azure.sizes"),
+]
+
+
+@pytest.mark.parametrize("cloud,option,field", CLOUD_OPTIONS,
+                         ids=[f"{c}-{o.split(':')[0]}" for c, o, _ in CLOUD_OPTIONS])
+def test_cost_refuses_cloud_options_as_up_does(cloud: str, option: str, field: str, home: Path,
+                                               tmp_path: Path) -> None:
+    """A wrong type or an unknown field under resources.aws/gcp/azure: cost exits 2 naming
+    the field, exactly as 'up --dry-run' does (cost used to price the task and exit 0)."""
+    task = write(tmp_path, f"resources:\n  provider: {cloud}\n  accelerators: A100:8\n"
+                           f"  {cloud}: {{{option}}}\nrun: echo hi\n")
+    env = dict(os.environ, CLOUDTRAIN_HOME=str(home), NO_COLOR="1", HOME=str(home.parent))
+    up = subprocess.run([sys.executable, "-m", "cloudtrain", "up", "--dry-run", str(task)],
+                        capture_output=True, text=True, timeout=60, env=env,
+                        stdin=subprocess.DEVNULL)
+    r = cost(home, str(task))
+    for got in (up, r):
+        assert got.returncode == 2, got.stdout + got.stderr
+        assert f"field '{field}'" in got.stderr, got.stderr
+        assert got.stderr.startswith("error: ") and "Traceback" not in got.stderr
+        assert got.stdout == "" and len(got.stderr.strip().splitlines()) <= 2
+    assert r.stderr == up.stderr
+    assert created(home) == []

@@ -1,18 +1,21 @@
-"""Generated malformed task files (tests/fakes/malformed_gen.py: 1200 files, fixed seed; each a valid
-task with one defect) through `launch`, `up --dry-run` and `cost`: every one is refused with
-exit 2 and a one-paragraph error that names the task file, no traceback, and nothing is
-created: no CLOUDTRAIN_HOME, no process started, no file written or changed anywhere under
-the test's directory.
+"""Generated malformed task files (tests/fakes/malformed_gen.py: 1800 files, fixed seed; each a valid
+task with one defect, every field of the task with its own defects) through `launch`,
+`up --dry-run` and `cost`: every one is refused with exit 2 and a one-paragraph error that
+names the task file (and, for a bad field value, the field), no traceback, and nothing is
+created: no CLOUDTRAIN_HOME, no process started, no connection opened (so no bucket object
+either), no file written or changed anywhere under the test's directory.
 
 The bulk runs the real click command group in this process (click's CliRunner with
 catch_exceptions=False, so any exception other than the CLI's own exit fails the test, and with
-process creation trapped); a sample of 30 runs as real subprocesses of the installed CLI."""
+process creation and connections trapped); a sample of 40 runs as real subprocesses of the
+installed CLI."""
 
 from __future__ import annotations
 
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -25,10 +28,10 @@ from click.testing import CliRunner
 import malformed_gen as gen
 from conftest import processes_with
 
-CASES = gen.generate(1200)
+CASES = gen.generate()
 COMMANDS: list[tuple[str, ...]] = [("launch",), ("up", "--dry-run"), ("cost",)]
 MAX_MESSAGE = 600
-SUBPROCESS_SAMPLE = 30
+SUBPROCESS_SAMPLE = 40
 
 
 def _tree(root: Path) -> dict[str, tuple[int, int]]:
@@ -42,8 +45,20 @@ def _tree(root: Path) -> dict[str, tuple[int, int]]:
     return out
 
 
-def _problems(code: int, out: str, err: str, task_file: Path) -> list[str]:
+def _field_named(defect: str, err: str) -> bool:
+    """A bad value's message names its field: the dotted path, or (for a value the field's
+    own model refuses as a whole) a path that starts with it or that it starts with."""
+    field = defect.split(":", 1)[1]
+    named = [m.split("'")[1] for m in err.split("field ")[1:] if m.startswith("'")]
+    named += ["resources." + m.split(":")[0] for m in err.split("resources.")[1:]]
+    return any(n == field or n.startswith(field + ".") or field.startswith(n + ".")
+               for n in named)
+
+
+def _problems(code: int, out: str, err: str, task_file: Path, defect: str = "") -> list[str]:
     bad = []
+    if defect.startswith("bad-value:") and not _field_named(defect, err):
+        bad.append(f"the message does not name the field {defect.split(':', 1)[1]}")
     if code != 2:
         bad.append(f"exit {code}, not 2")
     if "Traceback" in out or "Traceback" in err:
@@ -62,15 +77,28 @@ def _problems(code: int, out: str, err: str, task_file: Path) -> list[str]:
 
 
 def test_generated_set_is_large_fixed_and_covers_every_defect() -> None:
-    assert len(CASES) >= 1000
+    assert len(CASES) >= 1500
     assert len({c.id for c in CASES}) == len(CASES) and len({c.text for c in CASES}) == len(CASES)
-    assert [c.text for c in gen.generate(1200)] == [c.text for c in CASES]  # fixed seed
+    assert [c.text for c in gen.generate()] == [c.text for c in CASES]  # fixed seed
     kinds = Counter(c.defect.split(":")[0] for c in CASES)
     for kind in ("bad-value", "unknown-field", "bomb", "deep", "loop", "tag", "tag-directive",
                  "merge", "control-char", "quoted-nul", "huge-file", "structural", "syntax"):
         assert kinds[kind] >= 10, kinds
     fields = {c.defect.split(":")[1] for c in CASES if c.defect.startswith("bad-value:")}
     assert fields == set(gen.BAD_VALUES), set(gen.BAD_VALUES) - fields
+
+
+def test_every_field_of_the_task_has_its_own_defects_in_the_set() -> None:
+    """Each field of the model (top level, nested, and each installed provider's options) has
+    bad values of its own, and files with them are in the set."""
+    drawn = {c.defect.split(":", 1)[1] for c in CASES if c.defect.startswith("bad-value:")}
+    for path in gen.field_paths():
+        assert any(k == path or k.startswith(path + ".") for k in gen.BAD_VALUES), path
+        assert any(k == path or k.startswith(path + ".") for k in drawn), path
+    urls = " ".join(c.text for c in CASES)
+    for hostile in ("s3://../x", "file:///etc", "unknown://", "s3://xn--", "gs://goog-",
+                    "--ol-s3", "-s3alias", "-oProxyCommand"):
+        assert hostile in urls, hostile
 
 
 def test_the_valid_bases_the_defects_start_from_are_accepted(tmp_path: Path) -> None:
@@ -106,6 +134,8 @@ def no_processes(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-de
     monkeypatch.setattr(os, "fork", refuse)
     monkeypatch.setattr(os, "posix_spawn", refuse)
     monkeypatch.setattr(os, "execv", refuse)
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket.socket, "connect_ex", refuse)
     yield started
 
 
@@ -128,7 +158,7 @@ def test_every_generated_file_is_refused_by_every_command_in_process(
             task_file.write_text(case.text, encoding="utf-8")
             for cmd in COMMANDS:
                 r = runner.invoke(cli, [*cmd, str(task_file)], env=env, catch_exceptions=False)
-                bad = _problems(r.exit_code, r.stdout, r.stderr, task_file)
+                bad = _problems(r.exit_code, r.stdout, r.stderr, task_file, case.defect)
                 if bad:
                     failures.append(f"{case.id} ({' '.join(cmd)}): {', '.join(bad)}\n"
                                     f"    stderr: {r.stderr[:300]!r}\n    file: {case.text[:200]!r}")
@@ -174,7 +204,7 @@ def test_a_sample_is_refused_by_the_installed_cli_in_subprocesses(tmp_path: Path
         r = subprocess.run([sys.executable, "-m", "cloudtrain", *cmd, str(task_file)],
                            capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path,
                            stdin=subprocess.DEVNULL)
-        bad = _problems(r.returncode, r.stdout, r.stderr, task_file)
+        bad = _problems(r.returncode, r.stdout, r.stderr, task_file, case.defect)
         if bad:
             failures.append(f"{case.id} ({' '.join(cmd)}): {', '.join(bad)}: {r.stderr[:300]!r}")
     assert len(SAMPLE) == SUBPROCESS_SAMPLE

@@ -42,6 +42,8 @@ class Case:
     """Extra files next to the task file (relative path -> content)."""
     names_file: bool = True
     """The message names the task file (spec errors do; a provider's own checks need not)."""
+    never: tuple[str, ...] = ()
+    """Words that must not appear anywhere in the output (a secret from the task file)."""
 
 
 DRY = ("up", "--dry-run")
@@ -237,6 +239,90 @@ CASES = [
 ]
 
 
+COST = ("cost",)
+RUN = "run: echo hi\n"
+
+
+def _ckpt(url: str, bucket: str, *, command: tuple[str, ...] = ("launch",), says: str = "",
+          cid: str = "") -> Case:
+    """A checkpoints URL whose bucket breaks its cloud's naming rules."""
+    return Case(cid or f"bucket-name-{bucket}-{command[0]}", f"{RUN}checkpoints: {url}\n",
+                field="checkpoints", line=2, command=command,
+                says=(f"'{bucket}' is not a valid", says) if says else (f"'{bucket}' is not a valid",))
+
+
+# Issue 21, generated bad input: each was accepted (or leaked) before.
+CASES += [
+    _ckpt("s3://xn--abc/run", "xn--abc", says="'xn--'"),
+    _ckpt("s3://sthree-data/run", "sthree-data", says="'sthree-'", command=DRY),
+    _ckpt("s3://sthree-configurator-x", "sthree-configurator-x", says="'sthree-'", command=COST),
+    _ckpt("s3://amzn-s3-demo-bucket", "amzn-s3-demo-bucket", says="'amzn-s3-demo-'"),
+    _ckpt("s3://data-s3alias/x", "data-s3alias", says="'-s3alias'", command=DRY),
+    _ckpt("s3://data--ol-s3/x", "data--ol-s3", says="'--ol-s3'", command=COST),
+    _ckpt("s3://data.mrap/x", "data.mrap", says="'.mrap'"),
+    _ckpt("s3://data--x-s3/x", "data--x-s3", says="'--x-s3'", command=DRY),
+    _ckpt("s3://data--table-s3/x", "data--table-s3", says="'--table-s3'"),
+    _ckpt("s3://192.168.5.4/x", "192.168.5.4", says="IP address", command=COST),
+    _ckpt("gs://goog-data/x", "goog-data", says="'goog'"),
+    _ckpt("gs://my-google-data/x", "my-google-data", says="'google'", command=DRY),
+    _ckpt("gs://my-g00gle-data/x", "my-g00gle-data", says="'g00gle'", command=COST),
+    _ckpt("gs://" + "a" * 64, "a" * 64, says="at most 63", cid="bucket-name-gs-64-chars"),
+    _ckpt("gs://" + "a" * 64 + ".example.com", "a" * 64 + ".example.com",
+          says="longer than 63", cid="bucket-name-gs-dotted-part-64-chars"),
+    Case("bucket-prefix-empty-segment", f"{RUN}checkpoints: s3://my-bucket//x\n",
+         field="checkpoints", line=2, says=("empty path segment",)),
+    Case("bucket-prefix-empty-segment-mount-cost",
+         f"{RUN}file_mounts:\n  data: gs://my-bucket/a//b\n", field="file_mounts", line=2,
+         says=("empty path segment",), command=COST),
+    Case("mount-source-file-scheme", f"{RUN}file_mounts:\n  data: file:///etc\n",
+         field="file_mounts", line=2, says=("is not a bucket URL",)),
+    Case("mount-source-unknown-scheme-dry-run", f"{RUN}file_mounts:\n  data: ftp://host/x\n",
+         field="file_mounts", line=2, says=("is not a bucket URL",), command=DRY),
+    Case("bucket-url-credentials-not-echoed",
+         f"{RUN}checkpoints: s3://AKIAEXAMPLEKEY:wJalrXUtnFEMIK7MDENGbPxRfiCYSECRET@my-bucket/x\n",
+         field="checkpoints", line=2, says=("carries credentials", "s3://***@my-bucket/x"),
+         never=("wJalrXUtnFEMIK7MDENGbPxRfiCYSECRET", "AKIAEXAMPLEKEY")),
+    Case("bucket-url-credentials-not-echoed-cost",
+         f"{RUN}file_mounts:\n  d: gs://key:TOPSECRET1@my-bucket/x\n", field="file_mounts",
+         line=2, says=("carries credentials",), never=("TOPSECRET1", "key:"), command=COST),
+    Case("bucket-url-sas-token-not-echoed",
+         f"{RUN}checkpoints: https://acct1.blob.core.windows.net/c1/x?sv=2022&sig=SASSECRET9\n",
+         field="checkpoints", line=2, says=("'?' or '#'",), never=("SASSECRET9", "sv=2022")),
+    Case("bucket-url-credentials-with-space-not-echoed",
+         f"{RUN}checkpoints: 's3://KEY:SPACESECRET@my-bucket/a b'\n", field="checkpoints",
+         line=2, says=("spaces",), never=("SPACESECRET",), command=DRY),
+    Case("bootstrap-python-over-path-limit",
+         f"{RUN}bootstrap:\n  python: /{'p/' * 2500}python\n", field="bootstrap.python",
+         line=3, says=("4096",)),
+    Case("bootstrap-python-over-path-limit-cost",
+         f"{RUN}bootstrap:\n  python: /{'p/' * 2500}python\n", field="bootstrap.python",
+         line=3, says=("4096",), command=COST),
+    Case("ssh-host-read-as-option",
+         f"{RUN}resources:\n  provider: ssh\n  ssh:\n    hosts: ['-oProxyCommand=touch PWNED']\n",
+         field="resources.ssh.hosts.0.address", says=("not starting with '-'",)),
+    Case("ssh-host-read-as-option-dry-run",
+         f"{RUN}resources:\n  provider: ssh\n  ssh:\n"
+         "    hosts: [{address: -oProxyCommand=x, user: ubuntu}]\n",
+         field="resources.ssh.hosts.0.address", command=DRY),
+    Case("ssh-host-read-as-option-cost",
+         f"{RUN}resources:\n  provider: ssh\n  ssh:\n    hosts: [ubuntu@-oProxyCommand=x]\n",
+         field="resources.ssh.hosts.0.address", command=COST),
+    Case("ssh-user-read-as-option",
+         f"{RUN}resources:\n  provider: ssh\n  ssh:\n    hosts: [{{address: h1, user: -oX=y}}]\n",
+         field="resources.ssh.hosts.0.user", says=("login name",)),
+    Case("ssh-internal-ip-with-newline",
+         f"{RUN}resources:\n  provider: ssh\n  ssh:\n"
+         "    hosts: [{address: h1, internal_ip: \"h2\\n  ProxyCommand x\"}]\n",
+         field="resources.ssh.hosts.0.internal_ip", command=DRY),
+    Case("train-module-read-as-option",
+         "train:\n  module: -cimport os\n", field="train.module", line=2,
+         says=("not a Python module name",)),
+    Case("train-script-outside-workdir",
+         "workdir: .\ntrain:\n  script: /etc/passwd\n", field="train.script", line=3,
+         says=("inside workdir",)),
+]
+
+
 def _env(home: Path) -> dict[str, str]:
     env = dict(os.environ)
     env.update({"CLOUDTRAIN_HOME": str(home), "NO_COLOR": "1"})
@@ -302,6 +388,8 @@ def test_malformed_task_is_refused_cleanly(case: Case, tmp_path: Path, home: Pat
         assert word in err, f"expected {word!r}{context}"
     if case.any_of:
         assert any(w in err for w in case.any_of), f"expected one of {case.any_of}{context}"
+    for word in case.never:
+        assert word not in err + r.stdout, f"{word!r} must not be shown{context}"
     assert _created(home) == [], context
 
 

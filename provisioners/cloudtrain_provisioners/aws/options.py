@@ -4,6 +4,8 @@ ports, ssh_cidr)."""
 
 from __future__ import annotations
 
+import re
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
@@ -48,6 +50,13 @@ class AWSOptions(BaseModel):
     def _vpc(cls, v: str | None) -> str | None:
         if v is not None and not v.startswith("vpc-"):
             raise ValueError(f"'{v}' is not a VPC id; write e.g. vpc-0abc1234")
+        return v
+
+    @field_validator("ssh_user")
+    @classmethod
+    def _user(cls, v: str) -> str:
+        if not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", v):
+            raise ValueError(f"'{v[:40]}' is not a Linux user name; write e.g. ubuntu")
         return v
 
     @field_validator("subnet_ids")

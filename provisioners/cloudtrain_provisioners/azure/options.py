@@ -79,7 +79,7 @@ class AzureOptions(BaseModel):
     @field_validator("ssh_user")
     @classmethod
     def _user(cls, v: str) -> str:
-        if not re.match(r"^[a-z_][a-z0-9_-]{0,31}$", v) or v in ("root", "admin", "administrator"):
+        if not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", v) or v in ("root", "admin", "administrator"):
             raise ValueError(f"'{v}' cannot be an Azure VM admin user; write e.g. azureuser")
         return v
 

@@ -88,6 +88,6 @@ class GCPOptions(BaseModel):
     @field_validator("ssh_user")
     @classmethod
     def _user(cls, v: str) -> str:
-        if not re.match(r"^[a-z_][a-z0-9_-]{0,31}$", v):
+        if not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", v):
             raise ValueError("write a Linux user name, e.g. cloudtrain")
         return v

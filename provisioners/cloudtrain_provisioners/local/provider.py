@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from cloudtrain.errors import ProviderError, UserError
 from cloudtrain.provider import (ClusterRequest, NetworkRef, Node, NodeHealth, Plan,
@@ -32,8 +32,17 @@ class LocalOptions(BaseModel):
     python: str | None = Field(
         None, description="Python of the environment the nodes use (default: cloudtrain's own).")
     price_per_hour: float = Field(
-        0.0, ge=0, allow_inf_nan=False,
+        0.0, ge=0, le=100_000, allow_inf_nan=False,
         description="Pretend price per node-hour in USD, for trying budgets (default 0).")
+
+    @field_validator("python")
+    @classmethod
+    def _python(cls, v: str | None) -> str | None:
+        if v is not None and (not v.startswith("/") or len(v.encode("utf-8", "surrogatepass"))
+                              > 4096 or any(ord(c) < 32 or ord(c) == 127 for c in v)):
+            raise ValueError("give the absolute path of a python on this machine (at most 4096 "
+                             "bytes, no control characters), e.g. /opt/venv/bin/python")
+        return v
 
 
 def _free_port(address: str) -> int:

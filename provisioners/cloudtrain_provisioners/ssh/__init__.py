@@ -11,8 +11,10 @@ pinned with the keys listed there, so a host presenting another key is refused e
 from __future__ import annotations
 
 import getpass
+import ipaddress
 import json
 import os
+import re
 from pathlib import Path
 from typing import ClassVar
 
@@ -25,6 +27,27 @@ from cloudtrain.provider import (USER_KNOWN_HOSTS, ClusterRequest, NetworkRef, N
 DEFAULT_KEYS = ("id_ed25519", "id_ecdsa", "id_rsa")
 
 
+_HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+                       r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$")
+_USER = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _address(v: str, what: str) -> str:
+    """A host name (letters, digits, '-' and '.') or an IP address: nothing that ssh, rsync or
+    an OpenSSH config file could read as an option or a directive (e.g. '-oProxyCommand=...')."""
+    try:
+        return str(ipaddress.ip_address(v))
+    except ValueError:
+        pass
+    if not _HOSTNAME.fullmatch(v):
+        shown = v if len(v) <= 60 else v[:57] + "..."
+        raise ValueError(f"{what} {shown!r} is neither a host name (letters, digits, '-' and "
+                         "'.', not starting with '-') nor an IP address; write e.g. "
+                         "203.0.113.10 or gpu-1.example.com")
+    return v
+
+
 class SSHHost(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -34,6 +57,34 @@ class SSHHost(BaseModel):
     identity_file: str | None = None
     internal_ip: str | None = Field(
         None, description="Address the other hosts reach this one at (default: address).")
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, v: str) -> str:
+        return _address(v, "the address")
+
+    @field_validator("internal_ip")
+    @classmethod
+    def _internal(cls, v: str | None) -> str | None:
+        return None if v is None else _address(v, "internal_ip")
+
+    @field_validator("user")
+    @classmethod
+    def _user(cls, v: str) -> str:
+        if not _USER.fullmatch(v):
+            raise ValueError(f"the user {v[:40]!r} is not a login name (letters, digits, '_', "
+                             "'.' and '-', not starting with '-'); write e.g. ubuntu")
+        return v
+
+    @field_validator("identity_file")
+    @classmethod
+    def _identity_file(cls, v: str | None) -> str | None:
+        if v is not None and (not v.strip() or v.startswith("-") or _CONTROL.search(v)
+                              or len(v.encode("utf-8", "surrogatepass")) > 4096):
+            raise ValueError("identity_file is the path of a private key on this machine, "
+                             "e.g. ~/.ssh/id_ed25519 (not empty, no control characters, not "
+                             "starting with '-', at most 4096 bytes)")
+        return v
 
 
 class SSHOptions(BaseModel):
@@ -52,7 +103,13 @@ class SSHOptions(BaseModel):
             for h in v:
                 if isinstance(h, str):
                     user, _, rest = h.rpartition("@")
-                    addr, _, port = rest.partition(":")
+                    if rest.startswith("["):            # [IPv6]:PORT
+                        addr, _, port = rest[1:].partition("]")
+                        port = port.removeprefix(":")
+                    elif rest.count(":") > 1:           # a bare IPv6 address
+                        addr, port = rest, ""
+                    else:
+                        addr, _, port = rest.partition(":")
                     d: dict[str, object] = {"address": addr}
                     if user:
                         d["user"] = user
