@@ -425,6 +425,8 @@ def run_command(env: Env, handle: Handle, group: Group, command: str,
         sink.close()
         if others:
             beside.join(timeout=60)
+        from cloudtrain.pipeline.lastseen import contacted
+        contacted(env, handle.name)     # the lease was renewed; the command kept it busy
     first = job.first_failure()
     if first is None:
         return 0, None
