@@ -126,7 +126,9 @@ def push(env: Env, handle: Handle, group: Group, mode: str,
     if pol is not None:
         save(env, handle.name, pol)
     if any(r.error is None for r in res.values()):
-        contacted(env, handle.name, idle=False if mode == "policy" else None)
+        # "install" with a policy: up or launch (a job may start); "policy" (autostop) and
+        # "touch" change nothing the nodes run.
+        contacted(env, handle.name, idle=False if mode == "install" else None)
     if raw is not None:
         raw.update(res)
     out = {}

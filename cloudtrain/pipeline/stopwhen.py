@@ -9,8 +9,8 @@ node guard (cloudtrain/node/guard.py) applies the same rules on the nodes:
   ``down_on_end`` (``logs`` followed it to its end), when no other launch of the cluster is
   still running or queued;
 - idle: ``idle_minutes`` after the later of the last contact and the last moment the CLI knew
-  nothing was running (``idle_at``: a fresh up, or guards seen idle), and only when nothing
-  may have started since (no launch after it). A session the user opened outside cloudtrain
+  nothing was running (``idle_at``: a fresh up, or guards seen idle; a launch since clears
+  it: work may have started). A session the user opened outside cloudtrain
   (plain ssh, VS Code) is not known here: the words say "probably".
 
 Only the standard library."""
@@ -44,8 +44,6 @@ def idle(pol: dict[str, Any], contact: dict[str, Any]) -> float | None:
     if not minutes or idle_at is None:
         return None
     lease = max(_num(contact.get("at")) or 0.0, _num(pol.get("lease_at")) or 0.0)
-    if (_num(pol.get("lease_at")) or 0.0) > idle_at + 1:
-        return None                 # a launch or autostop since: work may have started
     return max(idle_at, lease) + minutes * 60
 
 
