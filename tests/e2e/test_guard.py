@@ -147,6 +147,8 @@ def test_idle_stop_and_what_keeps_a_cluster_alive(cli: CLI, tmp_path: Path) -> N
     time.sleep(9)
     (st,) = _live(cli)
     assert st["status"] == "UP" and st["guard"]["busy"] is True, st
+    job = st["guard"]["busy_with"][0]
+    assert job.startswith("job ") and st["guard"]["words"] == f"busy: {job}", st["guard"]
     assert st["autostop"]["idle_minutes"] == 0.1
     # An interactive 'cloudtrain ssh' session keeps it alive too.
     proc, master = _spawn_ssh(cli, "idle")
@@ -154,6 +156,8 @@ def test_idle_stop_and_what_keeps_a_cluster_alive(cli: CLI, tmp_path: Path) -> N
         time.sleep(14)          # the job ended ~5 s ago; idle would have fired by now
         (st,) = _live(cli)
         assert st["status"] == "UP" and st["guard"]["busy"] is True, st
+        # on the head, the session with its terminal; its lease renewals are not sessions
+        assert st["guard"]["words"] == "busy: 1 ssh session", st["guard"]
     finally:
         os.write(master, b"exit\n")
         proc.wait(timeout=20)
