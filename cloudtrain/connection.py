@@ -38,8 +38,9 @@ TAIL_BYTES = 64 * 1024    # what a streamed command keeps in memory (for error m
 # ($HOME/.cloudtrain/control/<pid of that connection's sshd>), so the node guard does not take
 # cloudtrain's sessions, or its idle persistent masters, for the user's (cloudtrain/node/guard.py).
 CONTROL_PREFIX = (
-    'export CLOUDTRAIN_CONTROL=1; c="$HOME/.cloudtrain/control"; '
-    'true 2>/dev/null >"$c/$PPID" || { mkdir -p "$c" && true >"$c/$PPID"; } 2>/dev/null; ')
+    'export CLOUDTRAIN_CONTROL=1; _ctc="$HOME/.cloudtrain/control"; '
+    'true 2>/dev/null >"$_ctc/$PPID" || '
+    '{ mkdir -p "$_ctc" && true >"$_ctc/$PPID"; } 2>/dev/null; ')
 # (``true``, not ``:``: a failed redirection of a special builtin ends a POSIX shell)
 
 
