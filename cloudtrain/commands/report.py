@@ -44,9 +44,10 @@ def cost_report(days: float | None, as_json: bool, as_csv: bool, chart: str | No
     Cost = hours x price per node-hour recorded at launch x nodes, summed over the times
     the cluster's nodes existed (created to terminated, started to stopped). Running
     clusters count up to now, after a check with their provider (as 'status --refresh':
-    a cluster whose nodes stopped themselves counts up to when they stopped). Prices are never looked up again: a newer catalog does not
-    change past costs, and a cluster with no recorded price shows "unknown" and is left
-    out of the totals. Days on the chart are UTC calendar days.
+    a cluster whose nodes stopped themselves counts up to when they stopped; --offline asks
+    none and marks them unconfirmed). Prices are never looked up again: a newer catalog
+    does not change past costs, and a cluster with no recorded price shows "unknown" and is
+    left out of the totals. Days on the chart are UTC calendar days.
     """
     from cloudtrain.errors import UserError
 

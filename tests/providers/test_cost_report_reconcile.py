@@ -22,7 +22,8 @@ from cloudtrain.pipeline.provision import provision  # noqa: E402
 from cloudtrain.provider import registry  # noqa: E402
 from cloudtrain.spec import parse_task  # noqa: E402
 from cloudtrain.ui import UI  # noqa: E402
-from aws_moto import MOTO_ACCOUNT, Harness, add_images_to_moto, guest_shutdown, hermetic_env  # noqa: E402
+from aws_moto import (MOTO_ACCOUNT, Harness, add_images_to_moto, guest_shutdown,  # noqa: E402
+                      hermetic_env)
 
 REGION = "us-east-1"
 TASK = """
