@@ -219,7 +219,7 @@ def _is_control(pid: int) -> bool:
     return mark in _cmdline(pid) or any(e.startswith(mark) for e in _proc_env(str(pid)))
 
 
-def _controls(live: dict[int, int]) -> set[int]:
+def _controls(live: dict[int, float]) -> set[int]:
     """The sessions recorded as cloudtrain's connections (``live``: pid -> start epoch);
     records of ended ones (or of a reused pid: older than the process) are removed."""
     d, found = control_dir(), set()
@@ -248,12 +248,13 @@ def ssh_sessions() -> Sessions:
         user = pwd.getpwuid(os.getuid()).pw_name.encode()
     except KeyError:
         return Sessions()
-    procs = {int(p): st for p in _pids() if (st := _proc_stat(p)) is not None}
+    stats = {int(p): _proc_stat(p) for p in _pids()}
+    procs = {p: st for p, st in stats.items() if st is not None}
     kids: dict[int, list[int]] = {}
     for pid, (ppid, _, _) in procs.items():
         kids.setdefault(ppid, []).append(pid)
     config, boot, tick = _own_sshd_config(), _boot_epoch(), os.sysconf("SC_CLK_TCK") or 100
-    sessions: dict[int, int] = {}
+    sessions: dict[int, int] = {}        # pid -> start time (clock ticks since boot)
     for pid in procs:
         m = _TITLE.match(_cmdline(pid).rstrip(b"\0"))
         if m and m.group(1) == user and _ours(pid, procs, config):
@@ -261,6 +262,8 @@ def ssh_sessions() -> Sessions:
     controls = _controls({p: boot + t / tick for p, t in sessions.items()})
     tty = notty = 0
     for pid in sessions:
+        if any(k in sessions for k in kids.get(pid, [])):
+            continue                   # a privilege-separation monitor: its child is counted
         theirs = [k for k in kids.get(pid, []) if not _is_control(k)]
         if not theirs and (pid in controls or kids.get(pid)):
             continue                   # cloudtrain's connection, or only cloudtrain's commands
