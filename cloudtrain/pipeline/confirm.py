@@ -32,6 +32,6 @@ def confirm(env: Env, offline: bool) -> dict[str, float | None]:
             except (CloudtrainError, ImportError) as exc:
                 env.ui.warn(f"'{row.name}': could not ask {row.provider} ({exc}); its cost is "
                             "unconfirmed")
-        stop = lastseen.expected_stop(env, row.name, row.provider)
+        stop = lastseen.expected_stop(env, row.name, row.provider, row.created_at or 0.0)
         loose[row.name] = stop[0] if stop is not None and stop[0] <= now else None
     return loose

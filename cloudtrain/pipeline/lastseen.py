@@ -151,14 +151,15 @@ def contacted(env: Env, name: str, idle: bool | None = None, at: float | None = 
         pass
 
 
-def expected_stop(env: Env, name: str, provider: str) -> tuple[float, str] | None:
+def expected_stop(env: Env, name: str, provider: str,
+                  created_at: float = 0.0) -> tuple[float, str] | None:
     """When the recorded rules must have stopped the cluster, and why (the earliest of its
     lifetime, its budget at the recorded price, and its idle stop counted from the last
     contact after which nothing was running), from this machine's files alone. None: no rule
     tells (a job may be running, or no rule is set)."""
     from cloudtrain.pipeline.stopwhen import expected
 
-    launches = env.state.launches(name)
+    launches = [l for l in env.state.launches(name) if l.started_at >= created_at - 1]
     waiting = any(l.status in ("RUNNING", "QUEUED") for l in launches)
     ended = {} if waiting else {l.job_id: l.ended_at for l in launches if l.ended_at is not None}
     return expected(saved(env, name), _read(env.cluster_dir(name) / CONTACT), ended,
@@ -259,7 +260,8 @@ def offline_rows(env: Env, rows: list[Any], now: float | None = None
     views, until, out = {}, {}, []
     for r in rows:
         views[r.name] = view(env, r.name, now)
-        stop = expected_stop(env, r.name, r.provider) if r.status in ("UP", "DEGRADED") else None
+        stop = expected_stop(env, r.name, r.provider, r.created_at) \
+            if r.status in ("UP", "DEGRADED") else None
         if stop is None:
             out.append(r)
             continue

@@ -10,7 +10,8 @@ node guard (cloudtrain/node/guard.py) applies the same rules on the nodes:
   still running or queued;
 - idle: ``idle_minutes`` after the later of the last contact and the last moment the CLI knew
   nothing was running (``idle_at``: a fresh up, or guards seen idle; a launch since clears
-  it: work may have started). A session the user opened outside cloudtrain
+  it: work may have started), or the end of the last launch when none is running or queued
+  (an attached launch that returned, a ``-d`` job followed to its end). A session the user opened outside cloudtrain
   (plain ssh, VS Code) is not known here: the words say "probably".
 
 Only the standard library."""
@@ -39,10 +40,15 @@ def budget(pol: dict[str, Any]) -> float | None:
     return at + max(0.0, cap - spent) / hourly * 3600 + (_num(pol.get("budget_grace_s")) or 0.0)
 
 
-def idle(pol: dict[str, Any], contact: dict[str, Any]) -> float | None:
-    minutes, idle_at = _num(pol.get("idle_minutes")), _num(contact.get("idle_at"))
-    if not minutes or idle_at is None:
+def idle(pol: dict[str, Any], contact: dict[str, Any], ended: dict[str, float]) -> float | None:
+    """``ended``: the launches' ends the CLI saw, when none runs or waits: after the last one
+    nothing of cloudtrain's ran (an attached launch that returned, a job followed to its end)."""
+    minutes = _num(pol.get("idle_minutes"))
+    known = [t for t in (_num(contact.get("idle_at")), max(ended.values(), default=None))
+             if t is not None]
+    if not minutes or not known:
         return None
+    idle_at = max(known)
     lease = max(_num(contact.get("at")) or 0.0, _num(pol.get("lease_at")) or 0.0)
     return max(idle_at, lease) + minutes * 60
 
@@ -60,6 +66,6 @@ def expected(pol: dict[str, Any], contact: dict[str, Any], ended: dict[str, floa
         return None                 # the ssh provider's hosts are never powered off
     found = [(t, why) for t, why in ((lifetime(pol), "lifetime"), (budget(pol), "budget"),
                                      (job_end(pol, ended or {}), "job-end"),
-                                     (idle(pol, contact) if powers_off else None, "idle"))
+                                     (idle(pol, contact, ended or {}), "idle"))
              if t is not None]
     return min(found) if found else None

@@ -145,10 +145,15 @@ def test_sessions_without_a_tty_and_forwards_hold_the_cluster_cloudtrains_own_do
     assert_nothing_left(cli.home)
 
 
-def test_plain_status_after_a_lifetime_and_a_detached_down_job(cli: CLI, tmp_path: Path) -> None:
+def test_plain_status_after_a_lifetime_a_detached_down_job_and_an_attached_launch(
+        cli: CLI, tmp_path: Path) -> None:
     # max_hours 0.004: the lifetime ends 14.4 s after the cluster was created.
     task = _task(tmp_path, "lt", "echo", extra="max_hours: 0.004\n")
     r = cli.run("up", str(task), "-y", "--no-bootstrap", **FAST)
+    assert r.returncode == 0, r.stderr
+    # An attached launch that returned: nothing of cloudtrain's runs after it (idle 15 s).
+    task = _task(tmp_path, "al", "echo hi", extra="autostop: {idle_minutes: 0.25}\n")
+    r = cli.run("launch", str(task), "-y", **FAST)
     assert r.returncode == 0, r.stderr
     # A detached job with --down, followed to its end by 'logs': the CLI saw it end.
     task = _task(tmp_path, "dd", "sleep 6; echo done")
@@ -166,6 +171,11 @@ def test_plain_status_after_a_lifetime_and_a_detached_down_job(cli: CLI, tmp_pat
     lt = _plain(cli, "lt")
     assert (lt["status"], lt["expected_stop_reason"]) == ("PROBABLY_STOPPED", "lifetime"), lt
     assert abs(lt["expected_stop_at"] - _stopped_at(cli, "lt")) < 3, lt
+    assert wait_until(lambda: not _alive(cli, "al"), 40), "the idle stop did not fire"
+    al = _plain(cli, "al")
+    assert (al["status"], al["expected_stop_reason"]) == ("PROBABLY_STOPPED", "idle"), al
+    assert abs(al["expected_stop_at"] - _stopped_at(cli, "al")) < 3, al
     assert {e["name"]: e["status"] for e in json.loads(
-        cli.run("status", "--refresh", "--json").stdout)} == {"lt": "GONE", "dd": "GONE"}
+        cli.run("status", "--refresh", "--json").stdout)} == {
+            "lt": "GONE", "dd": "GONE", "al": "GONE"}
     assert_nothing_left(cli.home)

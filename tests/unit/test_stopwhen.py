@@ -27,6 +27,8 @@ def test_idle_needs_a_contact_after_which_nothing_ran() -> None:
     assert expected(pol, {"at": T0, "idle_at": T0}) == (T0 + 600, "idle")
     # a later contact (exec, logs) only moves it on
     assert expected(pol, {"at": T0 + 100, "idle_at": T0}) == (T0 + 700, "idle")
+    # the end of the last launch the CLI saw (none running or queued) is such a moment too
+    assert expected(pol, {"at": T0, "idle_at": None}, {"j1": T0 + 50}) == (T0 + 650, "idle")
 
 
 def test_job_end_seen_and_the_earliest_rule_wins() -> None:
