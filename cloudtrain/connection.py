@@ -33,6 +33,22 @@ KEEPALIVE_S = 10          # paramiko transport keepalive (keeps NAT and firewall
 TAIL_BYTES = 64 * 1024    # what a streamed command keeps in memory (for error messages)
 
 
+# Every command cloudtrain sends starts with this: it marks the command as cloudtrain's own
+# (CLOUDTRAIN_CONTROL in its environment) and records the SSH connection it came over
+# ($HOME/.cloudtrain/control/<pid of that connection's sshd>), so the node guard does not take
+# cloudtrain's sessions, or its idle persistent masters, for the user's (cloudtrain/node/guard.py).
+CONTROL_PREFIX = (
+    'export CLOUDTRAIN_CONTROL=1; _ctc="$HOME/.cloudtrain/control"; '
+    'true 2>/dev/null >"$_ctc/$PPID" || '
+    '{ mkdir -p "$_ctc" && true >"$_ctc/$PPID"; } 2>/dev/null; ')
+# (``true``, not ``:``: a failed redirection of a special builtin ends a POSIX shell)
+
+
+def controlled(command: str) -> str:
+    """``command`` marked as cloudtrain's own (see CONTROL_PREFIX)."""
+    return CONTROL_PREFIX + command
+
+
 def node_timeout() -> float:
     """How long a node may stay silent (no output, no answer to a probe) before it is
     declared lost: CLOUDTRAIN_NODE_TIMEOUT seconds, 60 by default."""
@@ -295,7 +311,7 @@ class Connection(Transport):
             raise ChannelLost(f"no channel ({exc or type(exc).__name__})", limit) from None
         try:
             chan.set_combine_stderr(combine)
-            chan.exec_command(command)
+            chan.exec_command(controlled(command))
             if stdin is not None:
                 chan.sendall(stdin)
             if not hold_stdin:

@@ -56,6 +56,7 @@ class ClusterCost:
     hours: float = 0.0
     cost: float | None = 0.0        # None when any counted interval has no price
     intervals: list[IntervalCost] = field(default_factory=list)
+    confirmed: bool = True          # False: running in the state, its provider not asked
 
 
 @dataclass
@@ -78,6 +79,11 @@ class Report:
                        "does not re-price past usage from today's catalog.")
         if any(c.status == "running" for c in self.clusters):
             out.append("Running clusters are counted up to now.")
+        loose = [c.cluster for c in self.clusters if not c.confirmed]
+        if loose:
+            out.append(f"Not confirmed with the provider (--offline, or it could not be asked): "
+                       f"{', '.join(loose)}; a cluster whose recorded rules stopped it is "
+                       "counted up to then ('probably stopped').")
         return out
 
 
@@ -108,9 +114,13 @@ def _group_key(row: UsageRow) -> tuple[str, str]:
 
 
 def build(rows: Iterable[UsageRow], *, now: float | None = None,
-          days: float | None = None) -> Report:
-    """The report over ``rows`` for the last ``days`` days (None: all of them) ending ``now``."""
+          days: float | None = None, unconfirmed: dict[str, float | None] | None = None
+          ) -> Report:
+    """The report over ``rows`` for the last ``days`` days (None: all of them) ending ``now``.
+    ``unconfirmed``: running clusters whose provider was not asked, each with when its rules
+    stopped it (its open interval ends there) or None (counted up to now)."""
     until = time.time() if now is None else now
+    loose = unconfirmed or {}
     since = None if days is None else until - days * DAY
     groups: dict[tuple[str, str], list[UsageRow]] = {}
     for r in sorted(rows, key=lambda r: (r.started_at, r.id)):
@@ -131,8 +141,14 @@ def build(rows: Iterable[UsageRow], *, now: float | None = None,
             end_reason=None if running else (last.end_reason or "terminated"),
             max_cost_usd=next((m.max_cost_usd for m in reversed(members)
                                if m.max_cost_usd is not None), None))
+        stop = loose.get(first.cluster) if running else None
+        if running and first.cluster in loose:
+            entry.confirmed = False
+            if stop is not None:
+                entry.status, entry.ended_at = "probably stopped", stop
         for m in members:
-            win = interval_window(m, since, until)
+            win = interval_window(m, since, until if stop is None or m.ended_at is not None
+                                  else min(until, stop))
             if win is None:
                 continue
             c = cost_of(m, *win)
@@ -265,7 +281,7 @@ def to_json(rep: Report) -> dict[str, object]:
             "price_hourly_usd": c.price_at_launch, "cost_usd": _r(c.cost),
             "status": c.status, "end_reason": c.end_reason,
             "max_cost_usd": c.max_cost_usd, "started_at": _iso(c.started_at),
-            "ended_at": _iso(c.ended_at),
+            "ended_at": _iso(c.ended_at), "confirmed": c.confirmed,
             "intervals": [{
                 "started_at": _iso(i.started_at), "ended_at": _iso(i.ended_at),
                 "end_reason": i.end_reason, "price_hourly_usd": i.hourly_price_per_node,

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from cloudtrain import sshmux
-from cloudtrain.connection import DEFAULT_NODE_TIMEOUT, ChannelLost, Transport, Watch
+from cloudtrain.connection import DEFAULT_NODE_TIMEOUT, ChannelLost, Transport, Watch, controlled
 from cloudtrain.connection import connect as connect_paramiko
 from cloudtrain.keys import ClusterKeys
 
@@ -45,7 +45,8 @@ class MuxConnection(Transport):
     def _spawn(self, command: str, stderr: int) -> subprocess.Popen[bytes]:
         # Its own session: the terminal's Ctrl-C reaches this process only, which stops the
         # command on every node the way it chooses (SIGTERM, stop_grace), not ssh.
-        proc = subprocess.Popen(sshmux.client_argv(self.keys, self.node, self.path, command),
+        proc = subprocess.Popen(sshmux.client_argv(self.keys, self.node, self.path,
+                                                    controlled(command)),
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
                                 start_new_session=True)
         with self._lock:

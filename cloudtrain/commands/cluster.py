@@ -152,7 +152,9 @@ def status_lines(env: Env, rows: list[ClusterRow], guards: dict[str, dict[str, A
         for rec in env.state.recoveries(r.name):
             click.echo(recovery_line(rec))
         g = guards.get(r.name) or {}
-        if g:
+        if r.status == "PROBABLY_STOPPED":
+            click.echo(f"{r.name}: {g['expected_stop']['words']}")
+        elif g:
             words = (g.get("guard") or {}).get("words")
             click.echo(f"{r.name}: {g['policy']}" + (f"; {words}" if words else ""))
         if "gpus" in g:
@@ -180,9 +182,9 @@ def gather(env: Env, name: str | None) -> tuple[Any, ...]:
     from cloudtrain import cluster
     from cloudtrain.pipeline import lastseen
 
-    rows = cluster.listed(env, name)
-    spent, pins = spend_and_pins(env, name, rows)
-    return rows, spent, pins, [], {r.name: lastseen.view(env, r.name) for r in rows}
+    rows, views, until = lastseen.offline_rows(env, cluster.listed(env, name))
+    spent, pins = spend_and_pins(env, name, rows, until)
+    return rows, spent, pins, [], views
 
 
 def gather_live(env: Env, name: str | None) -> tuple[Any, ...]:
@@ -205,7 +207,9 @@ def gather_live(env: Env, name: str | None) -> tuple[Any, ...]:
     return rows, spent, pins, gone, {r.name: s for r, s in zip(rows, seen)}
 
 
-def spend_and_pins(env: Env, name: str | None, rows: list[ClusterRow]) -> tuple[Any, Any]:
+def spend_and_pins(env: Env, name: str | None, rows: list[ClusterRow],
+                   until: dict[str, float] | None = None) -> tuple[Any, Any]:
+    """Each row's spend up to now (or to ``until[name]``: when it probably stopped)."""
     import time
 
     from cloudtrain.keys import pinning
@@ -213,7 +217,8 @@ def spend_and_pins(env: Env, name: str | None, rows: list[ClusterRow]) -> tuple[
 
     now = time.time()
     usage = env.state.usage(cluster=name) if rows else []
-    spent = {r.name: spend_of(r.name, r.created_at, usage, now=now) for r in rows}
+    spent = {r.name: spend_of(r.name, r.created_at, usage, now=(until or {}).get(r.name, now))
+             for r in rows}
     return spent, {r.name: pinning(env.cluster_dir(r.name)) for r in rows}
 
 
@@ -241,7 +246,15 @@ def status_json(rows: list[ClusterRow], spent: dict[str, float | None],
         "gpus": [n.as_json() for n in guards[r.name]["gpus"]]
         if "gpus" in guards.get(r.name, {}) else None,
         "gpus_at": guards.get(r.name, {}).get("gpus_at"),
+        **stop_fields(guards.get(r.name, {})),
     } for r in rows]
+
+
+def stop_fields(view: dict[str, Any]) -> dict[str, Any]:
+    """``expected_stop_at`` (epoch) and ``expected_stop_reason``: when the recorded rules
+    stop the cluster at the latest (null: no rule tells)."""
+    stop = view.get("expected_stop") or {}
+    return {"expected_stop_at": stop.get("at"), "expected_stop_reason": stop.get("reason")}
 
 
 def status_table(rows: list[ClusterRow], spent: dict[str, float | None],

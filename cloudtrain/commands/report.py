@@ -31,34 +31,44 @@ CHART_EXTRA = "pip install 'cloudtrain[chart]'"
 @click.option("--chart", "chart", type=click.Path(dir_okay=False), metavar="FILE.png",
               help=f"Also write a PNG of daily spend by provider (needs matplotlib: "
                    f"{CHART_EXTRA}).")
+@click.option("--offline", is_flag=True,
+              help="Ask no provider: clusters the state says are running are marked "
+                   "unconfirmed (counted up to when their recorded rules stopped them, else "
+                   "up to now).")
 @guard
-def cost_report(days: float | None, as_json: bool, as_csv: bool, chart: str | None) -> None:
+def cost_report(days: float | None, as_json: bool, as_csv: bool, chart: str | None,
+                offline: bool) -> None:
     """What every cluster cost, terminated ones included: provider, region, instance, nodes,
     spot, hours, price per node-hour at launch, cost; totals per provider.
 
     Cost = hours x price per node-hour recorded at launch x nodes, summed over the times
     the cluster's nodes existed (created to terminated, started to stopped). Running
-    clusters count up to now. Prices are never looked up again: a newer catalog does not
-    change past costs, and a cluster with no recorded price shows "unknown" and is left
-    out of the totals. Days on the chart are UTC calendar days.
+    clusters count up to now, after a check with their provider (as 'status --refresh':
+    a cluster whose nodes stopped themselves counts up to when they stopped; --offline asks
+    none and marks them unconfirmed). Prices are never looked up again: a newer catalog
+    does not change past costs, and a cluster with no recorded price shows "unknown" and is
+    left out of the totals. Days on the chart are UTC calendar days.
     """
     from cloudtrain.errors import UserError
 
     if as_json and as_csv:
         raise UserError("--json and --csv are two output formats; pick one.",
                         "e.g. cloudtrain cost-report --json")
-    _run(days, as_json, as_csv, chart)
+    _run(days, as_json, as_csv, chart, offline)
 
 
-def _run(days: float | None, as_json: bool, as_csv: bool, chart: str | None) -> None:
+def _run(days: float | None, as_json: bool, as_csv: bool, chart: str | None,
+         offline: bool) -> None:
     import time
 
     from cloudtrain import ledger
+    from cloudtrain.pipeline.confirm import confirm
 
-    env = open_env(quiet=as_json or as_csv)
+    env = open_env(quiet=as_json or as_csv, contact=not offline)
+    loose = confirm(env, offline)
     now = time.time()
     rows = env.state.usage()
-    rep = ledger.build(rows, now=now, days=days)
+    rep = ledger.build(rows, now=now, days=days, unconfirmed=loose)
     if chart:
         _check_chart_deps()
     if as_json:
@@ -101,6 +111,7 @@ def _table(rep: Report) -> None:
     for c in rep.clusters:
         status = c.status if c.status == "running" or c.end_reason in (None, c.status) \
             else f"{c.status} ({c.end_reason})"
+        status += "" if c.confirmed else " (unconfirmed)"
         price = "unknown" if c.price_at_launch is None else f"{c.price_at_launch:.4f}"
         table.add_row(c.cluster, c.provider, c.region or "-", c.instance_type or "-",
                       str(c.num_nodes), "yes" if c.use_spot else "no", _hours(c.hours), price,

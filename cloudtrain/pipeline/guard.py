@@ -18,7 +18,8 @@ from cloudtrain.cluster import Handle, cluster_uid
 from cloudtrain.context import Env
 from cloudtrain.errors import CloudtrainError
 from cloudtrain.pipeline import bootstrap
-from cloudtrain.pipeline.lastseen import RULES, describe, idle_words, policy_file, saved
+from cloudtrain.pipeline.lastseen import (RULES, contacted, describe, idle_words, policy_file,
+                                          saved)
 from cloudtrain.provider.contract import Node, SelfStops
 from cloudtrain.remote import Group, Result
 from cloudtrain.state import NodeRow
@@ -124,6 +125,10 @@ def push(env: Env, handle: Handle, group: Group, mode: str,
     res = group.run(run, stdin=lambda n: src, timeout=60, ranks=ranks)
     if pol is not None:
         save(env, handle.name, pol)
+    if any(r.error is None for r in res.values()):
+        # "install" with a policy: up or launch (a job may start); "policy" (autostop) and
+        # "touch" change nothing the nodes run.
+        contacted(env, handle.name, idle=False if mode == "install" else None)
     if raw is not None:
         raw.update(res)
     out = {}
@@ -134,10 +139,14 @@ def push(env: Env, handle: Handle, group: Group, mode: str,
     return out
 
 
-def install(env: Env, handle: Handle, group: Group, task: Task | None) -> None:
-    """At up: the guard on every node, with the task's policy; ``up`` says what it is."""
+def install(env: Env, handle: Handle, group: Group, task: Task | None,
+            fresh: bool = False) -> None:
+    """At up: the guard on every node, with the task's policy; ``up`` says what it is.
+    ``fresh``: the cluster was created by this up (nothing of the user's runs on it)."""
     pol = desired(env, handle, task)
     said = push(env, handle, group, "install", pol)
+    if fresh:
+        contacted(env, handle.name, idle=True)
     bad = {r: s for r, s in said.items() if s.startswith("failed")}
     for rank, s in bad.items():
         env.ui.warn(f"node guard on node {rank} did not start ({s}); the CLI retries at its "
@@ -226,6 +235,10 @@ def states(env: Env, handle: Handle, group: Group, gpus: dict[int, Any] | None =
             if r.error is not None:
                 gpus[rank].detail = f"no answer from the node ({r.error})"[:300]
     answered = {rank: s for rank, s in out.items() if s}
+    if renew and answered:
+        busy = [s.get("state", {}).get("busy") for s in answered.values()
+                if isinstance(s.get("state"), dict)]
+        contacted(env, handle.name, idle=None if not busy else not any(busy), at=renewed_at)
     if answered:
         lastseen.remember(env, handle.name, answered,
                           None if gpus is None else [gpus[r] for r in sorted(gpus)])
@@ -403,5 +416,9 @@ def keep_alive(env: Env, name: str):  # type: ignore[no-untyped-def]
         finally:
             group.close()
 
+    def release() -> None:
+        done.set()
+        contacted(env, name)     # the session kept the nodes busy until now
+
     threading.Thread(target=loop, daemon=True).start()
-    return done.set
+    return release

@@ -32,7 +32,7 @@ def up(env: Env, task: Task, name: str, *, bootstrap: bool = True,
     with opened(env, task, name, keep_on_failure=keep_on_failure, planned=planned) as (
             handle, group, fresh):
         env.ui.ok(f"SSH up on {len(handle.nodes)} node(s)")
-        guard.install(env, handle, group, task)
+        guard.install(env, handle, group, task, fresh=fresh)
         if bootstrap:
             env.ui.step("Bootstrapping")
             try:

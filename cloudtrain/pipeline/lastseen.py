@@ -6,6 +6,11 @@ In ``CLOUDTRAIN_HOME/clusters/NAME/`` (removed with the cluster's folder at ``do
 
 - ``guard-policy.json``: the node guard's policy as the CLI last wrote it to the nodes (up,
   launch, autostop); ``lease_at`` is when;
+- ``guard-contact.json``: the last CLI contact with the nodes (every command that renews the
+  lease: up, launch, exec, logs, ssh, forward, status --refresh ...), ``{"at", "idle_at"}``:
+  ``idle_at`` is the last contact after which the CLI knows nothing of its own was left
+  running (a fresh ``up``, or guards seen idle), null after one that may have started work
+  (launch, autostop, a guard seen busy);
 - ``guard-seen.json``: what the node guards said (each node's ``state.json``, whether its guard
   runs) and each node's GPU query, at the last contact that read them (``status --refresh``,
   ``top``): ``{"at": epoch, "nodes": {rank: {...}}, "gpus": [NodeGPUs.as_json(), ...]}``.
@@ -28,6 +33,7 @@ if TYPE_CHECKING:
 
 POLICY = "guard-policy.json"
 SEEN = "guard-seen.json"
+CONTACT = "guard-contact.json"
 HINT = "--refresh for live"
 RULES = ("idle_minutes", "down", "down_on_end", "max_cost_usd", "max_hours")
 
@@ -56,6 +62,27 @@ def describe(pol: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
+def busy_reasons(states: list[dict[str, Any]]) -> list[str]:
+    """What kept the nodes busy, from their guards' states: "job 3f2a", "2 ssh sessions (no
+    tty)", "1 queued job". A job runs on every node (named once); sessions are added up."""
+    jobs = sorted({str(j) for s in states for j in (s.get("job_ids") or [])
+                   if isinstance(s.get("job_ids"), list)})
+    tty = sum(int(s.get("ssh_tty") or 0) for s in states)
+    notty = sum(int(s.get("ssh_notty") or 0) for s in states)
+    if not any("ssh_tty" in s for s in states):          # a guard of an older version
+        tty = sum(int(s.get("ssh_sessions") or 0) for s in states)
+    queued = max((int(s.get("queued") or 0) for s in states), default=0)
+    out = [f"job {j}" for j in jobs]
+    if not jobs and any(int(s.get("jobs") or 0) for s in states):
+        out.append("a job")
+    for n, kind in ((tty, ""), (notty, " (no tty)")):
+        if n:
+            out.append(f"{n} ssh session{'s' if n > 1 else ''}{kind}")
+    if queued:
+        out.append(f"{queued} queued job{'s' if queued > 1 else ''}")
+    return out or ["a job or an SSH session"]
+
+
 def idle_words(pol: dict[str, Any], seen: dict[int, dict[str, Any]], now: float) -> dict[str, Any]:
     """'idle for X min, stops in Y min' from the guards' states (the head's, else any)."""
     states_ = [s.get("state") or {} for _, s in sorted(seen.items())]
@@ -64,7 +91,9 @@ def idle_words(pol: dict[str, Any], seen: dict[int, dict[str, Any]], now: float)
     idle_s = float(st.get("idle_for_s") or 0.0) + max(0.0, now - float(st.get("at") or now))
     out: dict[str, Any] = {"guard_running": alive, "busy": bool(st.get("busy"))}
     if st.get("busy"):
-        out.update(idle_for_min=0.0, stops_in_min=None, words="busy (a job or an SSH session)")
+        why = busy_reasons([s for s in states_ if s])
+        out.update(idle_for_min=0.0, stops_in_min=None, busy_with=why,
+                   words="busy: " + "; ".join(why))
         return out
     out["idle_for_min"] = round(idle_s / 60, 2)
     idle = pol.get("idle_minutes")
@@ -100,6 +129,44 @@ def remember(env: Env, name: str, nodes: dict[int, dict[str, Any]],
         tmp.replace(d / SEEN)
     except (OSError, ValueError, TypeError):
         pass
+
+
+def contacted(env: Env, name: str, idle: bool | None = None, at: float | None = None) -> None:
+    """Record a CLI contact with the nodes (the lease renewed). ``idle``: True when the CLI
+    knows it left nothing running on them (a fresh up, guards seen idle), False when it may
+    have started work (launch, autostop), None when it changed nothing (exec, logs, touch).
+    Never fails the command."""
+    try:
+        d = env.cluster_dir(name)
+        if not d.is_dir():
+            return
+        now = time.time() if at is None else at
+        old = _read(d / CONTACT)
+        idle_at = now if idle else (None if idle is False else _num(old.get("idle_at")))
+        tmp = d / (CONTACT + ".tmp")
+        with open(tmp, "w", opener=paths.private_opener) as out:
+            json.dump({"at": max(now, _num(old.get("at")) or 0.0), "idle_at": idle_at}, out)
+        tmp.replace(d / CONTACT)
+    except (OSError, ValueError, TypeError):
+        pass
+
+
+def expected_stop(env: Env, name: str, provider: str,
+                  created_at: float = 0.0) -> tuple[float, str] | None:
+    """When the recorded rules must have stopped the cluster, and why (the earliest of its
+    lifetime, its budget at the recorded price, and its idle stop counted from the last
+    contact after which nothing was running), from this machine's files alone. None: no rule
+    tells (a job may be running, or no rule is set)."""
+    from cloudtrain.pipeline.stopwhen import expected
+
+    launches = [l for l in env.state.launches(name) if l.started_at >= created_at - 1]
+    waiting = any(l.status in ("RUNNING", "QUEUED") for l in launches)
+    ended = {} if waiting else {l.job_id: l.ended_at for l in launches if l.ended_at is not None}
+    return expected(saved(env, name), _read(env.cluster_dir(name) / CONTACT), ended,
+                    powers_off=provider != "ssh")
+
+
+
 
 
 def last(env: Env, name: str) -> dict[str, Any]:
@@ -177,3 +244,35 @@ def _read(path: Path) -> dict[str, Any]:
         return data if isinstance(data, dict) else {}
     except (OSError, ValueError):
         return {}
+
+
+PROBABLY_STOPPED = "PROBABLY_STOPPED"
+
+
+def offline_rows(env: Env, rows: list[Any], now: float | None = None
+                 ) -> tuple[list[Any], dict[str, dict[str, Any]], dict[str, float]]:
+    """For a plain ``status``: the rows, a cluster whose rules must have stopped it shown as
+    PROBABLY_STOPPED (never as UP); each cluster's view (with ``expected_stop``: at, reason,
+    words); and, for those, when they probably stopped (their spend ends there)."""
+    from dataclasses import replace
+
+    now = time.time() if now is None else now
+    views, until, out = {}, {}, []
+    for r in rows:
+        views[r.name] = view(env, r.name, now)
+        stop = expected_stop(env, r.name, r.provider, r.created_at) \
+            if r.status in ("UP", "DEGRADED") else None
+        if stop is None:
+            out.append(r)
+            continue
+        at, why = stop
+        clock = time.strftime("%H:%M" if now - at < 86400 else "%Y-%m-%d %H:%M",
+                              time.localtime(at))
+        words = (f"probably stopped itself at {clock} ({why}); --refresh to confirm" if at <= now
+                 else f"expected to stop itself at {clock} ({why})")
+        views[r.name]["expected_stop"] = {"at": at, "reason": why, "words": words}
+        if at <= now:
+            until[r.name] = at
+            r = replace(r, status=PROBABLY_STOPPED)
+        out.append(r)
+    return out, views, until

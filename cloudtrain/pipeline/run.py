@@ -404,6 +404,7 @@ def run_command(env: Env, handle: Handle, group: Group, command: str,
     node by Ctrl-C, in one session per node that also renews the node guard's lease (and
     restarts a guard that is gone). Returns (exit code, first failing node)."""
     from cloudtrain.pipeline import guard as node_guard
+    from cloudtrain.pipeline import lastseen
 
     job_id = "exec-" + new_job_id()
     envs = env.state.job_envs(handle.name)   # the last launch's task envs and --env
@@ -425,6 +426,7 @@ def run_command(env: Env, handle: Handle, group: Group, command: str,
         sink.close()
         if others:
             beside.join(timeout=60)
+        lastseen.contacted(env, handle.name)   # the lease was renewed; the command ran till now
     first = job.first_failure()
     if first is None:
         return 0, None

@@ -34,14 +34,18 @@ def _task(d: Path, name: str, run: str, extra: str = "", nodes: int = 2,
     return p
 
 
-def _gone(cli: CLI, name: str, timeout: float = 60) -> dict[str, object]:
+def _gone(cli: CLI, name: str, timeout: float = 60, plain: str = "UP") -> dict[str, object]:
     """Wait until the nodes stopped themselves (no process of this home is left), then the
-    next contact (status) shows the cluster gone; returns its status entry."""
+    next contact (status) shows the cluster gone; returns its status entry. ``plain``: what
+    the plain (offline) status says before: PROBABLY_STOPPED where the recorded rules tell
+    (idle after a known-idle contact, lifetime, budget), UP where only the nodes knew (a job's
+    end nobody saw, sessions)."""
     assert wait_until(lambda: not processes_with(f"{cli.home}/clusters/{name}/"), timeout), \
         "the nodes did not stop themselves"
     time.sleep(3)               # the CLI notices later than the nodes stopped
     noticed = time.time()
-    assert [e["status"] for e in cli.status() if e["name"] == name] == ["UP"]  # plain: offline
+    (offline,) = [e for e in cli.status() if e["name"] == name]
+    assert offline["status"] == plain, offline
     entries = _live(cli)
     gone = [e for e in entries if e["name"] == name]
     assert gone and gone[0]["status"] == "GONE", entries
@@ -51,6 +55,9 @@ def _gone(cli: CLI, name: str, timeout: float = 60) -> dict[str, object]:
     ended = datetime.fromisoformat(c["ended_at"]).timestamp()
     assert abs(ended - float(gone[0]["stopped_at"])) < 1.5, (c, gone)
     assert noticed - ended > 2.5, (c, noticed)
+    if plain == "PROBABLY_STOPPED":
+        assert offline["expected_stop_reason"] == gone[0]["reason"], offline
+        assert abs(float(offline["expected_stop_at"]) - ended) < 3, (offline, c)
     return gone[0]
 
 
@@ -115,7 +122,7 @@ while :; do sleep 0.2; done
     # 2 nodes at $36/h: $0.02 per second; a budget of $0.20 is reached ~10 s after up.
     r = cli.run("launch", str(task), "-y", "-d", "--max-cost", "0.2", "--hours", "0.0001", **FAST)
     assert r.returncode == 0, r.stderr
-    gone = _gone(cli, "bud", timeout=90)
+    gone = _gone(cli, "bud", timeout=90, plain="PROBABLY_STOPPED")
     assert gone["reason"] == "budget"
     assert sorted(p.name for p in ckpt.iterdir()) == ["ckpt-0", "ckpt-1"]
     reason, _, row = _ledger_reason(cli, "bud")
@@ -140,6 +147,8 @@ def test_idle_stop_and_what_keeps_a_cluster_alive(cli: CLI, tmp_path: Path) -> N
     time.sleep(9)
     (st,) = _live(cli)
     assert st["status"] == "UP" and st["guard"]["busy"] is True, st
+    job = st["guard"]["busy_with"][0]
+    assert job.startswith("job ") and st["guard"]["words"] == f"busy: {job}", st["guard"]
     assert st["autostop"]["idle_minutes"] == 0.1
     # An interactive 'cloudtrain ssh' session keeps it alive too.
     proc, master = _spawn_ssh(cli, "idle")
@@ -147,6 +156,8 @@ def test_idle_stop_and_what_keeps_a_cluster_alive(cli: CLI, tmp_path: Path) -> N
         time.sleep(14)          # the job ended ~5 s ago; idle would have fired by now
         (st,) = _live(cli)
         assert st["status"] == "UP" and st["guard"]["busy"] is True, st
+        # on the head, the session with its terminal; its lease renewals are not sessions
+        assert st["guard"]["words"] == "busy: 1 ssh session", st["guard"]
     finally:
         os.write(master, b"exit\n")
         proc.wait(timeout=20)
@@ -158,7 +169,7 @@ def test_idle_stop_and_what_keeps_a_cluster_alive(cli: CLI, tmp_path: Path) -> N
     r = cli.run("up", str(task), "-y", "--no-bootstrap", **FAST)
     assert r.returncode == 0, r.stderr
     assert "autostop: tear down after 0.1 min idle" in r.stderr
-    assert _gone(cli, "idle", timeout=40)["reason"] == "idle"
+    assert _gone(cli, "idle", timeout=40, plain="PROBABLY_STOPPED")["reason"] == "idle"
     assert _ledger_reason(cli, "idle")[0] == "idle"
     assert_nothing_left(cli.home)
 
@@ -194,7 +205,7 @@ def test_a_sigkilled_guard_comes_back_and_the_lifetime_fires_without_it(
         os.kill(p, signal.SIGKILL)
     time.sleep(2)
     assert not _guard_pids(cli, "run")
-    assert _gone(cli, "life", timeout=40)["reason"] == "lifetime"
+    assert _gone(cli, "life", timeout=40, plain="PROBABLY_STOPPED")["reason"] == "lifetime"
     log = cli.run("cost-report", "--json")
     assert "lifetime" in log.stdout
     assert_nothing_left(cli.home)
@@ -231,6 +242,10 @@ def test_autostop_changes_the_policy_on_a_live_cluster(cli: CLI, tmp_path: Path)
     assert r.returncode == 0, r.stderr
     # (waited for without a contact: each 'status --refresh' renews the lease)
     assert wait_until(lambda: not processes_with(f"{cli.home}/clusters/pol/"), 40)
+    time.sleep(1)
+    # Offline: the last contacts saw it idle and autostop started nothing: not UP.
+    (st,) = cli.status()
+    assert (st["status"], st["expected_stop_reason"]) == ("PROBABLY_STOPPED", "idle"), st
     assert _live(cli)[0]["status"] == "STOPPED"
     r = cli.run("down", "pol", "-y")
     assert r.returncode == 0, r.stderr
