@@ -17,7 +17,7 @@ from cloudtrain import paths
 from cloudtrain.cluster import Handle, cluster_uid
 from cloudtrain.context import Env
 from cloudtrain.errors import Interrupted, JobFailed, RemoteError, UserError
-from cloudtrain.pipeline import bootstrap, queue, storage, sync, torchrun
+from cloudtrain.pipeline import bootstrap, queue, sent, storage, sync, torchrun
 from cloudtrain.pipeline.bootstrap import bootstrap_env, run_bootstrap
 from cloudtrain.pipeline.remote_job import (LogSink, RemoteJob, job_dir, new_job_id,
                                             read_worker_failures)
@@ -256,7 +256,8 @@ def _run_task(env: Env, handle: Handle, group: Group, task: Task, *, detach: boo
         queue.refuse_changes_while_busy(handle, group, " and ".join(changes))
     if stale and (plan.workdir is not None or plan.mounts):
         env.ui.step(f"Syncing {plan.workdir or 'file mounts'} to {len(stale)} node(s)")
-        errors = sync.push_all(plan, stale, handle.keys)
+        errors = sent.push_all(env, handle, plan, stale,
+                               {n.rank: prep[n.rank].sync_fp for n in stale}, fp)
         bad = {r: e for r, e in errors.items() if e is not None}
         if bad:
             raise RemoteError("Sync failed: " + "; ".join(f"node {r}: {e}" for r, e in bad.items()),
