@@ -269,9 +269,13 @@ def status_table(rows: list[ClusterRow], spent: dict[str, float | None],
 @click.option("-y", "--yes", is_flag=True, help="Do not ask.")
 @click.option("--provider", "provider_name",
               help="Tear down by tag on this provider even with no local state.")
+@click.option("--discard-outputs", is_flag=True,
+              help="Tear down even when a job's outputs were never pulled and cannot be now.")
 @guard
-def down(names: tuple[str, ...], all_: bool, yes: bool, provider_name: str | None) -> None:
-    """Tear clusters down and check with the provider that nothing is left."""
+def down(names: tuple[str, ...], all_: bool, yes: bool, provider_name: str | None,
+         discard_outputs: bool) -> None:
+    """Tear clusters down and check with the provider that nothing is left. Outputs of a
+    job that were never pulled are pulled first (exit 2 when they cannot be)."""
     from cloudtrain.errors import CloudtrainError
     from cloudtrain.pipeline import teardown
     from cloudtrain.pipeline.signals import stop_signals_as_interrupt
@@ -295,7 +299,8 @@ def down(names: tuple[str, ...], all_: bool, yes: bool, provider_name: str | Non
     failed: list[BaseException] = []
     for n in targets:
         try:
-            teardown.down(env, n, provider_name=provider_name, require_found=True)
+            teardown.down(env, n, provider_name=provider_name, require_found=True,
+                          unpulled="discard" if discard_outputs else "pull")
         except CloudtrainError as exc:
             env.ui.error(f"{n}: {exc}")
             failed.append(exc)
