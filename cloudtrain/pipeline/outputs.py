@@ -71,8 +71,20 @@ def pull_ended(env: Env, handle: Handle, job_id: str, task: Task) -> list[Path]:
                          str(task.outputs_path()), time.time())
     got, ok = pull_row(env, handle, row)
     if ok:
-        env.state.mark_outputs([job_id], pulled=True)
+        settle(env, row)
     return got
+
+
+def settle(env: Env, row: OutputsRow) -> None:
+    """``row``'s job has ended and its outputs were pulled: they are marked pulled, and so
+    are those of the earlier jobs that declared the same outputs (the same paths on the node,
+    pulled into the same folder just now: a job recovery replaced, an earlier run)."""
+    def same(r: OutputsRow) -> bool:
+        return (r.dest, r.from_all, r.paths) == (row.dest, row.from_all, row.paths)
+
+    env.state.mark_outputs([row.job_id] + [
+        r.job_id for r in env.state.outputs(row.cluster)
+        if r.pulled_at is None and r.started_at <= row.started_at and same(r)], pulled=True)
 
 
 def unpulled(env: Env, name: str) -> list[OutputsRow]:

@@ -6,15 +6,15 @@ one's are pulled as they are so far, and ``down`` pulls them again."""
 from __future__ import annotations
 
 import shlex
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from cloudtrain.cluster import Handle, connect, get_handle
 from cloudtrain.context import Env
 from cloudtrain.errors import RemoteError, UserError
-from cloudtrain.pipeline.outputs import pull_row
+from cloudtrain.pipeline.outputs import pull_row, settle
 from cloudtrain.pipeline.remote_job import job_dir
 from cloudtrain.remote import Group, bash
-from cloudtrain.state import OutputsRow
+from cloudtrain.state import NodeRow, OutputsRow
 
 
 def _pick(env: Env, name: str, job_id: str | None) -> OutputsRow:
@@ -35,11 +35,15 @@ def _pick(env: Env, name: str, job_id: str | None) -> OutputsRow:
 
 
 def _ended(group: Group, handle: Handle, row: OutputsRow) -> bool:
-    """Whether the job has ended on the nodes its outputs come from (its exit code is there)."""
+    """Whether the job has ended on the nodes its outputs come from: its exit code is there,
+    or its folder is gone (pruned with the old jobs')."""
     ranks = [n.rank for n in (handle.nodes if row.from_all else handle.nodes[:1])]
-    res = group.run(lambda n: bash(
-        f"test -f {shlex.quote(str(PurePosixPath(job_dir(n, row.job_id)) / 'rc'))} "
-        "&& echo ended"), ranks=ranks, timeout=30)
+
+    def cmd(n: NodeRow) -> str:
+        jdir = shlex.quote(job_dir(n, row.job_id))
+        return bash(f"if [ -f {jdir}/rc ] || [ ! -d {jdir} ]; then echo ended; fi")
+
+    res = group.run(cmd, ranks=ranks, timeout=30)
     return all(r.ok and "ended" in r.stdout for r in res.values())
 
 
@@ -63,5 +67,5 @@ def pull_job(env: Env, name: str, job_id: str | None) -> tuple[OutputsRow, list[
                           f"'{name}' (above).", "Check the nodes with 'cloudtrain status "
                           f"{name} --refresh' and run 'cloudtrain outputs {name}' again.")
     if ended:
-        env.state.mark_outputs([row.job_id], pulled=True)
+        settle(env, row)
     return row, got, ended
