@@ -68,9 +68,9 @@ def save(env: Env, name: str, fp: str, paths: list[bytes], keep: set[str]) -> No
 
 def _pattern(path: bytes) -> str | None:
     """An anchored rsync pattern for exactly ``path`` (None: a name a filter file cannot
-    hold, with a newline or a CR in it)."""
+    hold, with a newline or a CR in it, or a path with a ".." component)."""
     text = os.fsdecode(path)
-    if "\n" in text or "\r" in text or ".." in path.split(b"/"):
+    if "\n" in text or "\r" in text or b".." in path.split(b"/"):
         return None
     return "/" + sync.literal(text)
 
