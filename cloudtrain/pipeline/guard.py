@@ -252,7 +252,8 @@ def reconcile(env: Env, name: str) -> dict[str, Any] | None:
                   "self-stop")
     down = saved(env, name).get("down", True)
     if down:   # the nodes are gone: what was never pulled went with them (ledger, status)
-        lost = outputs.gone(env, outputs.unpulled(env, name), f"the cluster stopped itself: {reason}")
+        lost = outputs.gone(env, outputs.unpulled(env, name),
+                            f"the cluster stopped itself: {reason}")
         reason += f"; {lost}" if lost else ""
     env.state.mark_usage_end(name, reason)
     env.state.close_usage(name, when=at, reason=reason)

@@ -2,11 +2,12 @@
 
 Every job whose task declares ``outputs:`` is recorded when it starts (the paths, head or
 every node, the local folder: ``state.OutputsRow``). An attached launch pulls them when the
-job ends; ``cloudtrain outputs NAME [--job ID]`` pulls them at any time, with the same safe
-staging (``sync.pull``; :mod:`cloudtrain.pipeline.pullnow`). Once pulled after the job ended, they are marked pulled. ``down``
-pulls first what was never pulled (:func:`before_down`), or refuses (exit 2) when it cannot,
-unless told to discard them; a teardown that goes ahead without them (``--discard-outputs``,
-a cluster that stopped itself) records why, so the ledger and ``status`` can say so.
+job ends; ``cloudtrain outputs NAME [--job ID]`` (:mod:`cloudtrain.pipeline.pullnow`) pulls
+them at any time, with the same safe staging (``sync.pull``). Once pulled after the job
+ended, they are marked pulled. ``down`` pulls first what was never pulled
+(:func:`before_down`), or refuses (exit 2) when it cannot, unless told to discard them; a
+teardown that goes ahead without them (``--discard-outputs``, a cluster that stopped itself)
+records why, so the ledger and ``status`` can say so.
 """
 
 from __future__ import annotations

@@ -93,6 +93,8 @@ def push_all(env: Env, handle: Handle, plan: sync.SyncPlan, stale: list[NodeRow]
     """``sync.push_all`` to the ``stale`` nodes (``node_fps``: the fingerprint each one
     reported), deleting on each only what its last sync sent that the workdir no longer has;
     then keep this sync's list."""
+    if plan.workdir is None:   # file mounts only: nothing is deleted there
+        return sync.push_all(plan, stale, handle.keys)
     now = manifest(plan)
     current = set(now)
     with tempfile.TemporaryDirectory(prefix="cloudtrain-sent-") as tmp:
@@ -108,9 +110,7 @@ def push_all(env: Env, handle: Handle, plan: sync.SyncPlan, stale: list[NodeRow]
                 f.write_text(text, errors="surrogateescape")
                 deletions[n.rank] = f
         errors = sync.push_all(plan, stale, handle.keys, deletions)
-    if plan.workdir is not None:
-        keep = {node_fps.get(r, "") for r, e in errors.items() if e is not None}
-        save(env, handle.name, fp, now, keep)
+    save(env, handle.name, fp, now, {node_fps.get(r, "") for r, e in errors.items() if e})
     return errors
 
 

@@ -53,8 +53,9 @@ def test_outputs_command_and_down_pull_what_a_detached_job_wrote(cli: CLI, tmp_p
     assert r.returncode == 0, r.stderr
     assert _checkpoint(proj) == "step 80"
 
-    bad = cli.run("outputs", "outs", "--job", "nope")
-    assert bad.returncode == 2 and "--job nope" in bad.stderr, bad.stderr
+    for args, named in ((("outs", "--job", "nope"), "--job nope"), (("nope",), "nope")):
+        bad = cli.run("outputs", *args)
+        assert bad.returncode == 2 and named in bad.stderr and "Traceback" not in bad.stderr
 
     # A second detached job, never pulled: down pulls its checkpoint before the nodes go.
     (proj / "STEP").write_text("160\n")
