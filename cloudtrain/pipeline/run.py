@@ -349,6 +349,9 @@ def _run_task(env: Env, handle: Handle, group: Group, task: Task, *, detach: boo
             raise RemoteError(f"the job did not start on node {not_started[0].rank}: "
                               f"{not_started[0].error or not_started[0].stdout.strip()}",
                               "Check the node with 'cloudtrain status'.")
+        if task.outputs:
+            env.ui.info(f"Its outputs ({', '.join(task.outputs)}) stay on the nodes: 'cloudtrain "
+                        f"outputs {handle.name}' pulls them ('down' does too, first).")
         return Outcome(job_id, 0, detached=True, queued=turn.queued)
 
     _raise_if_lost(env, job, job_id)

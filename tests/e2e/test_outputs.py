@@ -37,17 +37,19 @@ def _checkpoint(proj: Path) -> str:
     return (proj / "cloudtrain-outputs" / "ckpt" / "model.pt").read_text().strip()
 
 
-def _detached(cli: CLI, task: Path, name: str, *flags: str, **env: str) -> None:
+def _detached(cli: CLI, task: Path, name: str, *flags: str, **env: str) -> str:
     r = cli.run("launch", str(task), "-y", "-d", *flags, **env)
     assert r.returncode == 0, r.stderr
     if "--down" not in flags:
         f = cli.run("logs", name, "--follow")       # returns once the job has ended
         assert f.returncode == 0, f.stderr
+    return r.stderr
 
 
 def test_outputs_command_and_down_pull_what_a_detached_job_wrote(cli: CLI, tmp_path: Path) -> None:
     proj, task = _project(tmp_path, "outs")
-    _detached(cli, task, "outs")
+    said = _detached(cli, task, "outs")
+    assert "'cloudtrain outputs outs' pulls them" in said, said
     assert not (proj / "cloudtrain-outputs").exists()       # -d: nothing pulled yet
     r = cli.run("outputs", "outs")
     assert r.returncode == 0, r.stderr
