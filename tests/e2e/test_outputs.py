@@ -28,8 +28,11 @@ def _project(tmp_path: Path, name: str) -> tuple[Path, Path]:
     proj.mkdir()
     (proj / "STEP").write_text("80\n")
     task = proj / "task.yaml"
+    # With HOLD set, the job waits for that file, then writes step N + 80 and ends.
     task.write_text(f"name: {name}\nnum_nodes: 1\nworkdir: .\noutputs: [ckpt/]\nrun: |\n"
-                    "  mkdir -p ckpt && echo \"step $(cat STEP)\" > ckpt/model.pt\n")
+                    "  mkdir -p ckpt && echo \"step $(cat STEP)\" > ckpt/model.pt\n"
+                    "  if [ -n \"$HOLD\" ]; then until [ -e \"$HOLD\" ]; do sleep 0.1; done\n"
+                    "    echo \"step $(( $(cat STEP) + 80 ))\" > ckpt/model.pt; fi\n")
     return proj, task
 
 
@@ -59,13 +62,23 @@ def test_outputs_command_and_down_pull_what_a_detached_job_wrote(cli: CLI, tmp_p
         bad = cli.run("outputs", *args)
         assert bad.returncode == 2 and named in bad.stderr and "Traceback" not in bad.stderr
 
-    # A second detached job, never pulled: down pulls its checkpoint before the nodes go.
+    # A second detached job, pulled while it runs: what it wrote so far comes back, and its
+    # outputs are not marked pulled (it writes more). down pulls them before the nodes go.
     (proj / "STEP").write_text("160\n")
-    _detached(cli, task, "outs")
+    hold = tmp_path / "hold"
+    r = cli.run("launch", str(task), "-y", "-d", "--env", f"HOLD={hold}")
+    assert r.returncode == 0, r.stderr
+    on_node = cli.home / "clusters" / "outs" / "local" / "nodes" / "0" / "root" / "workdir"
+    assert wait_until(lambda: "160" in (on_node / "ckpt" / "model.pt").read_text(), 30)
+    now = cli.run("outputs", "outs")
+    assert now.returncode == 0, now.stderr
+    assert "has not ended" in now.stderr and _checkpoint(proj) == "step 160", now.stderr
+    hold.touch()
+    assert cli.run("logs", "outs", "--follow").returncode == 0
     d = cli.run("down", "outs", "-y")
     assert d.returncode == 0, d.stderr
     assert "never pulled" in d.stderr, d.stderr
-    assert _checkpoint(proj) == "step 160"
+    assert _checkpoint(proj) == "step 240"
     assert_nothing_left(cli.home)
 
 
