@@ -35,10 +35,11 @@ def _folder(env: Env, name: str) -> Path:
 
 
 def manifest(plan: sync.SyncPlan) -> list[bytes]:
-    """The workdir paths this sync sends (rsync's own listing, with the push's filters)."""
+    """The workdir paths this sync sends (rsync's own listing, with the push's filters; the
+    fingerprint's, when the folder has not changed since)."""
     if plan.workdir is None:
         return []
-    return list(sync.listed(plan.workdir, plan.workdir_filters()))
+    return sync.sent_paths(plan.workdir, plan.workdir_filters())
 
 
 def load(env: Env, name: str, fp: str) -> set[bytes] | None:

@@ -127,9 +127,15 @@ def _listing_digest(root: Path, filters: list[str]) -> str:
     mtime (ns) and mode (and a link's target)."""
     h = hashlib.sha256()
     rootb = os.fsencode(root)
-    for rel in listed(root, filters):
+    for rel in sent_paths(root, filters):
         _hash_entry(h, rel, rootb + b"/" + rel)
     return h.hexdigest()
+
+
+def sent_paths(root: Path, filters: list[str]) -> list[bytes]:
+    """What ``rsync -a FILTERS root/ DEST`` sends: rsync's listing, or the one taken when
+    the folder was as it is now (:func:`treestamp.listed`)."""
+    return treestamp.listed(root, filters, lambda: list(listed(root, filters)))
 
 
 def listed(root: Path, filters: list[str]) -> Iterator[bytes]:

@@ -47,3 +47,28 @@ def test_names_a_filter_file_cannot_hold_are_left_and_reported() -> None:
     text, skipped = sent.rules({b"ok.py", b"new\nline.py", b"a/../b"})
     assert text == "R /ok.py\nP *\n"
     assert sorted(skipped) == [b"a/../b", b"new\nline.py"]
+
+
+def test_the_list_of_what_a_sync_sends_reuses_the_fingerprints_listing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The list costs no second rsync when the folder did not change since the fingerprint;
+    any change lists again (never a stale list)."""
+    monkeypatch.setenv("CLOUDTRAIN_HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    calls: list[Path] = []
+    real = sync.listed
+
+    def counted(root: Path, filters: list[str]):  # type: ignore[no-untyped-def]
+        calls.append(root)
+        return real(root, filters)
+
+    monkeypatch.setattr(sync, "listed", counted)
+    wd = tmp_path / "wd"
+    wd.mkdir()
+    (wd / "train.py").write_text("v1\n")
+    plan = sync.SyncPlan(workdir=wd, mounts=(), protect=(), exclude=())
+    plan.fingerprint()
+    assert len(calls) == 1
+    assert sent.manifest(plan) == [b"train.py"] and len(calls) == 1
+    (wd / "new.py").write_text("x\n")
+    assert sorted(sent.manifest(plan)) == [b"new.py", b"train.py"] and len(calls) == 2
