@@ -8,7 +8,10 @@ Schema versions (``PRAGMA user_version``): 0/1 the first release; 2 adds ``usage
 ``launches.end_reason``; 3 adds the ``recoveries`` table (one row per replacement of nodes
 the cloud took, issue 13: when, which ranks, the cloud's reason, the seconds lost by phase,
 the dollars); 4 adds ``recoveries.resumed_from`` (what the restarted job could resume from:
-"restarted from step 0" when nothing, issue 21). Older databases are migrated in place when opened (``state``).
+"restarted from step 0" when nothing, issue 21). Older databases are migrated in place when
+opened (``state``). The ``outputs`` table (issue 21: per job, the outputs its task declared,
+where they go here, and whether they were pulled back or lost) is created when missing, like
+every table: it needs no version.
 """
 
 from __future__ import annotations
@@ -98,6 +101,17 @@ CREATE TABLE IF NOT EXISTS recoveries (
     resumed_from TEXT
 );
 CREATE INDEX IF NOT EXISTS recoveries_cluster ON recoveries(cluster);
+CREATE TABLE IF NOT EXISTS outputs (
+    job_id TEXT PRIMARY KEY,
+    cluster TEXT NOT NULL,
+    paths_json TEXT NOT NULL,
+    from_all INTEGER NOT NULL DEFAULT 0,
+    dest TEXT NOT NULL,
+    started_at REAL NOT NULL,
+    pulled_at REAL,
+    lost TEXT
+);
+CREATE INDEX IF NOT EXISTS outputs_cluster ON outputs(cluster);
 """
 
 SCHEMA_VERSION = 4
@@ -218,3 +232,20 @@ class UsageRow:
     """The cluster's creation time: intervals of one cluster share it (a stop and start keeps
     it; a cluster taken down and created again under the same name gets a new one)."""
     max_cost_usd: float | None = None
+
+
+@dataclass
+class OutputsRow:
+    """A job's declared outputs: ``paths`` inside its workdir, from the head node or every
+    node (``from_all``, then into ``dest/node-N``), pulled into ``dest``. ``pulled_at``: when
+    they were last pulled after the job ended (None: never); ``lost``: why they never will be
+    (the cluster went down without them)."""
+
+    job_id: str
+    cluster: str
+    paths: list[str]
+    from_all: bool
+    dest: str
+    started_at: float
+    pulled_at: float | None = None
+    lost: str | None = None

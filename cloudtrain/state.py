@@ -24,11 +24,11 @@ from pathlib import Path
 from typing import Iterator
 
 from cloudtrain.schema import (ADDED_COLUMNS, SCHEMA, SCHEMA_VERSION, ClusterRow, LaunchRow,
-                               NodeRow, RecoveryRow, UsageRow)
+                               NodeRow, OutputsRow, RecoveryRow, UsageRow)
 
 # The schema's names, importable from here as before they moved to schema.
 __all__ = ["ADDED_COLUMNS", "SCHEMA", "SCHEMA_VERSION", "ClusterRow", "LaunchRow", "NodeRow",
-           "RecoveryRow", "State", "UsageRow", "open_state"]
+           "OutputsRow", "RecoveryRow", "State", "UsageRow", "open_state"]
 
 
 class State:
@@ -282,6 +282,37 @@ class State:
                               ended_at=r["ended_at"], exit_code=r["exit_code"],
                               failed_node=r["failed_node"], end_reason=r["end_reason"])
                     for r in rows]
+
+    # --- each job's outputs (issue 21) ---------------------------------------------------------
+
+    def add_outputs(self, row: OutputsRow) -> None:
+        with self._write() as db:
+            db.execute("INSERT OR REPLACE INTO outputs (job_id, cluster, paths_json, from_all, "
+                       "dest, started_at) VALUES (?,?,?,?,?,?)",
+                       (row.job_id, row.cluster, json.dumps(row.paths), int(row.from_all),
+                        row.dest, row.started_at))
+
+    def mark_outputs(self, job_ids: list[str], *, pulled: bool = False,
+                     lost: str | None = None) -> None:
+        """Record that the jobs' outputs were pulled now, or why they never will be."""
+        with self._write() as db:
+            for job_id in job_ids:
+                if pulled:
+                    db.execute("UPDATE outputs SET pulled_at=?, lost=NULL WHERE job_id=?",
+                               (time.time(), job_id))
+                else:
+                    db.execute("UPDATE outputs SET lost=? WHERE job_id=?", (lost, job_id))
+
+    def outputs(self, cluster: str) -> list[OutputsRow]:
+        """The cluster's jobs that declared outputs, oldest first."""
+        with self._read() as db:
+            rows = db.execute("SELECT * FROM outputs WHERE cluster=? ORDER BY started_at, job_id",
+                              (cluster,)).fetchall()
+        return [OutputsRow(job_id=r["job_id"], cluster=r["cluster"],
+                           paths=[str(p) for p in json.loads(r["paths_json"])],
+                           from_all=bool(r["from_all"]), dest=r["dest"],
+                           started_at=r["started_at"], pulled_at=r["pulled_at"], lost=r["lost"])
+                for r in rows]
 
     # --- recoveries (issue 13) --------------------------------------------------------------
 

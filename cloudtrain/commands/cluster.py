@@ -285,10 +285,13 @@ def status_table(rows: list[ClusterRow], spent: dict[str, float | None],
 @click.option("--forget", is_flag=True,
               help="When the provider cannot be asked (its SDK or credentials missing), "
                    "forget the cluster here without asking.")
+@click.option("--discard-outputs", is_flag=True,
+              help="Tear down even when a job's outputs were never pulled and cannot be now.")
 @guard
 def down(names: tuple[str, ...], all_: bool, yes: bool, provider_name: str | None,
-         forget: bool) -> None:
-    """Tear clusters down and check with the provider that nothing is left."""
+         forget: bool, discard_outputs: bool) -> None:
+    """Tear clusters down and check with the provider that nothing is left. Outputs of a
+    job that were never pulled are pulled first (exit 2 when they cannot be)."""
     from cloudtrain.errors import CloudtrainError
     from cloudtrain.pipeline import forget as forgetting
     from cloudtrain.pipeline.signals import stop_signals_as_interrupt
@@ -312,7 +315,8 @@ def down(names: tuple[str, ...], all_: bool, yes: bool, provider_name: str | Non
     failed: list[BaseException] = []
     for n in targets:
         try:
-            forgetting.down(env, n, provider_name, forget=forget)
+            forgetting.down(env, n, provider_name, forget=forget,
+                            unpulled="discard" if discard_outputs else "pull")
         except CloudtrainError as exc:
             env.ui.error(f"{n}: {exc}")
             failed.append(exc)

@@ -10,20 +10,24 @@ from cloudtrain.cluster import cluster_lock
 from cloudtrain.context import Env
 from cloudtrain.errors import CloudtrainError, reached_nothing
 from cloudtrain.pipeline import teardown
+from cloudtrain.pipeline.outputs import Unpulled
 from cloudtrain.provider import registry
 from cloudtrain.state import ClusterRow
 
 
-def down(env: Env, name: str, provider_name: str | None, *, forget: bool = False) -> None:
+def down(env: Env, name: str, provider_name: str | None, *, forget: bool = False,
+         unpulled: Unpulled = "pull") -> None:
     """Tear ``name`` down and verify with its provider (``provider_name``: by tag without a
-    local record). When the provider cannot be asked: with ``forget``, forget the cluster
+    local record; ``unpulled``: what to do with outputs never pulled, as
+    :func:`.teardown.down`). When the provider cannot be asked: with ``forget``, forget the cluster
     here; without it, the error says how to forget it."""
     row = env.state.get_cluster(name)
     pname = row.provider if row is not None else provider_name
     try:
         if pname is not None:
             registry.require_sdk(pname)   # exit 2 with the pip line, before anything
-        teardown.down(env, name, provider_name=provider_name, require_found=True)
+        teardown.down(env, name, provider_name=provider_name, require_found=True,
+                      unpulled=unpulled)
     except CloudtrainError as exc:
         if row is None or not reached_nothing(exc):
             raise

@@ -17,7 +17,7 @@ from cloudtrain import paths
 from cloudtrain.cluster import Handle, cluster_uid
 from cloudtrain.context import Env
 from cloudtrain.errors import CloudtrainError
-from cloudtrain.pipeline import bootstrap
+from cloudtrain.pipeline import bootstrap, outputs
 from cloudtrain.pipeline.lastseen import (RULES, contacted, describe, idle_words, policy_file,
                                           saved)
 from cloudtrain.provider.contract import Node, SelfStops
@@ -264,6 +264,10 @@ def reconcile(env: Env, name: str) -> dict[str, Any] | None:
     reason = next((s.reason for s in sorted(stops, key=lambda s: s.stopped_at) if s.reason),
                   "self-stop")
     down = saved(env, name).get("down", True)
+    if down:   # the nodes are gone: what was never pulled went with them (ledger, status)
+        lost = outputs.gone(env, outputs.unpulled(env, name),
+                            f"the cluster stopped itself: {reason}")
+        reason += f"; {lost}" if lost else ""
     env.state.mark_usage_end(name, reason)
     env.state.close_usage(name, when=at, reason=reason)
     stamp = time.strftime("%H:%M:%S", time.localtime(at))
@@ -271,7 +275,7 @@ def reconcile(env: Env, name: str) -> dict[str, Any] | None:
     if down:
         from cloudtrain.pipeline import teardown
 
-        teardown.down(env, name)
+        teardown.down(env, name, unpulled="discard")
         return {"name": name, "status": "GONE", "reason": reason, "stopped_at": at}
     env.state.set_cluster_status(name, "STOPPED")
     return {"name": name, "status": "STOPPED", "reason": reason, "stopped_at": at}

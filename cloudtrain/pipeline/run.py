@@ -17,7 +17,7 @@ from cloudtrain import paths
 from cloudtrain.cluster import Handle, cluster_uid
 from cloudtrain.context import Env
 from cloudtrain.errors import Interrupted, JobFailed, RemoteError, UserError
-from cloudtrain.pipeline import bootstrap, queue, storage, sync, torchrun
+from cloudtrain.pipeline import bootstrap, outputs, queue, sent, storage, sync, torchrun
 from cloudtrain.pipeline.bootstrap import bootstrap_env, run_bootstrap
 from cloudtrain.pipeline.remote_job import (LogSink, RemoteJob, job_dir, new_job_id,
                                             read_worker_failures)
@@ -256,7 +256,8 @@ def _run_task(env: Env, handle: Handle, group: Group, task: Task, *, detach: boo
         queue.refuse_changes_while_busy(handle, group, " and ".join(changes))
     if stale and (plan.workdir is not None or plan.mounts):
         env.ui.step(f"Syncing {plan.workdir or 'file mounts'} to {len(stale)} node(s)")
-        errors = sync.push_all(plan, stale, handle.keys)
+        errors = sent.push_all(env, handle, plan, stale,
+                               {n.rank: prep[n.rank].sync_fp for n in stale}, fp)
         bad = {r: e for r, e in errors.items() if e is not None}
         if bad:
             raise RemoteError("Sync failed: " + "; ".join(f"node {r}: {e}" for r, e in bad.items()),
@@ -316,6 +317,7 @@ def _run_task(env: Env, handle: Handle, group: Group, task: Task, *, detach: boo
     with open(logs / "job.txt", "w", opener=paths.private_opener) as f:
         f.write(f"job_id={job_id}\ncluster={handle.name}\nnodes={len(nodes)}\n")
     env.ui.step(f"Running job {job_id} on {len(nodes)} node(s)")
+    outputs.record(env, handle.name, job_id, task)
     turn = queue.Turn(env, handle, group, job_id, task.name or "-")
     job = RemoteJob(env, handle, group, job_id, scripts, sink, ranks, grace=task.stop_grace,
                     turn=turn)
@@ -327,7 +329,7 @@ def _run_task(env: Env, handle: Handle, group: Group, task: Task, *, detach: boo
         # a second signal gives up on it.
         if task.outputs:
             try:
-                pull_outputs(env, handle, task)
+                pull_outputs(env, handle, task, job_id)
             except KeyboardInterrupt:
                 env.ui.warn("Interrupted again: outputs not pulled back.")
         raise
@@ -337,7 +339,7 @@ def _run_task(env: Env, handle: Handle, group: Group, task: Task, *, detach: boo
         # Stopped for the budget: what the job wrote (a checkpoint on SIGTERM) comes back
         # before the caller tears the cluster down.
         if task.outputs:
-            pull_outputs(env, handle, task)
+            pull_outputs(env, handle, task, job_id)
         _budget_spent(env, guard, job_id)
     if detach:
         not_started = [r for r in res.values() if not r.ok]
@@ -347,6 +349,9 @@ def _run_task(env: Env, handle: Handle, group: Group, task: Task, *, detach: boo
             raise RemoteError(f"the job did not start on node {not_started[0].rank}: "
                               f"{not_started[0].error or not_started[0].stdout.strip()}",
                               "Check the node with 'cloudtrain status'.")
+        if task.outputs:
+            env.ui.info(f"Its outputs ({', '.join(task.outputs)}) stay on the nodes: 'cloudtrain "
+                        f"outputs {handle.name}' pulls them ('down' does too, first).")
         return Outcome(job_id, 0, detached=True, queued=turn.queued)
 
     _raise_if_lost(env, job, job_id)
@@ -361,7 +366,7 @@ def _run_task(env: Env, handle: Handle, group: Group, task: Task, *, detach: boo
                 outcome.failed_node, outcome.failed_rank, outcome.exit_code = worker
     # 4. outputs
     if task.outputs:
-        outcome.outputs = pull_outputs(env, handle, task)
+        outcome.outputs = pull_outputs(env, handle, task, job_id)
     status = "SUCCEEDED" if outcome.exit_code == 0 else "FAILED"
     env.state.finish_launch(job_id, status, outcome.exit_code, outcome.failed_node)
     return outcome
@@ -376,26 +381,9 @@ def _raise_if_lost(env: Env, job: RemoteJob, job_id: str) -> None:
         raise lost
 
 
-def pull_outputs(env: Env, handle: Handle, task: Task) -> list[Path]:
-    dest_root = task.outputs_path()
-    got: list[Path] = []
-    nodes = handle.nodes if task.outputs_from == "all" else handle.nodes[:1]
-    for n in nodes:
-        dest = dest_root / f"node-{n.rank}" if task.outputs_from == "all" else dest_root
-        for rel in task.outputs:
-            try:
-                pulled = sync.pull(n, handle.keys, rel, dest)
-                for what in pulled.skipped:
-                    env.ui.warn(f"output '{rel}' on node {n.rank}: not copied: {what}")
-                if pulled.found:
-                    got.append(dest / rel.rstrip("/"))
-                elif not pulled.skipped:
-                    env.ui.warn(f"output '{rel}' does not exist on node {n.rank}")
-            except RemoteError as exc:
-                env.ui.warn(str(exc))
-    if got:
-        env.ui.ok("Outputs: " + ", ".join(str(p) for p in got))
-    return got
+def pull_outputs(env: Env, handle: Handle, task: Task, job_id: str) -> list[Path]:
+    """The job's outputs back here, marked pulled (:mod:`cloudtrain.pipeline.outputs`)."""
+    return outputs.pull_ended(env, handle, job_id, task)
 
 
 def run_command(env: Env, handle: Handle, group: Group, command: str,

@@ -27,6 +27,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Iterator
 
 from cloudtrain.errors import RemoteError, UserError
 from cloudtrain import sshmux
@@ -48,7 +49,7 @@ class Mount:
 class SyncPlan:
     workdir: Path | None
     mounts: tuple[Mount, ...]
-    protect: tuple[str, ...]   # paths under workdir never deleted on the node (outputs)
+    protect: tuple[str, ...]   # paths under workdir never deleted on the node (outputs, mounts)
     exclude: tuple[str, ...]   # paths under workdir never sent (outputs folder, CLOUDTRAIN_HOME)
 
     def workdir_filters(self) -> list[str]:
@@ -58,9 +59,9 @@ class SyncPlan:
         for name in IGNORE_FILES:
             filters.append(f"--filter=:- {name}")
         for p in self.protect:
-            filters.append(f"--filter=P /{_literal(p.strip('/'))}")
+            filters.append(f"--filter=P /{literal(p.strip('/'))}")
         for p in self.exclude:
-            filters.append(f"--exclude=/{_literal(p.strip('/'))}")
+            filters.append(f"--exclude=/{literal(p.strip('/'))}")
         return filters
 
     def fingerprint(self) -> str:
@@ -77,7 +78,7 @@ class SyncPlan:
         return h.hexdigest()[:32]
 
 
-def _literal(path: str) -> str:
+def literal(path: str) -> str:
     """An rsync filter pattern that matches ``path`` literally (rsync treats * ? [ as
     wildcards, and then a backslash as an escape)."""
     if not any(c in path for c in "*?["):
@@ -126,6 +127,21 @@ def _listing_digest(root: Path, filters: list[str]) -> str:
     mtime (ns) and mode (and a link's target)."""
     h = hashlib.sha256()
     rootb = os.fsencode(root)
+    for rel in sent_paths(root, filters):
+        _hash_entry(h, rel, rootb + b"/" + rel)
+    return h.hexdigest()
+
+
+def sent_paths(root: Path, filters: list[str]) -> list[bytes]:
+    """What ``rsync -a FILTERS root/ DEST`` sends: rsync's listing, or the one taken when
+    the folder was as it is now (:func:`treestamp.listed`)."""
+    return treestamp.listed(root, filters, lambda: list(listed(root, filters)))
+
+
+def listed(root: Path, filters: list[str]) -> Iterator[bytes]:
+    """The real relative path of every entry ``rsync -a FILTERS root/ DEST`` would send, in
+    rsync's order (rsync lists them, read as it walks)."""
+    rootb = os.fsencode(root)
     real: dict[str, bytes] = {".": b""}  # rsync's printed dir path -> real relative path
     with tempfile.TemporaryFile() as errf, \
             subprocess.Popen([_rsync_bin(), "-a", "--list-only", *filters, f"{root}/"],
@@ -146,7 +162,7 @@ def _listing_digest(root: Path, filters: list[str]) -> str:
                     continue
             if kind == b"d" and b"\\#" in shown_b:  # its entries are looked up through it
                 real[shown_b.decode("ascii", "replace")] = rel
-            _hash_entry(h, rel, rootb + b"/" + rel)
+            yield rel
         proc.wait()
         errf.seek(0)
         err = errf.read()
@@ -154,7 +170,6 @@ def _listing_digest(root: Path, filters: list[str]) -> str:
         raise UserError(f"Listing '{root}' for the sync failed (rsync exit {proc.returncode}): "
                         + err.decode(errors="replace").strip()[-300:],
                         "Check that every file under it is readable.")
-    return h.hexdigest()
 
 
 def _real_name(rootb: bytes, real: dict[str, bytes], shown: str, is_link: bool) -> bytes | None:
@@ -246,11 +261,15 @@ def _run(cmd: list[str], what: str, node: NodeRow) -> None:
 PUSH_OPTIONS = ("-a", "--modify-window=-1")
 
 
-def push(plan: SyncPlan, node: NodeRow, keys: ClusterKeys) -> None:
-    base = [_rsync_bin(), *PUSH_OPTIONS, "--delete", "-e", _ssh_e(keys, node)]
+def push(plan: SyncPlan, node: NodeRow, keys: ClusterKeys, deletions: Path | None = None) -> None:
+    """Send the workdir and the file mounts. Nothing on the node is deleted, except, with
+    ``deletions`` (an rsync filter file: :mod:`cloudtrain.pipeline.sent`), the paths it risks:
+    those the last sync sent that the workdir no longer has (every other path is protected)."""
+    base = [_rsync_bin(), *PUSH_OPTIONS, "-e", _ssh_e(keys, node)]
     if plan.workdir is not None:
-        _run(base + plan.workdir_filters() + [f"{plan.workdir}/", _dest(node, workdir_on(node) + "/")],
-             "syncing workdir", node)
+        delete = [] if deletions is None else ["--delete", f"--filter=merge {deletions}"]
+        _run(base + plan.workdir_filters() + delete
+             + [f"{plan.workdir}/", _dest(node, workdir_on(node) + "/")], "syncing workdir", node)
     for m in plan.mounts:
         target = mount_target(node, m.remote)
         src = f"{m.local}/" if m.local.is_dir() else str(m.local)
@@ -261,13 +280,16 @@ def push(plan: SyncPlan, node: NodeRow, keys: ClusterKeys) -> None:
              f"syncing {m.local}", node)
 
 
-def push_all(plan: SyncPlan, nodes: list[NodeRow], keys: ClusterKeys) -> dict[int, BaseException | None]:
-    """Push to every node at once; returns each node's error (None when fine)."""
+def push_all(plan: SyncPlan, nodes: list[NodeRow], keys: ClusterKeys,
+             deletions: dict[int, Path] | None = None) -> dict[int, BaseException | None]:
+    """Push to every node at once (``deletions``: each node's, see :func:`push`); returns
+    each node's error (None when fine)."""
     if not nodes:
         return {}
     out: dict[int, BaseException | None] = {}
     with ThreadPoolExecutor(max_workers=min(32, len(nodes))) as pool:
-        futs = {n.rank: pool.submit(push, plan, n, keys) for n in nodes}
+        futs = {n.rank: pool.submit(push, plan, n, keys, (deletions or {}).get(n.rank))
+                for n in nodes}
         try:
             for fut in futs.values():
                 wait([fut], timeout=None)

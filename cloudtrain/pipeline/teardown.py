@@ -13,7 +13,8 @@ from cloudtrain.cluster import Handle, cluster_lock, cluster_uid, connect, lost_
 from cloudtrain.context import Env
 from cloudtrain.errors import CloudtrainError, ClusterNotFound, ProviderError, UserError
 from cloudtrain.keys import ClusterKeys
-from cloudtrain.pipeline import bootstrap, forward
+from cloudtrain.pipeline import bootstrap, forward, outputs
+from cloudtrain.pipeline.outputs import Unpulled
 from cloudtrain.pipeline.signals import Shielded
 from cloudtrain.provider.contract import CollectsOrphans, Provider
 from cloudtrain.remote import Group
@@ -55,10 +56,11 @@ def stop_processes(env: Env, handle: Handle, marker: str, job_dirs: dict[int, st
 
 
 def down(env: Env, name: str, provider_name: str | None = None, *,
-         require_found: bool = False) -> None:
+         require_found: bool = False, unpulled: Unpulled = "pull") -> None:
     """Tear ``name`` down and verify with the provider. Without a local record,
     ``provider_name`` finds it by tag; ``require_found`` (the ``down`` command) makes finding
-    nothing at all an error instead of a note (the launch --down path stays quiet)."""
+    nothing at all an error instead of a note (the launch --down path stays quiet).
+    ``unpulled``: what happens to job outputs never pulled (:func:`outputs.before_down`)."""
     from cloudtrain.names import check
 
     check(name)
@@ -72,6 +74,7 @@ def down(env: Env, name: str, provider_name: str | None = None, *,
         if row is None:
             _down_by_tag(env, provider, pname, name, require_found)
             return
+        outputs.before_down(env, name, unpulled)
         if row is not None and row.nodes and not provider.powers_off:
             # Machines we do not own: stop what we started on them before forgetting them.
             handle = Handle(row, provider, ClusterKeys(env.pctx.cluster_dir(name) / "ssh"))
@@ -147,11 +150,12 @@ def _down_by_tag(env: Env, provider: Provider, pname: str, name: str,
 
 def down_shielded(env: Env, name: str, provider_name: str) -> None:
     """Teardown after --down: Ctrl-C cannot interrupt it halfway. ``provider_name`` (the
-    task's) finds what a half-built cluster left when no state row was written."""
+    task's) finds what a half-built cluster left when no state row was written. Outputs
+    never pulled are pulled first when the nodes answer; else it goes ahead and says so."""
     with Shielded():
         try:
             if env.state.get_cluster(name) is not None or os.path.isdir(env.pctx.cluster_dir(name)):
-                down(env, name, provider_name=provider_name)
+                down(env, name, provider_name=provider_name, unpulled="try")
         except CloudtrainError as exc:
             env.ui.error(f"teardown of '{name}' failed: {exc}")
             raise

@@ -8,8 +8,9 @@ nothing rsync could list has changed (the ignore files are entries too), and tha
 digest is used again. Any change, a folder too big to walk quickly (over MAX_ENTRIES
 entries) or a missing cache means rsync lists it, as before.
 
-Kept in ``$CLOUDTRAIN_HOME/cache/listings`` (one small file per folder and filter list); a
-home that does not exist yet is never created for it.
+Kept in ``$CLOUDTRAIN_HOME/cache/listings`` (one small file per folder and filter list, and
+beside it the listed paths, ``KEY.paths``, for the sync's list of what it sent); a home that
+does not exist yet is never created for it.
 """
 
 from __future__ import annotations
@@ -65,8 +66,6 @@ def _cache_file(root: Path, filters: list[str]) -> Path:
 def digest(root: Path, filters: list[str], listing: Callable[[], str]) -> str:
     """``listing()`` (rsync's, hashed), or the one taken when the folder's stamp was the same
     as now."""
-    from cloudtrain.paths import home_path, private_dir
-
     f = _cache_file(root, filters)
     before = stamp(root)
     if before is not None:
@@ -77,13 +76,38 @@ def digest(root: Path, filters: list[str], listing: Callable[[], str]) -> str:
         except (OSError, ValueError):
             pass
     got = listing()
-    # Kept only when nothing changed while rsync listed (the stamp is the same after).
+    _keep(root, before, f, f"{before} {got}\n".encode())
+    return got
+
+
+def listed(root: Path, filters: list[str], listing: Callable[[], list[bytes]]) -> list[bytes]:
+    """``listing()`` (the relative paths rsync lists), or the ones listed when the folder's
+    stamp was the same as now: the fingerprint's listing serves the sync's list of what it
+    sends (:mod:`cloudtrain.pipeline.sent`) without a second rsync."""
+    f = _cache_file(root, filters).with_suffix(".paths")
+    before = stamp(root)
+    if before is not None:
+        try:
+            seen, _, rest = f.read_bytes().partition(b"\n")
+            if seen == before.encode():
+                return [p for p in rest.split(b"\0") if p]
+        except OSError:
+            pass
+    got = listing()
+    _keep(root, before, f, before.encode() + b"\n" + b"\0".join(got) if before else b"")
+    return got
+
+
+def _keep(root: Path, before: str | None, f: Path, data: bytes) -> None:
+    """Keep ``data`` in ``f`` only when nothing changed while rsync listed (the stamp is the
+    same after), in a home that exists."""
+    from cloudtrain.paths import home_path, private_dir
+
     if before is not None and home_path().is_dir() and stamp(root) == before:
         try:
             private_dir(f.parent)
             tmp = f.with_name(f"{f.name}.{os.getpid()}.tmp")
-            tmp.write_text(f"{before} {got}\n")
+            tmp.write_bytes(data)
             os.replace(tmp, f)
         except OSError:
             pass
-    return got

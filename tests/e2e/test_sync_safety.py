@@ -155,6 +155,52 @@ def test_fingerprint_is_what_rsync_sends(cli: CLI, tmp_path: Path) -> None:
     assert_nothing_left(cli.home)
 
 
+KEEPER = """
+name: keeper
+num_nodes: 1
+workdir: .
+run: |
+  echo "code=$(cat train.py)"
+  for f in snapshot.pt old.py lib/gone.py lib/state.json 'we*ird [1].py'; do
+    if [ -e "$f" ]; then echo "has:$f"; else echo "not:$f"; fi
+  done
+  echo "epoch 3" > snapshot.pt
+  echo '{}' > lib/state.json
+"""
+
+
+@e2e
+def test_a_sync_never_deletes_what_the_job_wrote(cli: CLI, tmp_path: Path) -> None:
+    """A checkpoint the job writes in its workdir survives the next launch's sync, while
+    files removed from the laptop's workdir are removed from the node's copy."""
+    proj = tmp_path / "p"
+    (proj / "lib").mkdir(parents=True)
+    (proj / "train.py").write_text("v1\n")
+    (proj / "old.py").write_text("stale\n")
+    (proj / "lib" / "gone.py").write_text("stale\n")
+    (proj / "we*ird [1].py").write_text("stale\n")
+    task = proj / "task.yaml"
+    task.write_text(KEEPER)
+    r1 = cli.run("launch", str(task), cwd=proj)
+    assert r1.returncode == 0, r1.stderr + r1.stdout
+    assert "not:snapshot.pt" in r1.stdout and "has:old.py" in r1.stdout
+    assert "has:we*ird [1].py" in r1.stdout
+
+    # The user edits one file and removes others (lib/ as a whole, where the job wrote too).
+    (proj / "train.py").write_text("v2\n")
+    (proj / "old.py").unlink()
+    (proj / "we*ird [1].py").unlink()
+    (proj / "lib" / "gone.py").unlink()
+    (proj / "lib").rmdir()
+    r2 = cli.run("launch", str(task), "--down", cwd=proj)
+    assert r2.returncode == 0, r2.stderr + r2.stdout
+    assert "Syncing" in r2.stderr and "code=v2" in r2.stdout
+    for line in ("has:snapshot.pt", "has:lib/state.json", "not:old.py", "not:lib/gone.py",
+                 "not:we*ird [1].py"):
+        assert line in r2.stdout, r2.stdout
+    assert_nothing_left(cli.home)
+
+
 ODD_NAMES = [" lead space", "new\nline", "back\\#012slash", "caf\u00e9", "tab\there", "a -> b",
              "sub dir/ inner", "we\\#ird dir/x\ny"]
 
