@@ -103,12 +103,58 @@ def running_jobs(root: str) -> list[tuple[str, int]]:
     return found
 
 
-def queued_jobs(root: str) -> int:
-    """Jobs waiting in the node's queue (cloudtrain/node/queue.py): queued work is not idle."""
+SUBMIT_S = 60.0     # a queued record with no waiter older than this: its submission died
+
+
+def queued_records(root: str) -> list[dict]:
+    """The queued records of the node's queue (cloudtrain/node/queue.py), each with the
+    age of its file (``_age_s``)."""
     qd = os.path.join(root, ".cloudtrain", "queue")
     names = os.listdir(qd) if os.path.isdir(qd) else []
-    return sum(1 for n in names if n.endswith(".json")
-               and (read_json(os.path.join(qd, n)) or {}).get("state") == "queued")
+    out = []
+    for n in names:
+        path = os.path.join(qd, n)
+        rec = read_json(path) if n.endswith(".json") else None
+        if rec and rec.get("state") == "queued":
+            try:
+                rec["_age_s"] = time.time() - os.stat(path).st_mtime
+            except OSError:
+                continue
+            out.append(rec)
+    return out
+
+
+def startable(rec: dict) -> bool:
+    """A queued job that something will start: its waiter runs (a record with no waiter is
+    being submitted, under the queue's lock, for at most SUBMIT_S)."""
+    pid = rec.get("waiter")
+    if isinstance(pid, int):
+        return alive(pid)
+    return float(rec.get("_age_s") or 0.0) < SUBMIT_S
+
+
+def queued_jobs(root: str) -> int:
+    """Jobs waiting in the node's queue that something will start: queued work is not idle,
+    but a job whose waiter died is not work (the queue gives it a new waiter, or marks it
+    failed: adopt_orphans)."""
+    recs = queued_records(root)
+    if not all(startable(r) for r in recs):
+        adopt_orphans(root, [r for r in recs if not startable(r)])
+        recs = queued_records(root)
+    return sum(1 for r in recs if startable(r))
+
+
+def adopt_orphans(root: str, orphans: list[dict]) -> None:
+    """Have the queue look at itself (``queue.py list``, which adopts a queued job whose
+    waiter died: a new waiter, or failed with the reason)."""
+    for q in {r.get("queue_py") for r in orphans}:
+        if isinstance(q, str) and os.path.isfile(q):
+            log(root, "a queued job's waiter is gone: the queue adopts it")
+            try:
+                subprocess.run([sys.executable, q, "list", root], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, timeout=30)
+            except (OSError, subprocess.SubprocessError) as exc:
+                log(root, f"queue.py list failed: {exc}")
 
 
 def job_ended(root: str, job_id: str) -> float | None:
