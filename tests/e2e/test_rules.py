@@ -134,3 +134,25 @@ def test_a_lost_laptop_under_an_attached_down_costs_at_most_a_minute(
     gone = [e for e in json.loads(r.stdout) if e["name"] == "lost"]
     assert gone and gone[0]["reason"] == "job-end", gone
     assert_nothing_left(cli.home)
+
+
+def test_an_attached_down_lets_a_job_queued_after_it_run_first(cli: CLI, tmp_path: Path) -> None:
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    first = _task(tmp_path, "first", f"sleep 8; touch {marks}/a-$CLOUDTRAIN_NODE_RANK")
+    later = _task(tmp_path, "later", f"sleep 3; touch {marks}/b-$CLOUDTRAIN_NODE_RANK")
+    proc = cli.popen("launch", str(first), "-c", "rul", "-y", "--down", **POLL)
+    assert wait_until(lambda: len(processes_with("CLOUDTRAIN_CLUSTER=rul")) >= 2, 90)
+    b, said = _launch(cli, later)
+    assert "queued" in said, said
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out + err
+    assert f"'rul' stays up: job {b} (queued) came after this one and goes first" in err, err
+    # The queued job runs after the attached one; then the nodes take the cluster down.
+    assert wait_until(lambda: not processes_with(f"{cli.home}/clusters/rul/"), 90), \
+        "the cluster did not go down once its queue drained"
+    assert sorted(p.name for p in marks.iterdir()) == ["a-0", "a-1", "b-0", "b-1"]
+    r = cli.run("status", "--refresh", "--json")
+    gone = [e for e in json.loads(r.stdout) if e["name"] == "rul"]
+    assert gone and gone[0]["reason"] == "job-end", gone
+    assert_nothing_left(cli.home)
