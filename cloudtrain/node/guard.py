@@ -192,15 +192,18 @@ def job_end_stop_at(root: str, pol: dict, job_id: str) -> float | None:
     """When the end of a ``--down`` job stops the node (None: it has not ended). A detached
     job: at its end. One an attached CLI follows (``followed``: {job: grace}): the CLI
     pulls outputs and tears down itself, so the node waits, but only while the CLI is there:
-    min(end + grace, max(end, last heartbeat + window + beat))."""
+    min(end + grace, max(end, last heartbeat + window + beat)); the whole grace when no
+    heartbeat ever came (a follower that does not beat: ``launch --recover``'s controller)."""
     ended = job_ended(root, job_id)
     if ended is None:
         return None
     followed = pol.get("followed")
     grace = num(followed, job_id) if isinstance(followed, dict) else None
     if grace is None:
-        return ended + (num(pol, "job_end_grace_s") or 0)     # a policy of an older CLI
-    seen = follower_seen(root, job_id) or num(pol, "lease_at") or ended
+        return ended
+    seen = follower_seen(root, job_id)
+    if seen is None:
+        return ended + grace
     gone = seen + (num(pol, "follower_window_s") or FOLLOWER_WINDOW_S) + \
         (num(pol, "follower_beat_s") or FOLLOWER_BEAT_S)
     return min(ended + grace, max(ended, gone))

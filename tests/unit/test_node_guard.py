@@ -66,7 +66,7 @@ def test_lifetime_and_job_end(tmp_path: Path) -> None:
     (tmp_path / "jobs" / "j1" / "rc").write_text("1")                           # failed: ends too
     ended = (tmp_path / "jobs" / "j1" / "rc").stat().st_mtime
     assert guard.decide(str(tmp_path), pol, ended + 1, NOW, NOW, False)[0] == "job-end"
-    late = dict(pol, job_end_grace_s=300)
+    late = dict(pol, followed={"j1": 300})        # followed by a CLI that never beat
     assert guard.decide(str(tmp_path), late, ended + 100, NOW, NOW, False)[0] is None
     assert guard.decide(str(tmp_path), late, ended + 301, NOW, NOW, False)[0] == "job-end"
     # A job id is one name under jobs/, never a path.
@@ -83,11 +83,12 @@ def test_job_end_waits_for_the_queue_and_for_a_follower_that_is_there(tmp_path: 
     assert guard.decide(root, pol, ended + 1, NOW, NOW, True, False)[0] == "job-end"
     # An attached launch's job (followed, grace 300 s): the node waits while the CLI's
     # heartbeat is fresh, and acts 35 s after the last one (never before the job's end).
-    pol = {"down_on_end": ["j1"], "followed": {"j1": 300}, "lease_at": ended - 100}
-    assert guard.decide(root, pol, ended + 1, NOW, NOW, False)[0] == "job-end"   # CLI long gone
+    pol = {"down_on_end": ["j1"], "followed": {"j1": 300}}
     beat = tmp_path / ".cloudtrain" / "guard" / "followers" / "j1"
     beat.parent.mkdir(parents=True)
     beat.touch()
+    os.utime(beat, (ended - 100, ended - 100))
+    assert guard.decide(root, pol, ended + 1, NOW, NOW, False)[0] == "job-end"   # CLI long gone
     os.utime(beat, (ended + 20, ended + 20))
     assert guard.job_end_stop_at(root, pol, "j1") == ended + 55
     assert guard.decide(root, pol, ended + 54, NOW, NOW, False)[0] is None
