@@ -163,6 +163,7 @@ def test_guard_idle_clock_counts_queued_work_as_busy(cli: CLI, tmp_path: Path) -
     task = _task(tmp_path, "idleq", "true", cluster_extra="autostop: {idle_minutes: 0.1}\n")
     r = cli.run("up", str(task), "-y", "--no-bootstrap", **FAST)
     assert r.returncode == 0, r.stderr
+    assert "Budget in force on 'idleq': no budget" in r.stderr, r.stderr     # up says it
     r = cli.run("queue", "idleq", "--json")
     assert r.returncode == 0 and json.loads(r.stdout) == [], r.stderr
     roots = sorted(cli.home.glob("**/idleq/**/nodes/*/root"))
