@@ -94,7 +94,8 @@ def launch(env: Env, task: Task, name: str, plan: Plan, *, down_after: bool, det
         confirm(plan)
     over: budget.BudgetExceeded | None = None
     interrupted: list[str] = []
-    started = left_to_nodes = False
+    started = keep_up = False
+    before = guard.saved(env, name)
     try:
         try:
             with opened(env, task, name, planned=plan) as (handle, group, fresh):
@@ -106,12 +107,19 @@ def launch(env: Env, task: Task, name: str, plan: Plan, *, down_after: bool, det
                 watch = None if limit is None or detach else budget.Watch(
                     env.state, name, limit.max_cost_usd, env.ui)
                 with follower.Heartbeat(handle, group, job_id, down_after and not detach):
-                    outcome = run.run_task(env, handle, group, task, detach=detach,
-                                           overrides=overrides, guard=watch, job_id=job_id,
-                                           now=now, prep=None if fresh else prep)
+                    try:
+                        outcome = run.run_task(env, handle, group, task, detach=detach,
+                                               overrides=overrides, guard=watch, job_id=job_id,
+                                               now=now, prep=None if fresh else prep)
+                    except UserError:
+                        # Refused before its job started on a cluster that was there (--now,
+                        # a change under a busy cluster): its rules are taken back, and its
+                        # --down tears nothing down.
+                        keep_up = not fresh and rules_back(env, handle, group, before)
+                        raise
                     started = True
                     if down_after and not detach:
-                        left_to_nodes = queued_after(env, handle, group, job_id)
+                        keep_up = queued_after(env, handle, group, job_id)
                 if outcome.exit_code != 0 and handle.row.use_spot:
                     interrupted = interruptions(handle, name)
         except budget.BudgetExceeded as exc:
@@ -119,8 +127,8 @@ def launch(env: Env, task: Task, name: str, plan: Plan, *, down_after: bool, det
             env.state.mark_usage_end(name, exc.reason)   # the ledger's reason, once it is down
     finally:
         # A detached job's --down is the nodes' (job end); the CLI tears down only when the
-        # job never started.
-        if (down_after and not (detach and started) and not left_to_nodes) or over is not None:
+        # job never started (unless refused on a cluster that was there: keep_up).
+        if (down_after and not (detach and started) and not keep_up) or over is not None:
             try:
                 down_shielded(env, name, plan.provider or task.resources.provider or "local")
             except CloudtrainError:
@@ -160,6 +168,17 @@ def on_nodes(env: Env, handle: Handle, group: Group, task: Task, *, down_after: 
     if facts is not None:
         facts.update(run.prep_facts(GroupResult(sorted(raw.items()))))
     return job_id
+
+
+def rules_back(env: Env, handle: Handle, group: Group, before: dict[str, Any]) -> bool:
+    """A refused launch's rules taken back: the budget and job-end stops as they were
+    before it. Returns True (the cluster stays as it is: its --down does not apply)."""
+    try:
+        guard.update(env, handle, group, None, **{k: before.get(k) for k in rules.COMPOSED})
+    except CloudtrainError as exc:
+        env.ui.warn(f"could not take back the refused launch's rules on the nodes: {exc}")
+    env.state.set_budget(handle.name, before.get("max_cost_usd"))
+    return True
 
 
 def queued_after(env: Env, handle: Handle, group: Group, job_id: str) -> bool:

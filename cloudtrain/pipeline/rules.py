@@ -28,6 +28,9 @@ if TYPE_CHECKING:
     from cloudtrain.context import Env
 
 
+COMPOSED = ("max_cost_usd", "down_on_end", "followed", "set_by")   # the keys compose() writes
+
+
 @dataclass(frozen=True)
 class LaunchRules:
     """What one launch asks of the cluster's rules."""

@@ -64,6 +64,12 @@ def test_budget_and_down_compose_across_launches_and_status_shows_who_set_them(
     assert rules["budget"]["max_cost_usd"] == 20 and rules["budget"]["set_by"]["job"] == a
     assert [d["job"] for d in rules["down_on_end"]] == [a]
     assert rules["down_on_end"][0]["set_by"]["command"] == "launch --down -d"
+    # A launch refused before its job starts changes no rule and tears nothing down.
+    r = cli.run("launch", str(later), "-c", "rul", "-y", "-d", "--now", "--down", "--max-cost",
+                "5", "--hours", "0.1", **POLL)
+    assert r.returncode == 2 and "--now" in r.stderr, r.stderr
+    assert _rules(cli, "rul") == rules
+    assert not list(marks.iterdir()) and processes_with(f"{cli.home}/clusters/rul/")
     # A higher budget does not raise it; a lower one is taken.
     _, said = _launch(cli, later, "--max-cost", "50", "--hours", "0.1")
     assert f"budget $20.0000 (set by launch {a}" in said, said
