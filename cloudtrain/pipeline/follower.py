@@ -55,6 +55,6 @@ class Heartbeat:
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
+        # Not joined: a beat to a node that does not answer must not hold up what follows
+        # (the teardown); a beat after the group closed fails and is dropped.
         self.done.set()
-        if self.thread is not None:
-            self.thread.join(timeout=BEAT_S * 2 + 1)
