@@ -122,13 +122,15 @@ def status(cluster_name: str | None, as_json: bool, refresh: bool) -> None:
     asked the nodes), nodes (each with host_key: "pinned at creation", "the user's
     known_hosts" or "learned on first contact"), autostop, guard (with as_of, age_s, live)
     and gpus: per node the GPU count, models, utilisation, memory, temperature, power, the
-    idle GPUs and every GPU's record, as of gpus_at (null: never asked)."""
+    idle GPUs and every GPU's record, as of gpus_at (null: never asked), and rules: the
+    budget and the job-end stops in force, each with the command that set it."""
     if cluster_name is not None:
         check_name(cluster_name)
     env = open_env(quiet=as_json, contact=refresh)
     rows, spent, pins, gone, guards = (gather_live if refresh else gather)(env, cluster_name)
     if as_json:
-        click.echo(json.dumps(status_json(rows, spent, pins, guards, refresh) + gone, indent=2))
+        click.echo(json.dumps(with_rules(env, status_json(rows, spent, pins, guards, refresh))
+                              + gone, indent=2))
         return
     for g in gone:
         click.echo(f"{g['name']}: {g['status']} (its nodes stopped themselves: {g['reason']})")
@@ -146,7 +148,8 @@ def status_lines(env: Env, rows: list[ClusterRow], guards: dict[str, dict[str, A
     import time
 
     from cloudtrain.ledger import recovery_line
-    from cloudtrain.pipeline.lastseen import HINT, ago
+    from cloudtrain.pipeline import rules
+    from cloudtrain.pipeline.lastseen import HINT, ago, saved
 
     for r in rows:
         for rec in env.state.recoveries(r.name):
@@ -157,6 +160,7 @@ def status_lines(env: Env, rows: list[ClusterRow], guards: dict[str, dict[str, A
         elif g:
             words = (g.get("guard") or {}).get("words")
             click.echo(f"{r.name}: {g['policy']}" + (f"; {words}" if words else ""))
+            click.echo(f"{r.name}: {rules.words(saved(env, r.name))}")
         if "gpus" in g:
             if not refresh or g.get("stale"):
                 click.echo(f"{r.name}: GPUs as of {ago(time.time() - g['gpus_at'])} ({HINT}):")
@@ -164,6 +168,17 @@ def status_lines(env: Env, rows: list[ClusterRow], guards: dict[str, dict[str, A
     if not refresh:
         click.echo("(the local state, as of each cluster's last contact; "
                    "'cloudtrain status --refresh' asks the providers and the nodes)", err=True)
+
+
+def with_rules(env: Env, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each cluster's rules in force and which command set each (pipeline/rules.py)."""
+    from cloudtrain.pipeline import rules
+    from cloudtrain.pipeline.lastseen import saved
+
+    for e in entries:
+        pol = saved(env, e["name"])
+        e["rules"] = rules.view(pol) if pol else None
+    return entries
 
 
 def gpu_lines(name: str, live: dict[str, Any]) -> None:

@@ -105,7 +105,8 @@ def start(env: Env, task: Task, name: str, planned: Plan, *, recover: bool, deta
 
     if not recover:
         return job.launch(env, task, name, planned, down_after=down_after, detach=detach,
-                          overrides=overrides, limit=limit, confirm=confirm, now=now)
+                          overrides=overrides, limit=limit, confirm=confirm, now=now,
+                          no_budget=bool(options.get("no_budget")))
     if not detach:
         return recovery.launch(env, task, name, planned, down_after=down_after,
                                overrides=overrides, limit=limit, confirm=confirm)

@@ -55,6 +55,9 @@ def queue_(cluster_name: str, as_json: bool) -> None:
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]
     for row in table:
         click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+    for r in recs:
+        if r["reason"]:
+            click.echo(f"{r['id']}: {r['state']}: {r['reason']}")
 
 
 @click.command(context_settings=CONTEXT)
@@ -120,7 +123,8 @@ def rows(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     "submitter": r.get("submitter"), "submitted": when(r.get("submitted_at")),
                     "started": when(start), "ended": when(end),
                     "duration_s": None if dur is None else round(dur, 1),
-                    "exit_code": r.get("exit_code")})
+                    "exit_code": r.get("exit_code"), "reason": r.get("reason"),
+                    "waiter_restarts": r.get("waiter_restarts") or 0})
     return out
 
 

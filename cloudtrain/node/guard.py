@@ -105,24 +105,110 @@ def running_jobs(root: str) -> list[tuple[str, int]]:
     return found
 
 
-def queued_jobs(root: str) -> int:
-    """Jobs waiting in the node's queue (cloudtrain/node/queue.py): queued work is not idle."""
+SUBMIT_S = 60.0     # a queued record with no waiter older than this: its submission died
+
+
+def queued_records(root: str) -> list[dict]:
+    """The queued records of the node's queue (cloudtrain/node/queue.py), each with the
+    age of its file (``_age_s``)."""
     qd = os.path.join(root, ".cloudtrain", "queue")
     names = os.listdir(qd) if os.path.isdir(qd) else []
-    return sum(1 for n in names if n.endswith(".json")
-               and (read_json(os.path.join(qd, n)) or {}).get("state") == "queued")
+    out = []
+    for n in names:
+        path = os.path.join(qd, n)
+        rec = read_json(path) if n.endswith(".json") else None
+        if rec and rec.get("state") == "queued":
+            try:
+                rec["_age_s"] = time.time() - os.stat(path).st_mtime
+            except OSError:
+                continue
+            out.append(rec)
+    return out
+
+
+def startable(rec: dict) -> bool:
+    """A queued job that something will start: its waiter runs (a record with no waiter is
+    being submitted, under the queue's lock, for at most SUBMIT_S)."""
+    pid = rec.get("waiter")
+    if isinstance(pid, int):
+        return alive(pid)
+    return float(rec.get("_age_s") or 0.0) < SUBMIT_S
+
+
+def queued_jobs(root: str) -> int:
+    """Jobs waiting in the node's queue that something will start: queued work is not idle,
+    but a job whose waiter died is not work (the queue gives it a new waiter, or marks it
+    failed: adopt_orphans)."""
+    recs = queued_records(root)
+    if not all(startable(r) for r in recs):
+        adopt_orphans(root, [r for r in recs if not startable(r)])
+        recs = queued_records(root)
+    return sum(1 for r in recs if startable(r))
+
+
+def adopt_orphans(root: str, orphans: list[dict]) -> None:
+    """Have the queue look at itself (``queue.py list``, which adopts a queued job whose
+    waiter died: a new waiter, or failed with the reason)."""
+    for q in {r.get("queue_py") for r in orphans}:
+        if isinstance(q, str) and os.path.isfile(q):
+            log(root, "a queued job's waiter is gone: the queue adopts it")
+            try:
+                subprocess.run([sys.executable, q, "list", root], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, timeout=30)
+            except (OSError, subprocess.SubprocessError) as exc:
+                log(root, f"queue.py list failed: {exc}")
 
 
 def job_ended(root: str, job_id: str) -> float | None:
-    """When the job ended (its rc file's time; now for one killed before writing it), or
-    None while it runs or before it started."""
+    """When the job ended (its rc file's time; now for one killed before writing it; its
+    queue record's end for one that never started: cancelled, or failed in the queue), or
+    None while it runs or waits."""
     d = os.path.join(root, "jobs", job_id)
     try:
         return os.stat(os.path.join(d, "rc")).st_mtime
     except OSError:
         pass
     pid = read_pid(os.path.join(d, "pid"))
-    return time.time() if pid is not None and not alive(pid) else None
+    if pid is not None:
+        return None if alive(pid) else time.time()
+    rec = read_json(os.path.join(root, ".cloudtrain", "queue", job_id + ".json")) or {}
+    if rec.get("state") in ("cancelled", "failed", "succeeded"):
+        return num(rec, "ended_at") or time.time()
+    return None
+
+
+FOLLOWER_WINDOW_S = 30.0    # a follower silent this long (after its last beat) is gone
+FOLLOWER_BEAT_S = 5.0       # how often an attached CLI says it is there
+
+
+def follower_seen(root: str, job_id: str) -> float | None:
+    """The last heartbeat of the attached CLI that follows ``job_id`` (the mtime of
+    guard/followers/JOB_ID, which the CLI touches every FOLLOWER_BEAT_S)."""
+    try:
+        return os.stat(os.path.join(gdir(root), "followers", job_id)).st_mtime
+    except OSError:
+        return None
+
+
+def job_end_stop_at(root: str, pol: dict, job_id: str) -> float | None:
+    """When the end of a ``--down`` job stops the node (None: it has not ended). A detached
+    job: at its end. One an attached CLI follows (``followed``: {job: grace}): the CLI
+    pulls outputs and tears down itself, so the node waits, but only while the CLI is there:
+    min(end + grace, max(end, last heartbeat + window + beat)); the whole grace when no
+    heartbeat ever came (a follower that does not beat: ``launch --recover``'s controller)."""
+    ended = job_ended(root, job_id)
+    if ended is None:
+        return None
+    followed = pol.get("followed")
+    grace = num(followed, job_id) if isinstance(followed, dict) else None
+    if grace is None:
+        return ended
+    seen = follower_seen(root, job_id)
+    if seen is None:
+        return ended + grace
+    gone = seen + (num(pol, "follower_window_s") or FOLLOWER_WINDOW_S) + \
+        (num(pol, "follower_beat_s") or FOLLOWER_BEAT_S)
+    return min(ended + grace, max(ended, gone))
 
 
 def _proc_env(pid: str) -> list[bytes]:
@@ -287,8 +373,10 @@ def lifetime_end(pol: dict) -> float | None:
 
 
 def decide(root: str, pol: dict, now: float, busy_at: float, lease: float,
-           busy: bool) -> tuple[str | None, dict]:
-    """The reason to stop now (or None), and what the guard sees (state.json)."""
+           busy: bool, working: bool = False) -> tuple[str | None, dict]:
+    """The reason to stop now (or None), and what the guard sees (state.json). ``working``:
+    a job runs, or waits in the queue with something to start it (a ``--down`` job's end
+    stops the node only once nothing does)."""
     seen: dict = {"at": now, "busy": busy, "busy_at": busy_at, "lease_at": lease}
     end = lifetime_end(pol)
     if end is not None:
@@ -305,12 +393,13 @@ def decide(root: str, pol: dict, now: float, busy_at: float, lease: float,
         if spent >= cap and (reached is None or now >= reached + (num(pol, "budget_grace_s") or 0)):
             return "budget", seen
     for job_id in pol.get("down_on_end") or []:
-        if not isinstance(job_id, str) or "/" in job_id:
+        if not isinstance(job_id, str) or "/" in job_id or job_id.startswith("."):
             continue
-        ended = job_ended(root, job_id)
-        # An attached CLI tears down itself (after pulling outputs): job_end_grace_s later.
-        if ended is not None and now >= ended + (num(pol, "job_end_grace_s") or 0):
-            return "job-end", seen
+        at = job_end_stop_at(root, pol, job_id)
+        if at is not None:
+            seen["job_end_stop_at"] = at
+            if now >= at and not working:
+                return "job-end", seen
     idle = num(pol, "idle_minutes")
     since = max(busy_at, lease, num(pol, "lease_at") or 0.0)
     seen["idle_for_s"] = 0.0 if busy else round(now - since, 1)
@@ -406,7 +495,7 @@ def run(root: str) -> int:
         # The newest lease seen: the CLI rewrites the file in place (no process for a rename),
         # so a read in the instant of its rewrite may find it empty.
         lease = max(lease, num(read_json(os.path.join(d, "lease")) or {}, "at") or 0.0)
-        reason, seen = decide(root, pol, now, busy_at, lease, busy)
+        reason, seen = decide(root, pol, now, busy_at, lease, busy, bool(jobs or queued))
         seen.update(jobs=len(jobs), ssh_sessions=sum(sessions), queued=queued, pid=os.getpid(),
                     job_ids=sorted(os.path.basename(d) for d, _ in jobs),
                     ssh_tty=sessions.tty, ssh_notty=sessions.notty)

@@ -83,8 +83,34 @@ class Locked:
         self.f.close()
 
 
+WAITER_RESTARTS = 3
+
+
+def orphaned(rec: dict) -> bool:
+    """A queued job whose waiter is gone (killed, OOM): nothing would start it."""
+    pid = rec.get("waiter")
+    return rec.get("state") == "queued" and isinstance(pid, int) and not alive(pid)
+
+
+def adopt(root: str, rec: dict) -> dict:
+    """A queued job whose waiter died gets a new waiter (at most WAITER_RESTARTS times),
+    then is marked failed with the reason. Called with the queue locked."""
+    n = int(rec.get("waiter_restarts") or 0)
+    if n >= WAITER_RESTARTS or not os.path.exists(os.path.join(qdir(root), rec["id"] + ".sh")):
+        rec = dict(rec, state="failed", ended_at=time.time(), waiter=None,
+                   reason=f"its waiter process (pid {rec.get('waiter')}) died before the job "
+                          f"started, {n} time(s) restarted: nothing would start it")
+    else:
+        rec = dict(rec, waiter=spawn_waiter(root, rec["id"]), waiter_restarts=n + 1)
+    write_json(os.path.join(qdir(root), rec["id"] + ".json"), rec)
+    return rec
+
+
 def refresh(root: str, rec: dict) -> dict:
-    """A running record whose job has ended gets its end: time, exit code and state."""
+    """A running record whose job has ended gets its end: time, exit code and state; a
+    queued one whose waiter died is adopted (see adopt)."""
+    if orphaned(rec):
+        return adopt(root, rec)
     if rec.get("state") != "running":
         return rec
     jdir = os.path.join(root, "jobs", rec["id"])
@@ -178,12 +204,17 @@ def submit(root: str, job_id: str, submitter: str, submitted_at: float, task: st
     before = ahead(root, job_id)
     if not before and not stopped(root):
         return f"::started {start(root, rec)}"
-    with open(os.path.join(q, job_id + ".waiter.log"), "ab") as log:
-        waiter = subprocess.Popen([sys.executable, os.path.abspath(__file__), "wait", root,
-                                   job_id], stdin=subprocess.DEVNULL, stdout=log,
-                                  stderr=subprocess.STDOUT, start_new_session=True)
-    write_json(os.path.join(q, job_id + ".json"), dict(rec, waiter=waiter.pid))
+    write_json(os.path.join(q, job_id + ".json"),
+               dict(rec, waiter=spawn_waiter(root, job_id), queue_py=os.path.abspath(__file__)))
     return f"::queued {len(before)} {before[0]['id']}"
+
+
+def spawn_waiter(root: str, job_id: str) -> int:
+    """The waiter of a queued job (its own session: it outlives the SSH connection)."""
+    with open(os.path.join(qdir(root), job_id + ".waiter.log"), "ab") as log:
+        return subprocess.Popen([sys.executable, os.path.abspath(__file__), "wait", root,
+                                 job_id], stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True).pid
 
 
 def read_framed() -> bytes:

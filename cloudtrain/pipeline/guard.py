@@ -20,6 +20,7 @@ from cloudtrain.errors import CloudtrainError
 from cloudtrain.pipeline import bootstrap, outputs
 from cloudtrain.pipeline.lastseen import (RULES, contacted, describe, idle_words, policy_file,
                                           saved)
+from cloudtrain.pipeline.rules import budget_change, budget_words
 from cloudtrain.provider.contract import Node, SelfStops
 from cloudtrain.remote import Group, Result
 from cloudtrain.state import NodeRow
@@ -152,6 +153,7 @@ def install(env: Env, handle: Handle, group: Group, task: Task | None,
         env.ui.warn(f"node guard on node {rank} did not start ({s}); the CLI retries at its "
                     "next contact")
     env.ui.info("Node guard: " + describe(pol) + self_stop_note(handle))
+    env.ui.info(f"Budget in force on '{handle.name}': {budget_words(pol)}")
 
 
 def self_stop_note(handle: Handle) -> str:
@@ -308,6 +310,21 @@ def set_autostop(env: Env, name: str, idle_minutes: float | None, down: bool | N
             pol = update(env, handle, group, None, **changes)
         finally:
             group.close()
+    return pol
+
+
+def set_budget(env: Env, name: str, max_cost: float | None) -> dict[str, Any]:
+    """``cloudtrain budget``: the cluster's budget changed on purpose (None: lifted), on every
+    node of the live cluster and in the local state (the ledger's budget too)."""
+    from cloudtrain.cluster import cluster_lock
+
+    with cluster_lock(env, name):
+        handle, group = _connected(env, name)
+        try:
+            pol = update(env, handle, group, None, **budget_change(saved(env, name), max_cost))
+        finally:
+            group.close()
+    env.state.set_budget(name, max_cost)
     return pol
 
 

@@ -11,7 +11,7 @@ from cloudtrain import budget
 from cloudtrain.cluster import Handle
 from cloudtrain.context import Env
 from cloudtrain.errors import CloudtrainError, JobFailed, UserError
-from cloudtrain.pipeline import guard, run
+from cloudtrain.pipeline import follower, guard, rules, run
 from cloudtrain.pipeline.bootstrap import run_bootstrap
 from cloudtrain.pipeline.provision import opened, roll_back
 from cloudtrain.pipeline.signals import Shielded
@@ -78,34 +78,48 @@ def check_estimate(env: Env, name: str, plan: Plan, limit: budget.Budget) -> Non
 
 def launch(env: Env, task: Task, name: str, plan: Plan, *, down_after: bool, detach: bool,
            overrides: dict[str, str], limit: budget.Budget | None,
-           confirm: Callable[[Plan], None], now: bool = False) -> run.Outcome:
+           confirm: Callable[[Plan], None], now: bool = False,
+           no_budget: bool = False) -> run.Outcome:
     """Run ``task`` on cluster ``name``: up if needed (``confirm`` asks before a new cluster
     is paid for), sync, setup, run on every node and follow it. With ``down_after``, or when
     the budget ``limit`` is reached, the cluster is torn down at the end, whatever happened.
     Returns the outcome of a job that succeeded (or was started detached); raises JobFailed
     for one that failed, BudgetExceeded when the budget stopped it."""
     guard.reconcile(env, name)
-    if limit is not None:
+    own = limit
+    limit = rules.in_force(guard.saved(env, name), limit, no_budget)
+    if own is not None and limit is not None:
         check_estimate(env, name, plan, limit)
     if env.state.get_cluster(name) is None:
         confirm(plan)
     over: budget.BudgetExceeded | None = None
     interrupted: list[str] = []
-    started = False
+    started = keep_up = False
+    before = guard.saved(env, name)
     try:
         try:
             with opened(env, task, name, planned=plan) as (handle, group, fresh):
                 prep: dict[int, run.NodeFacts] = {}
                 job_id = on_nodes(env, handle, group, task, down_after=down_after,
-                                  detach=detach, limit=limit, facts=prep)
+                                  detach=detach, limit=own, facts=prep, no_budget=no_budget)
                 if fresh:
                     bootstrap_or_roll_back(env, handle, group, task, name)
                 watch = None if limit is None or detach else budget.Watch(
                     env.state, name, limit.max_cost_usd, env.ui)
-                outcome = run.run_task(env, handle, group, task, detach=detach,
-                                       overrides=overrides, guard=watch, job_id=job_id,
-                                       now=now, prep=None if fresh else prep)
-                started = True
+                with follower.Heartbeat(handle, group, job_id, down_after and not detach):
+                    try:
+                        outcome = run.run_task(env, handle, group, task, detach=detach,
+                                               overrides=overrides, guard=watch, job_id=job_id,
+                                               now=now, prep=None if fresh else prep)
+                    except UserError:
+                        # Refused before its job started on a cluster that was there (--now,
+                        # a change under a busy cluster): its rules are taken back, and its
+                        # --down tears nothing down.
+                        keep_up = not fresh and rules_back(env, handle, group, before)
+                        raise
+                    started = True
+                    if down_after and not detach:
+                        keep_up = queued_after(env, handle, group, job_id)
                 if outcome.exit_code != 0 and handle.row.use_spot:
                     interrupted = interruptions(handle, name)
         except budget.BudgetExceeded as exc:
@@ -113,8 +127,8 @@ def launch(env: Env, task: Task, name: str, plan: Plan, *, down_after: bool, det
             env.state.mark_usage_end(name, exc.reason)   # the ledger's reason, once it is down
     finally:
         # A detached job's --down is the nodes' (job end); the CLI tears down only when the
-        # job never started.
-        if (down_after and not (detach and started)) or over is not None:
+        # job never started (unless refused on a cluster that was there: keep_up).
+        if (down_after and not (detach and started) and not keep_up) or over is not None:
             try:
                 down_shielded(env, name, plan.provider or task.resources.provider or "local")
             except CloudtrainError:
@@ -131,24 +145,57 @@ def launch(env: Env, task: Task, name: str, plan: Plan, *, down_after: bool, det
 
 def on_nodes(env: Env, handle: Handle, group: Group, task: Task, *, down_after: bool,
              detach: bool, limit: budget.Budget | None,
-             facts: dict[int, run.NodeFacts] | None = None) -> str:
-    """The launch's rules on the node guards (job-end stop for --down, the budget), before the
-    job starts: they hold when this CLI is gone. With ``facts`` (filled in), the same round
-    trip asks each node what run_task needs to know (bootstrapped? synced? set up?). Returns
-    the job's id."""
+             facts: dict[int, run.NodeFacts] | None = None, no_budget: bool = False) -> str:
+    """The launch's rules on the node guards (job-end stop for --down, the budget), composed
+    with the cluster's (pipeline/rules.py), before the job starts: they hold when this CLI is
+    gone. ``limit``: the launch's own budget. With ``facts`` (filled in), the same round trip
+    asks each node what run_task needs to know (bootstrapped? synced? set up?). Says the
+    budget in force; returns the job's id."""
     from cloudtrain.pipeline.remote_job import new_job_id
 
     job_id = new_job_id()
     job_end, over = (0.0, 0.0) if detach else attached_grace()
+    own = None if limit is None else limit.max_cost_usd
+    asked = rules.LaunchRules(
+        job_id, own, "max_cost_usd" if own is not None and own == task.max_cost_usd
+        else "--max-cost", no_budget, down_after, None if detach else job_end)
     raw: dict[int, Result] = {}
-    guard.update(env, handle, group, task, mode="install",
-                 down_on_end=[job_id] if down_after else [],
-                 max_cost_usd=None if limit is None else limit.max_cost_usd,
-                 job_end_grace_s=job_end, budget_grace_s=over,
-                 then=None if facts is None else run.prep_command(handle, task), raw=raw)
+    pol = guard.update(env, handle, group, task, mode="install", budget_grace_s=over,
+                       then=None if facts is None else run.prep_command(handle, task), raw=raw,
+                       **rules.compose(guard.saved(env, handle.name), asked))
+    env.state.set_budget(handle.name, pol.get("max_cost_usd"))
+    env.ui.info(f"Budget in force on '{handle.name}': {rules.budget_words(pol)}")
     if facts is not None:
         facts.update(run.prep_facts(GroupResult(sorted(raw.items()))))
     return job_id
+
+
+def rules_back(env: Env, handle: Handle, group: Group, before: dict[str, Any]) -> bool:
+    """A refused launch's rules taken back: the budget and job-end stops as they were
+    before it. Returns True (the cluster stays as it is: its --down does not apply)."""
+    try:
+        guard.update(env, handle, group, None, **{k: before.get(k) for k in rules.COMPOSED})
+    except CloudtrainError as exc:
+        env.ui.warn(f"could not take back the refused launch's rules on the nodes: {exc}")
+    env.state.set_budget(handle.name, before.get("max_cost_usd"))
+    return True
+
+
+def queued_after(env: Env, handle: Handle, group: Group, job_id: str) -> bool:
+    """An attached ``--down`` job has ended: when another job runs or waits on the cluster
+    (queued after it), the cluster stays up for it and its nodes go down once nothing runs
+    or waits (the job is in the guards' down_on_end). True when so (and says so)."""
+    from cloudtrain.pipeline import queue
+
+    try:
+        others = [r for r in queue.active(queue.records(handle, group)) if r["id"] != job_id]
+    except CloudtrainError:
+        return False
+    if others:
+        env.ui.info(f"'{handle.name}' stays up: job {others[0]['id']} "
+                    f"({others[0].get('state')}) came after this one and goes first; the "
+                    "nodes tear the cluster down once nothing runs or waits (--down).")
+    return bool(others)
 
 
 def bootstrap_or_roll_back(env: Env, handle: Handle, group: Group, task: Task, name: str) -> None:

@@ -7,7 +7,9 @@ queued work as busy."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -161,6 +163,7 @@ def test_guard_idle_clock_counts_queued_work_as_busy(cli: CLI, tmp_path: Path) -
     task = _task(tmp_path, "idleq", "true", cluster_extra="autostop: {idle_minutes: 0.1}\n")
     r = cli.run("up", str(task), "-y", "--no-bootstrap", **FAST)
     assert r.returncode == 0, r.stderr
+    assert "Budget in force on 'idleq': no budget" in r.stderr, r.stderr     # up says it
     r = cli.run("queue", "idleq", "--json")
     assert r.returncode == 0 and json.loads(r.stdout) == [], r.stderr
     roots = sorted(cli.home.glob("**/idleq/**/nodes/*/root"))
@@ -226,4 +229,65 @@ cat data.txt > {marks}/read-$CLOUDTRAIN_NODE_RANK
     r = cli.run("launch", str(changed), "-c", "w", "-y", **FAST)
     assert r.returncode == 0, r.stderr
     assert cli.run("down", "w", "-y").returncode == 0
+    assert_nothing_left(cli.home)
+
+
+def _waiters(roots: list[Path], job_id: str) -> list[int | None]:
+    """The waiter pid of ``job_id`` on each node (None once it has none)."""
+    recs = [json.loads((r / ".cloudtrain" / "queue" / f"{job_id}.json").read_text())
+            for r in roots]
+    return [x.get("waiter") if x.get("state") == "queued" else None for x in recs]
+
+
+def _kill(pids: list[int | None]) -> None:
+    for pid in pids:
+        if pid:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def test_a_queued_job_whose_waiter_died_is_adopted_or_failed_and_the_idle_stop_fires(
+        cli: CLI, tmp_path: Path) -> None:
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    idle = "autostop: {idle_minutes: 0.1}\n"     # 6 s
+    first = _task(tmp_path, "first", f"touch {marks}/a-$CLOUDTRAIN_NODE_RANK; sleep 12", idle)
+    adopted = _task(tmp_path, "adopted", f"touch {marks}/b-$CLOUDTRAIN_NODE_RANK", idle)
+    doomed = _task(tmp_path, "doomed", f"touch {marks}/c-$CLOUDTRAIN_NODE_RANK", idle)
+    r = cli.run("launch", str(first), "-c", "w", "-y", "-d", **FAST)
+    assert r.returncode == 0, r.stderr
+    ids = [_job_id(r.stderr.split("Running job", 1)[1])]
+    for task in (adopted, doomed):
+        r = cli.run("launch", str(task), "-c", "w", "-y", "-d", **FAST)
+        assert r.returncode == 0 and "queued" in r.stderr, r.stderr
+        ids.append(_job_id(r.stderr.split("Running job", 1)[1]))
+    roots = sorted(cli.home.glob("**/w/**/nodes/*/root"))
+    assert len(roots) == 2, roots
+    # The waiter of the second job is killed once: the guard sees it (a poll), and the queue
+    # gives the job a new waiter.
+    killed = _waiters(roots, ids[1])
+    assert all(killed), killed
+    _kill(killed)
+    assert wait_until(lambda: all(p and p not in killed for p in _waiters(roots, ids[1])), 5)
+    # The third's waiters die every time (an OOM killer that keeps at it): after 3 new
+    # waiters it is marked failed with the reason, within seconds.
+    t0 = time.monotonic()
+    while any(_waiters(roots, ids[2])) and time.monotonic() - t0 < 20:
+        _kill(_waiters(roots, ids[2]))
+        time.sleep(0.2)
+    recs = _by_id(_queue(cli, "w"))
+    assert recs[ids[2]]["state"] == "failed", recs[ids[2]]
+    assert "waiter" in recs[ids[2]]["reason"] and "died" in recs[ids[2]]["reason"], recs
+    assert recs[ids[1]]["state"] == "queued" and recs[ids[1]]["waiter_restarts"] == 1, recs
+    table = cli.run("queue", "w")
+    assert table.returncode == 0 and f"{ids[2]}: failed: its waiter" in table.stdout, table.stdout
+    # The adopted job runs after the first; the failed one never runs; then the idle stop.
+    assert wait_until(lambda: all((marks / f"b-{k}").exists() for k in (0, 1)), 40)
+    assert not list(marks.glob("c-*"))
+    assert wait_until(lambda: not processes_with(f"{cli.home}/clusters/w/"), 40), \
+        "the idle stop did not fire"
+    assert not list(marks.glob("c-*"))
+    cli.run("status", "--refresh")
     assert_nothing_left(cli.home)

@@ -66,11 +66,58 @@ def test_lifetime_and_job_end(tmp_path: Path) -> None:
     (tmp_path / "jobs" / "j1" / "rc").write_text("1")                           # failed: ends too
     ended = (tmp_path / "jobs" / "j1" / "rc").stat().st_mtime
     assert guard.decide(str(tmp_path), pol, ended + 1, NOW, NOW, False)[0] == "job-end"
-    late = dict(pol, job_end_grace_s=300)
+    late = dict(pol, followed={"j1": 300})        # followed by a CLI that never beat
     assert guard.decide(str(tmp_path), late, ended + 100, NOW, NOW, False)[0] is None
     assert guard.decide(str(tmp_path), late, ended + 301, NOW, NOW, False)[0] == "job-end"
     # A job id is one name under jobs/, never a path.
     assert guard.decide(str(tmp_path), {"down_on_end": ["../x"]}, NOW, 0, 0, False)[0] is None
+
+
+def test_job_end_waits_for_the_queue_and_for_a_follower_that_is_there(tmp_path: Path) -> None:
+    root = str(tmp_path)
+    _job(tmp_path, "j1", pid=None, rc=0)
+    ended = (tmp_path / "jobs" / "j1" / "rc").stat().st_mtime
+    pol = {"down_on_end": ["j1"]}
+    # A job queued after the --down job (running, or waiting with a live waiter) goes first.
+    assert guard.decide(root, pol, ended + 1, NOW, NOW, True, True)[0] is None
+    assert guard.decide(root, pol, ended + 1, NOW, NOW, True, False)[0] == "job-end"
+    # An attached launch's job (followed, grace 300 s): the node waits while the CLI's
+    # heartbeat is fresh, and acts 35 s after the last one (never before the job's end).
+    pol = {"down_on_end": ["j1"], "followed": {"j1": 300}}
+    beat = tmp_path / ".cloudtrain" / "guard" / "followers" / "j1"
+    beat.parent.mkdir(parents=True)
+    beat.touch()
+    os.utime(beat, (ended - 100, ended - 100))
+    assert guard.decide(root, pol, ended + 1, NOW, NOW, False)[0] == "job-end"   # CLI long gone
+    os.utime(beat, (ended + 20, ended + 20))
+    assert guard.job_end_stop_at(root, pol, "j1") == ended + 55
+    assert guard.decide(root, pol, ended + 54, NOW, NOW, False)[0] is None
+    assert guard.decide(root, pol, ended + 55, NOW, NOW, False)[0] == "job-end"
+    os.utime(beat, (ended + 400, ended + 400))                 # a CLI there: at most the grace
+    assert guard.job_end_stop_at(root, pol, "j1") == ended + 300
+    # A --down job that never started (cancelled, or failed in the queue) has ended too.
+    q = tmp_path / ".cloudtrain" / "queue"
+    q.mkdir(parents=True)
+    (q / "j2.json").write_text(json.dumps({"id": "j2", "state": "queued", "waiter": None}))
+    assert guard.job_ended(root, "j2") is None
+    (q / "j2.json").write_text(json.dumps({"id": "j2", "state": "failed", "ended_at": NOW}))
+    assert guard.job_ended(root, "j2") == NOW
+
+
+def test_a_queued_job_counts_only_while_something_will_start_it(tmp_path: Path) -> None:
+    q = tmp_path / ".cloudtrain" / "queue"
+    q.mkdir(parents=True)
+
+    def rec(job: str, **kw: object) -> None:
+        (q / f"{job}.json").write_text(json.dumps(dict({"id": job, "state": "queued"}, **kw)))
+
+    rec("live", waiter=os.getpid())
+    rec("dead", waiter=2 ** 22 + 12345)          # no such process
+    rec("submitting")                            # no waiter yet, a fresh file
+    rec("stale")
+    os.utime(q / "stale.json", (1_000_000.0, 1_000_000.0))     # written long ago
+    # "dead" has no queue.py to adopt it here: it is simply not counted.
+    assert guard.queued_jobs(str(tmp_path)) == 2
 
 
 def test_the_stop_writes_stopped_json_then_runs_the_self_stop(tmp_path: Path,
