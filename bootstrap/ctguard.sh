@@ -4,7 +4,8 @@
 #   MODE install: write POLICY_JSON, clear an old stop, renew the lease, start the guard
 #        policy:  write POLICY_JSON; renew the lease; start the guard if it is not running
 #        touch:   renew the lease (a CLI contact); start the guard if it is not running
-#   (guard.py comes on stdin in these three modes, and is written when missing or changed)
+#   (guard.py and sessions.py come on stdin in these three modes, NUL between them, and
+#   are written when missing or changed)
 #        state:   print what the guard last saw (one JSON line)
 # Supervision: a systemd unit where systemd is PID 1 and sudo needs no password; otherwise a
 # background shell loop in its own session that restarts the guard when it dies. The lifetime
@@ -24,13 +25,18 @@ export CLOUDTRAIN_CLUSTER_ID=$uid CT_GUARD_RANK=$rank
 if [ "$mode" = state ]; then
     exec "$py" "$d/guard.py" state "$root"
 fi
-# guard.py comes on stdin in every other mode: written when it is missing or changed.
-new='' old=''
-IFS= read -r -d '' new || true
-[ -r "$d/guard.py" ] && { IFS= read -r -d '' old < "$d/guard.py" || true; }
-if [ -n "$new" ] && [ "$new" != "$old" ]; then
-    printf '%s' "$new" > "$d/guard.py.tmp" && mv "$d/guard.py.tmp" "$d/guard.py" || exit 1
-fi
+# guard.py, a NUL, then sessions.py (which it imports) come on stdin in every other mode:
+# each written when it is missing or changed.
+ship() {
+    local new='' old=''
+    IFS= read -r -d '' new || true
+    [ -r "$d/$1" ] && { IFS= read -r -d '' old < "$d/$1" || true; }
+    if [ -n "$new" ] && [ "$new" != "$old" ]; then
+        printf '%s' "$new" > "$d/$1.tmp" && mv "$d/$1.tmp" "$d/$1" || exit 1
+    fi
+}
+ship guard.py
+ship sessions.py
 if [ "$mode" = install ]; then
     [ -e "$d/stopped.json" ] && rm -f "$d/stopped.json"
     [ -s "$d/state.json" ] && : > "$d/state.json"    # what the guard saw: forgotten

@@ -34,7 +34,9 @@ OFF_BY_DEFAULT = ("local", "ssh")
 
 
 def guard_source() -> bytes:
-    return (Path(__file__).resolve().parent.parent / "node" / "guard.py").read_bytes()
+    """What ctguard.sh reads on stdin: guard.py, a NUL, sessions.py (which guard.py imports)."""
+    node = Path(__file__).resolve().parent.parent / "node"
+    return (node / "guard.py").read_bytes() + b"\0" + (node / "sessions.py").read_bytes()
 
 
 def save(env: Env, name: str, pol: dict[str, Any]) -> None:

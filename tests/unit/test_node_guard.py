@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from cloudtrain.node import guard
+from cloudtrain.pipeline.guard import guard_source
 
 NOW = 1_800_000_000.0
 
@@ -140,12 +141,14 @@ def test_the_stop_writes_stopped_json_then_runs_the_self_stop(tmp_path: Path,
 
 
 def test_the_guard_is_standard_library_only() -> None:
-    tree = ast.parse(Path(guard.__file__).read_text())
-    names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
-             for a in n.names}
-    names |= {n.module.split(".")[0] for n in ast.walk(tree)
-              if isinstance(n, ast.ImportFrom) and n.module}
-    assert names - {"__future__"} <= set(sys.stdlib_module_names), names
+    """guard.py and sessions.py (shipped beside it) import the standard library and, guard.py,
+    each other: nothing else exists on a node."""
+    for path in (Path(guard.__file__), Path(guard.__file__).with_name("sessions.py")):
+        tree = ast.parse(path.read_text())
+        names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        names |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        tops = {n.split(".")[0] for n in names - {"cloudtrain.node.sessions", "sessions"}}
+        assert tops - {"__future__"} <= set(sys.stdlib_module_names), (path.name, names)
 
 
 def test_queue_run_submits_once_follows_and_says_when_a_job_waits(tmp_path: Path) -> None:
@@ -212,14 +215,14 @@ def test_queue_run_submits_once_follows_and_says_when_a_job_waits(tmp_path: Path
 
 def test_ctguard_starts_the_guard_on_a_fresh_node_once_and_renews_the_lease(tmp_path: Path) -> None:
     """ctguard.sh on a node that never had a guard (no pid files yet): it starts one, says so,
-    and a second contact renews the lease without starting another; policy and guard.py are
-    written. (A contact that died on the missing pid files left every new cluster unguarded.)"""
+    and a second contact renews the lease without starting another; policy, guard.py and
+    sessions.py are written. (A contact that died on the missing pid files left every new cluster unguarded.)"""
     import subprocess
     import time
 
     script = Path(__file__).resolve().parents[2] / "bootstrap" / "ctguard.sh"
     root = tmp_path / "node"
-    src = (Path(guard.__file__)).read_bytes()
+    src = guard_source()
     env = dict(os.environ, CT_GUARD_NO_SYSTEMD="1", CT_GUARD_POLL="0.2")
 
     def contact(mode: str, *extra: str) -> str:
@@ -231,7 +234,7 @@ def test_ctguard_starts_the_guard_on_a_fresh_node_once_and_renews_the_lease(tmp_
     d = root / ".cloudtrain" / "guard"
     try:
         assert "::guard process" in contact("install", json.dumps({"idle_minutes": None}))
-        assert (d / "guard.py").read_bytes() == src
+        assert (d / "guard.py").read_bytes() + b"\0" + (d / "sessions.py").read_bytes() == src
         assert json.loads((d / "policy.json").read_text()) == {"idle_minutes": None}
         deadline = time.monotonic() + 10
         while not ((d / "guard.pid").exists() and (d / "deadman.pid").exists()):
