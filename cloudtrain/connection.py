@@ -52,17 +52,23 @@ def controlled(command: str) -> str:
 def node_timeout() -> float:
     """How long a node may stay silent (no output, no answer to a probe) before it is
     declared lost: CLOUDTRAIN_NODE_TIMEOUT seconds, 60 by default."""
-    raw = os.environ.get(NODE_TIMEOUT_ENV, "").strip()
+    return seconds_setting(NODE_TIMEOUT_ENV, DEFAULT_NODE_TIMEOUT)
+
+
+def seconds_setting(name: str, default: float) -> float:
+    """A positive, finite number of seconds from environment variable ``name`` (``default``
+    when unset or empty); anything else is bad input naming the variable (exit 2)."""
+    raw = os.environ.get(name, "").strip()
     if not raw:
-        return DEFAULT_NODE_TIMEOUT
+        return default
     try:
         value = float(raw)
     except ValueError:
         value = math.nan
     if not (0 < value < math.inf):
-        raise UserError(f"{NODE_TIMEOUT_ENV}={raw!r} is not a positive number of seconds.",
-                        f"Set it to e.g. {DEFAULT_NODE_TIMEOUT:.0f}, or unset it for the default "
-                        f"({DEFAULT_NODE_TIMEOUT:.0f} s).")
+        raise UserError(f"{name}={raw!r} is not a positive number of seconds.",
+                        f"Set it to e.g. {default:.0f}, or unset it for the default "
+                        f"({default:.0f} s).")
     return value
 
 

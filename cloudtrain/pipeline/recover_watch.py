@@ -8,8 +8,6 @@ can resume from (``Loss.resumes_from``: "restarted from step 0" when nothing can
 
 from __future__ import annotations
 
-import math
-import os
 import shlex
 import threading
 import time
@@ -18,6 +16,7 @@ from typing import Callable
 
 from cloudtrain import budget
 from cloudtrain.cluster import Handle
+from cloudtrain.connection import seconds_setting
 from cloudtrain.context import Env
 from cloudtrain.errors import CloudtrainError, UserError
 from cloudtrain.provider.contract import NodeHealth, ReportsNodeHealth
@@ -32,18 +31,7 @@ STEP_ZERO = "restarted from step 0"
 def unresponsive_window() -> float:
     """How long ``--recover`` waits for a node that the cloud says runs but that does not
     answer SSH before replacing it: CLOUDTRAIN_UNRESPONSIVE_WINDOW seconds, 600 by default."""
-    raw = os.environ.get(UNRESPONSIVE_WINDOW_ENV, "").strip()
-    if not raw:
-        return DEFAULT_UNRESPONSIVE_WINDOW
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not (0 < value < math.inf):
-        raise UserError(f"{UNRESPONSIVE_WINDOW_ENV}={raw!r} is not a positive number of seconds.",
-                        f"Set it to e.g. {DEFAULT_UNRESPONSIVE_WINDOW:.0f}, or unset it for the "
-                        f"default ({DEFAULT_UNRESPONSIVE_WINDOW:.0f} s).")
-    return value
+    return seconds_setting(UNRESPONSIVE_WINDOW_ENV, DEFAULT_UNRESPONSIVE_WINDOW)
 
 
 def no_checkpoints_warning() -> str:
