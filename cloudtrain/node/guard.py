@@ -30,9 +30,9 @@ import sys
 import time
 
 if __package__:                    # imported from the package (the CLI, the tests)
-    from cloudtrain.node.sessions import pids, proc_env, ssh_sessions
+    from cloudtrain.node.sessions import proc_env, proc_pids, ssh_sessions
 else:                              # run on the node: sessions.py is shipped beside this file
-    from sessions import pids, proc_env, ssh_sessions  # type: ignore[no-redef]
+    from sessions import proc_env, proc_pids, ssh_sessions  # type: ignore[no-redef]
 
 POLL_S = float(os.environ.get("CT_GUARD_POLL", "2"))
 
@@ -270,7 +270,7 @@ def stop_jobs(root: str, grace: float) -> None:
     def targets() -> tuple[list[int], list[int]]:
         groups = [pid for _, pid in running_jobs(root)]
         marks = {f"CLOUDTRAIN_JOB_DIR={d}".encode() for d, _ in running_jobs(root)}
-        pids = [int(p) for p in pids() if int(p) != os.getpid()
+        pids = [int(p) for p in proc_pids() if int(p) != os.getpid()
                 and marks & set(proc_env(p))] if marks else []
         return groups, pids
 

@@ -17,7 +17,7 @@ def proc_env(pid: str) -> list[bytes]:
         return []
 
 
-def pids() -> list[str]:
+def proc_pids() -> list[str]:
     try:
         return [p for p in os.listdir("/proc") if p.isdigit()]
     except OSError:
@@ -132,7 +132,7 @@ def ssh_sessions() -> Sessions:
         user = pwd.getpwuid(os.getuid()).pw_name.encode()
     except KeyError:
         return Sessions()
-    stats = {int(p): _proc_stat(p) for p in pids()}
+    stats = {int(p): _proc_stat(p) for p in proc_pids()}
     procs = {p: st for p, st in stats.items() if st is not None}
     kids: dict[int, list[int]] = {}
     for pid, (ppid, _, _) in procs.items():
