@@ -36,7 +36,8 @@ TAIL_BYTES = 64 * 1024    # what a streamed command keeps in memory (for error m
 # Every command cloudtrain sends starts with this: it marks the command as cloudtrain's own
 # (CLOUDTRAIN_CONTROL in its environment) and records the SSH connection it came over
 # ($HOME/.cloudtrain/control/<pid of that connection's sshd>), so the node guard does not take
-# cloudtrain's sessions, or its idle persistent masters, for the user's (cloudtrain/node/guard.py).
+# cloudtrain's sessions, or its idle persistent masters, for the user's
+# (cloudtrain/node/sessions.py).
 CONTROL_PREFIX = (
     'export CLOUDTRAIN_CONTROL=1; _ctc="$HOME/.cloudtrain/control"; '
     'true 2>/dev/null >"$_ctc/$PPID" || '
