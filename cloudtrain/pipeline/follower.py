@@ -21,9 +21,10 @@ BEAT_S = 5.0          # the guard's FOLLOWER_BEAT_S
 
 
 def beat_command(node: NodeRow, job_id: str) -> str:
+    """Bash builtins only, except the folder's first ``mkdir`` (a beat starts no process)."""
     return bash(f"r={shlex.quote(node.root_dir)}; case $r in /*) ;; *) r=$HOME/$r ;; esac; "
-                "d=$r/.cloudtrain/guard/followers; mkdir -p \"$d\" && "
-                f"touch \"$d\"/{shlex.quote(job_id)}")
+                "d=$r/.cloudtrain/guard/followers; [ -d \"$d\" ] || mkdir -p \"$d\" && "
+                f"true > \"$d\"/{shlex.quote(job_id)}")
 
 
 class Heartbeat:
