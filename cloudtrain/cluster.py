@@ -145,12 +145,10 @@ def listed(env: Env, name: str | None = None) -> list[ClusterRow]:
 def status(env: Env, name: str | None = None, refresh_all: bool = False) -> list[ClusterRow]:
     """The clusters, each refreshed from its provider where listing is cheap (every one
     with ``refresh_all``)."""
-    from cloudtrain.provider import registry
-
     out = []
     for row in listed(env, name):
-        cls = registry.provider_class(row.provider)
-        if refresh_all or getattr(cls, "list_is_cheap", False):
+        cls = env.provider_class(row.provider)
+        if refresh_all or cls.list_is_cheap:
             try:
                 row = refresh(env, row)
             except Exception as exc:  # noqa: BLE001 - status must still show the rest
@@ -171,8 +169,6 @@ def probe_hosts(env: Env, rows: list[ClusterRow]) -> None:
     import socket
     from concurrent.futures import ThreadPoolExecutor
 
-    from cloudtrain.provider import registry
-
     def probe(host: str, port: int) -> str:
         try:
             with socket.create_connection((host, port), timeout=PROBE_TIMEOUT) as s:
@@ -181,7 +177,7 @@ def probe_hosts(env: Env, rows: list[ClusterRow]) -> None:
         except OSError:
             return "unreachable"
 
-    live = [r for r in rows if not getattr(registry.provider_class(r.provider), "powers_off", True)]
+    live = [r for r in rows if not env.provider_class(r.provider).powers_off]
     nodes = [n for r in live for n in r.nodes]
     if not nodes:
         return

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import functools
 import sys
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Callable, NoReturn
 
 import click
 
 if TYPE_CHECKING:
     from cloudtrain.context import Env
-    from cloudtrain.provider.contract import Plan
+    from cloudtrain.provider.contract import Plan, Provider
     from cloudtrain.spec import Task
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -59,7 +60,9 @@ def guard(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def open_env(quiet: bool = False, contact: bool = True) -> Env:
     """The Env a command hands to the pipeline (``contact=False``: a command that reaches no
-    node, e.g. a plain ``status``, which then skips the SSH settings' check and import)."""
+    node, e.g. a plain ``status``, which then skips the SSH settings' check and import), with
+    the provider instances the program running the command line handed it (see
+    :func:`handed_providers`)."""
     from cloudtrain.context import open_env as open_context
     from cloudtrain.ui import UI
 
@@ -69,7 +72,17 @@ def open_env(quiet: bool = False, contact: bool = True) -> Env:
 
         node_timeout()   # a bad CLOUDTRAIN_NODE_TIMEOUT is refused before anything is created
         persist_seconds()   # the same for CLOUDTRAIN_SSH_PERSIST
-    return open_context(UI(quiet=quiet))
+    return open_context(UI(quiet=quiet), handed_providers())
+
+
+def handed_providers() -> Mapping[str, Provider]:
+    """Provider instances by name, handed to the command line by the program that runs it in
+    its own process as click's context object (``cli.main(args, obj={"aws": provider})``; a
+    test: ``CliRunner().invoke(cli, args, obj={"aws": MemoryProvider("aws")})``). From the
+    shell: none."""
+    ctx = click.get_current_context(silent=True)
+    obj = ctx.obj if ctx is not None else None
+    return obj if isinstance(obj, Mapping) else {}
 
 
 def load_task(task_file: str) -> Task:

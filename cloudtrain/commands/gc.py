@@ -37,18 +37,21 @@ def gc(provider_name: str | None, all_regions: bool, any_owner: bool, force: boo
     with -y (instances first, then security groups, key pairs, placement groups, volumes).
     Another home's resources (same user@host) are shown and left alone; a running
     instance is only terminated with --force."""
-    from cloudtrain.pipeline.gc import collect
+    from cloudtrain.pipeline.gc import Sweep, collect
 
     env = open_env(quiet=as_json)
+    can_ask = sys.stdin.isatty() and not as_json
     report, failed = collect(
-        env, provider_name, all_regions=all_regions, any_owner=any_owner, force=force, yes=yes,
-        can_ask=sys.stdin.isatty() and not as_json,
-        confirm=lambda n: click.confirm(f"Remove these {n} resource(s)?", default=False,
-                                        err=True))
+        env, Sweep(provider_name, all_regions, any_owner, force), yes=yes,
+        confirm=_ask if can_ask else None)
     if as_json:
         click.echo(json.dumps(report, indent=2))
     if failed:
         sys.exit(max(e.exit_code for e in failed))
+
+
+def _ask(count: int) -> bool:
+    return click.confirm(f"Remove these {count} resource(s)?", default=False, err=True)
 
 
 def register(cli: click.Group) -> None:

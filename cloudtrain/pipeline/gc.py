@@ -7,15 +7,14 @@ Generic over providers: any provider with ``orphans(live, all_regions=, any_owne
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from cloudtrain import credentials
 from cloudtrain.context import Env
 from cloudtrain.errors import AuthError, CloudtrainError, ProviderError, UserError
 from cloudtrain.ownership import relation
-from cloudtrain.provider import registry
 from cloudtrain.provider.contract import CollectsOrphans, MarksOwner
-
 
 # Instance states in which nothing runs any more (AWS, GCE, Azure spellings, lowercased).
 _IDLE = {"terminated", "stopped", "stopping", "shutting-down", "deallocated", "deallocating",
@@ -32,104 +31,137 @@ def _running(r: Any) -> bool:
     return state not in _IDLE
 
 
-def _command(provider: str, all_regions: bool, any_owner: bool) -> str:
-    return ("cloudtrain gc --provider " + provider + (" --all-regions" if all_regions else "")
-            + (" --any-owner" if any_owner else "") + " --force -y")
+@dataclass(frozen=True)
+class Sweep:
+    """What one ``cloudtrain gc`` looks for: ``provider`` (None: every installed cloud with
+    its SDK and credentials; the others are skipped with a note), every region or the usual
+    ones, another home's resources too (``any_owner``), running instances too (``force``)."""
+
+    provider: str | None = None
+    all_regions: bool = False
+    any_owner: bool = False
+    force: bool = False
+
+    def command(self, provider: str) -> str:
+        """The gc command line that would also take the running instances."""
+        return ("cloudtrain gc --provider " + provider
+                + (" --all-regions" if self.all_regions else "")
+                + (" --any-owner" if self.any_owner else "") + " --force -y")
 
 
-def collect(env: Env, provider_name: str | None, *, all_regions: bool, any_owner: bool,
-            force: bool, yes: bool, can_ask: bool, confirm: Callable[[int], bool]
+Confirm = Callable[[int], bool]
+"""Asked with the number of resources before they are removed (True: remove them)."""
+
+
+def collect(env: Env, sweep: Sweep, *, yes: bool, confirm: Confirm | None
             ) -> tuple[list[dict[str, Any]], list[CloudtrainError]]:
-    """List, per provider (``provider_name``, or every installed one with its SDK and
-    credentials; the others are skipped with a note), what cloudtrain tagged that no live
-    cluster owns, and remove it with ``yes`` (or when
-    ``confirm(count)`` says so, where ``can_ask``). Running instances are left alone without
-    ``force``; another home's resources unless ``any_owner``. Returns every resource seen
-    (each with whether it was removed, or why it was left alone) and the providers' errors
-    (the other providers are still collected)."""
-    names = [provider_name] if provider_name else registry.names()
-    if provider_name:
-        registry.require_sdk(provider_name)   # exit 2 with the pip line
-    _reconcile(env, [n for n in names if registry.sdk_missing(n) is None])
+    """List, per provider of ``sweep``, what cloudtrain tagged that no live cluster owns, and
+    remove it with ``yes`` (or when ``confirm(count)`` says so; ``confirm`` None: nobody can
+    be asked, the command to run is said instead). Running instances are left alone without
+    ``sweep.force``; another home's resources unless ``sweep.any_owner``. Returns every
+    resource seen (each with whether it was removed, or why it was left alone) and the
+    providers' errors (the other providers are still collected)."""
+    names = _providers(env, sweep)
     report: list[dict[str, Any]] = []
     failed: list[CloudtrainError] = []
     for name in names:
-        cls = registry.provider_class(name)
-        if not issubclass(cls, CollectsOrphans):
-            if provider_name:
-                raise UserError(f"Provider '{name}' cannot list what it created.",
-                                "gc works with cloud providers (e.g. --provider aws).")
-            continue
-        if registry.sdk_missing(name) is not None:
-            env.ui.info(f"{name}: skipped, its SDK is not installed (to include it: pip "
-                        f"install 'cloudtrain[{name}]')")
-            continue
-        if not provider_name and not credentials.present(name) \
-                and not registry.is_instance(name):
-            env.ui.info(f"{name}: skipped, no credentials configured "
-                        f"(to include it: {credentials.how_to(name)})")
-            continue
         try:
             provider: Any = env.provider(name)
             live = {c.name for c in env.state.list_clusters() if c.provider == name}
             # Everything cloudtrain tagged; whose it is is decided here, not by the filter.
-            every = provider.orphans(live, all_regions=all_regions, any_owner=True)
+            every = provider.orphans(live, all_regions=sweep.all_regions, any_owner=True)
         except (AuthError, UserError) as exc:
-            if provider_name:
+            if sweep.provider:
                 raise
             env.ui.info(f"{name}: skipped, {exc.message} {exc.hint}".rstrip())
             continue
         except ProviderError as exc:
-            if provider_name:
+            if sweep.provider:
                 raise
             env.ui.error(f"{name}: could not list what cloudtrain tagged: {exc}")
             failed.append(exc)
             continue
-        as_mark = provider.owner_mark if isinstance(provider, MarksOwner) else (lambda o: o)
-        kinds = {id(r): relation(r.owner, provider.owner, as_mark) for r in every}
-        found = [r for r in every if any_owner or kinds[id(r)] == "mine"]
-        others = [r for r in every if r not in found and kinds[id(r)] in ("other-home", "legacy")]
-        running = {(r.cluster, r.owner) for r in found if _running(r)}
-        held = [] if force else [r for r in found if (r.cluster, r.owner) in running]
-        removable = [r for r in found if not any(r is h for h in held)]
-        for r in others:
-            item = {"provider": name, **_as_dict(r), "left_alone": kinds[id(r)]}
-            report.append(item)
-        for r in found:
-            report.append({"provider": name, **_as_dict(r)}
-                          | ({"left_alone": "running"} if any(r is h for h in held) else {}))
-        _show_others(env, name, others, kinds)
-        if not found:
-            env.ui.ok(f"{name}: nothing to collect")
-            continue
-        env.ui.info(f"{name}: {len(found)} resource(s) tagged by cloudtrain that no live "
-                    "cluster owns:")
-        for r in found:
-            env.ui.info(f"  {r.text()}")
-        if held:
-            names_running = ", ".join(f"{r.id} (cluster {r.cluster})" for r in held
-                                      if _running(r))
-            env.ui.warn(f"{name}: still running, left alone without --force: {names_running}. "
-                        f"To terminate them (and remove their clusters' other resources): "
-                        f"{_command(name, all_regions, any_owner)}")
-        if not removable:
-            continue
-        if not yes:
-            if not can_ask:
-                env.ui.info("Run 'cloudtrain gc -y' to remove them."
-                            if not held else f"Run 'cloudtrain gc --provider {name} -y' to "
-                            "remove those not running.")
-                continue
-            if not confirm(len(removable)):
-                continue
-        provider.remove(removable)
-        left = provider.orphans(live, all_regions=all_regions, any_owner=True)
-        gone = {(r.region, r.kind, r.id) for r in removable} - {(r.region, r.kind, r.id) for r in left}
-        for item in report:
-            if item["provider"] == name:
-                item["removed"] = (item["region"], item["kind"], item["id"]) in gone
-        env.ui.ok(f"{name}: removed {len(gone)} resource(s)")
+        report += _sweep_one(env, sweep, name, provider, live, every, yes=yes, confirm=confirm)
     return report, failed
+
+
+def _providers(env: Env, sweep: Sweep) -> list[str]:
+    """The providers this sweep asks (an explicit one that cannot collect: exit 2), once the
+    clusters whose nodes stopped themselves are reconciled."""
+    names = [sweep.provider] if sweep.provider else env.provider_names()
+    if sweep.provider:
+        env.require_sdk(sweep.provider)   # exit 2 with the pip line
+    _reconcile(env, [n for n in names if env.sdk_missing(n) is None])
+    out = []
+    for name in names:
+        if not issubclass(env.provider_class(name), CollectsOrphans):
+            if sweep.provider:
+                raise UserError(f"Provider '{name}' cannot list what it created.",
+                                "gc works with cloud providers (e.g. --provider aws).")
+        elif env.sdk_missing(name) is not None:
+            env.ui.info(f"{name}: skipped, its SDK is not installed (to include it: pip "
+                        f"install 'cloudtrain[{name}]')")
+        elif not sweep.provider and not env.has_credentials(name):
+            env.ui.info(f"{name}: skipped, no credentials configured "
+                        f"(to include it: {credentials.how_to(name)})")
+        else:
+            out.append(name)
+    return out
+
+
+def _sweep_one(env: Env, sweep: Sweep, name: str, provider: Any, live: set[str],
+               every: list[Any], *, yes: bool, confirm: Confirm | None) -> list[dict[str, Any]]:
+    """One provider's part of the sweep: what it found, said, and removed when allowed."""
+    as_mark = provider.owner_mark if isinstance(provider, MarksOwner) else (lambda o: o)
+    kinds = {id(r): relation(r.owner, provider.owner, as_mark) for r in every}
+    found = [r for r in every if sweep.any_owner or kinds[id(r)] == "mine"]
+    others = [r for r in every if r not in found and kinds[id(r)] in ("other-home", "legacy")]
+    running = {(r.cluster, r.owner) for r in found if _running(r)}
+    held = [] if sweep.force else [r for r in found if (r.cluster, r.owner) in running]
+    removable = [r for r in found if not any(r is h for h in held)]
+    report = [{"provider": name, **_as_dict(r), "left_alone": kinds[id(r)]} for r in others]
+    report += [{"provider": name, **_as_dict(r)}
+               | ({"left_alone": "running"} if any(r is h for h in held) else {})
+               for r in found]
+    _show_others(env, name, others, kinds)
+    if not found:
+        env.ui.ok(f"{name}: nothing to collect")
+        return report
+    _show_found(env, sweep, name, found, held)
+    if not removable or not _approved(env, name, len(removable), bool(held), yes, confirm):
+        return report
+    provider.remove(removable)
+    left = provider.orphans(live, all_regions=sweep.all_regions, any_owner=True)
+    gone = {(r.region, r.kind, r.id) for r in removable} - {(r.region, r.kind, r.id) for r in left}
+    for item in report:
+        item["removed"] = (item["region"], item["kind"], item["id"]) in gone
+    env.ui.ok(f"{name}: removed {len(gone)} resource(s)")
+    return report
+
+
+def _show_found(env: Env, sweep: Sweep, name: str, found: list[Any], held: list[Any]) -> None:
+    env.ui.info(f"{name}: {len(found)} resource(s) tagged by cloudtrain that no live "
+                "cluster owns:")
+    for r in found:
+        env.ui.info(f"  {r.text()}")
+    if held:
+        names_running = ", ".join(f"{r.id} (cluster {r.cluster})" for r in held if _running(r))
+        env.ui.warn(f"{name}: still running, left alone without --force: {names_running}. "
+                    f"To terminate them (and remove their clusters' other resources): "
+                    f"{sweep.command(name)}")
+
+
+def _approved(env: Env, name: str, count: int, held: bool, yes: bool,
+              confirm: Confirm | None) -> bool:
+    """Whether the ``count`` removable resources go: -y, or the user said so."""
+    if yes:
+        return True
+    if confirm is None:
+        env.ui.info("Run 'cloudtrain gc -y' to remove them."
+                    if not held else f"Run 'cloudtrain gc --provider {name} -y' to "
+                    "remove those not running.")
+        return False
+    return confirm(count)
 
 
 def _reconcile(env: Env, providers: list[str]) -> None:

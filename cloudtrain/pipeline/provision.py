@@ -216,7 +216,7 @@ def attempts(env: Env, name: str, planned: Plan) -> list[dict[str, Any]]:
     names = [planned.provider] + [a.provider for a in getattr(planned, "alternatives", [])]
     out: list[dict[str, Any]] = []
     for p in dict.fromkeys(n for n in names if n):
-        provider = registry.get(p, env.pctx)
+        provider = env.provider(p)
         if isinstance(provider, ReportsAttempts):
             out += [{"provider": p, **a} for a in provider.attempts(name)]
     return out

@@ -5,13 +5,16 @@ inside the methods (or factories) that talk to the cloud. A provider class names
 modules it needs in ``sdk_modules`` (its pip extra is ``cloudtrain[<name>]``), so that a
 missing SDK is said before anything starts (:func:`require_sdk`), in lists of providers
 (:func:`sdk_missing`), and where an import deep in a provider fails (:func:`sdk_error`).
+
+Only installed providers are here: an instance a program makes itself (a test's fake, a
+provider holding its own client) is handed in through :class:`cloudtrain.context.Env`.
 """
 
 from __future__ import annotations
 
 from functools import lru_cache
 from importlib.metadata import EntryPoint, entry_points
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cloudtrain.errors import MissingSDK, UserError
 
@@ -20,23 +23,27 @@ if TYPE_CHECKING:
 
 GROUP = "cloudtrain.providers"
 
-# Instances handed in by an embedding program or a test (e.g. a provider holding moto's
-# client). They win over the entry point of the same name.
-_instances: dict[str, Provider] = {}
-
-
 @lru_cache(maxsize=1)
 def _entry_points() -> dict[str, EntryPoint]:
     return {ep.name: ep for ep in entry_points(group=GROUP)}
 
 
 def names() -> list[str]:
-    return sorted(set(_entry_points()) | set(_instances))
+    return sorted(_entry_points())
 
 
 def provider_class(name: str) -> type[Provider]:
-    if name in _instances:
-        return type(_instances[name])
+    """The class installed under ``name`` (unknown: a UserError naming the close ones)."""
+    return _load(name)
+
+
+def get(name: str, ctx: ProviderContext) -> Provider:
+    """Provider ``name`` made for ``ctx`` (a provider class takes the context: the contract's
+    constructor, which the Provider protocol cannot declare)."""
+    return _load(name)(ctx)
+
+
+def _load(name: str) -> Any:
     eps = _entry_points()
     if name not in eps:
         from difflib import get_close_matches
@@ -47,27 +54,7 @@ def provider_class(name: str) -> type[Provider]:
     try:
         return eps[name].load()
     except ImportError as exc:
-        raise MissingSDK(name, getattr(exc, "name", None) or str(exc)) from None
-
-
-def get(name: str, ctx: ProviderContext) -> Provider:
-    if name in _instances:
-        return _instances[name]
-    return provider_class(name)(ctx)
-
-
-def is_instance(name: str) -> bool:
-    """Whether ``name`` is served by a registered instance (a test's fake) rather than an
-    installed entry point."""
-    return name in _instances
-
-
-def register_instance(name: str, provider: Provider) -> None:
-    _instances[name] = provider
-
-
-def unregister_instance(name: str) -> None:
-    _instances.pop(name, None)
+        raise MissingSDK(name, exc.name or str(exc)) from None
 
 
 # --- SDKs: installed or not ------------------------------------------------------------------
@@ -83,9 +70,7 @@ def _findable(module: str) -> bool:
 
 def sdk_missing(name: str) -> str | None:
     """The first SDK module provider ``name`` needs that is not installed here (None: it has
-    all it needs, or names none). A registered instance (a test's) has what it needs."""
-    if name in _instances:
-        return None
+    all it needs, or names none)."""
     try:
         cls = provider_class(name)
     except MissingSDK as exc:
@@ -124,7 +109,7 @@ def described(providers: list[str] | None = None) -> str:
     for name in providers if providers is not None else names():
         if sdk_missing(name) is not None:
             no_sdk.append(name)
-        elif credentials.present(name) or name in _instances:
+        elif credentials.present(name):
             ready.append(name)
         else:
             ready.append(f"{name} (no credentials found)")

@@ -16,6 +16,7 @@ import pytest
 from cloudtrain.catalog.model import CatalogInfo, Offer
 from cloudtrain.catalog.store import write_meta, write_offers
 from cloudtrain.memfit import GIB
+from cloudtrain.testing import MemoryProvider
 
 
 def off(provider: str, itype: str, acc: str, count: float, mem: float, region: str,
@@ -281,38 +282,33 @@ def test_bad_input_exits_2_with_one_paragraph(case: Any, home: Path, tmp_path: P
 # --- in process, with fake clouds: what up would pick -----------------------------------------
 
 @pytest.fixture
-def fake_clouds(home: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
-    from cloudtrain.provider import registry
-    from test_planner import CRED_VARS, FakeCloud
+def fake_clouds(home: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, MemoryProvider]:
+    """aws and gcp stand-ins, handed to the command line as its context object."""
+    from test_planner import CRED_VARS
 
     for v in CRED_VARS:
         monkeypatch.delenv(v, raising=False)
     monkeypatch.setenv("HOME", str(home.parent))
     monkeypatch.setenv("CLOUDTRAIN_HOME", str(home))
     monkeypatch.setenv("NO_COLOR", "1")
-    fakes = {"aws": FakeCloud("aws"), "gcp": FakeCloud("gcp")}
-    for n, f in fakes.items():
-        registry.register_instance(n, f)  # type: ignore[arg-type]
-    yield fakes
-    for n in fakes:
-        registry.unregister_instance(n)
+    return {"aws": MemoryProvider.named("aws"), "gcp": MemoryProvider.named("gcp")}
 
 
-def _invoke(*args: str) -> Any:
+def _invoke(providers: dict[str, MemoryProvider], *args: str) -> Any:
     from click.testing import CliRunner
 
     from cloudtrain.commands.main import cli
 
-    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False, obj=providers)
 
 
-def test_pick_is_the_cheapest_offer_on_a_cloud_with_credentials(fake_clouds: Any, home: Path,
-                                                                tmp_path: Path,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_pick_is_the_cheapest_offer_on_a_cloud_with_credentials(
+        fake_clouds: dict[str, MemoryProvider], home: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     task = write(tmp_path, A100_TASK)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIA")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
-    r = _invoke("cost", str(task), "--json")
+    r = _invoke(fake_clouds, "cost", str(task), "--json")
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     # azure (cheapest) is not installed, gcp has no credentials: up would take aws, rank 3
@@ -321,12 +317,12 @@ def test_pick_is_the_cheapest_offer_on_a_cloud_with_credentials(fake_clouds: Any
     assert doc["choice"] == doc["offers"][2]
     assert doc["providers"]["gcp"] == {"usable": False, "why_not": "no credentials found"}
 
-    table = _invoke("cost", str(task))
+    table = _invoke(fake_clouds, "cost", str(task))
     marked = [ln for ln in table.stdout.splitlines() if ln.startswith("*")]
     assert len(marked) == 1 and "p4d.24xlarge" in marked[0]
     assert "up would pick (*): aws p4d.24xlarge in us-east-1, $65.54/h" in table.stdout
 
-    dry = _invoke("up", "--dry-run", str(task))
+    dry = _invoke(fake_clouds, "up", "--dry-run", str(task))
     assert dry.exit_code == 0, dry.output
     text = dry.output
     assert "provider     aws" in text and "instance     p4d.24xlarge" in text

@@ -12,11 +12,12 @@ from datetime import date, datetime, timezone
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from click.testing import CliRunner, Result
 
 from cloudtrain import ledger
 from cloudtrain.commands.main import cli
 from cloudtrain.state import SCHEMA_VERSION, ClusterRow, State, open_state
+from cloudtrain.testing import MemoryProvider
 
 H = 3600.0
 DAY = 86400.0
@@ -229,8 +230,8 @@ def test_a_reason_marked_before_teardown_survives_it(state: State) -> None:
 
 # --- the command --------------------------------------------------------------------------------
 
-def _cli(home: Path, *args: str) -> object:
-    return CliRunner().invoke(cli, ["cost-report", *args],
+def _cli(home: Path, *args: str, providers: dict[str, MemoryProvider] | None = None) -> Result:
+    return CliRunner().invoke(cli, ["cost-report", *args], obj=providers,
                               env={"CLOUDTRAIN_HOME": str(home), "NO_COLOR": "1"})
 
 
@@ -243,8 +244,8 @@ def _filled(state: State) -> None:
 def test_json_csv_and_table_output(home: Path, state: State) -> None:
     _filled(state)
     r = _cli(home, "--json")
-    assert r.exit_code == 0, r.output  # type: ignore[attr-defined]
-    js = json.loads(r.stdout)  # type: ignore[attr-defined]
+    assert r.exit_code == 0, r.output
+    js = json.loads(r.stdout)
     assert {c["name"]: c["cost_usd"] for c in js["clusters"]} == {"a": 30.0, "b": 5.0, "m": None}
     assert js["total_usd"] == 35.0
     assert js["totals"]["by_provider"] == {"aws": 30.0, "gcp": 5.0}
@@ -252,14 +253,14 @@ def test_json_csv_and_table_output(home: Path, state: State) -> None:
 
     r = _cli(home, "--csv")
     assert r.exit_code == 0
-    rows = list(csv.DictReader(io.StringIO(r.stdout)))  # type: ignore[attr-defined]
+    rows = list(csv.DictReader(io.StringIO(r.stdout)))
     assert [(x["name"], x["provider"], x["nodes"], x["hours"], x["cost_usd"]) for x in rows] == [
         ("a", "aws", "4", "3.000000", "30"), ("m", "azure", "1", "1.000000", "unknown"),
         ("b", "gcp", "2", "2.000000", "5")]
 
     r = _cli(home)
     assert r.exit_code == 0
-    out = r.stdout  # type: ignore[attr-defined]
+    out = r.stdout
     assert "$30.00" in out and "unknown" in out and "Total for everything recorded: $35.00" in out
     assert "excluded from the totals" in out
 
@@ -267,13 +268,13 @@ def test_json_csv_and_table_output(home: Path, state: State) -> None:
 @pytest.mark.parametrize("days", ["0", "-1", "abc", "nan"])
 def test_bad_days_exit_2(home: Path, days: str) -> None:
     r = _cli(home, "--days", days)
-    assert r.exit_code == 2, r.output  # type: ignore[attr-defined]
-    assert "--days" in r.output  # type: ignore[attr-defined]
+    assert r.exit_code == 2, r.output
+    assert "--days" in r.output
 
 
 def test_json_and_csv_together_exit_2(home: Path) -> None:
     r = _cli(home, "--json", "--csv")
-    assert r.exit_code == 2 and "pick one" in r.output  # type: ignore[attr-defined]
+    assert r.exit_code == 2 and "pick one" in r.output
 
 
 def test_a_newer_catalog_does_not_change_past_costs(home: Path, state: State,
@@ -282,8 +283,8 @@ def test_a_newer_catalog_does_not_change_past_costs(home: Path, state: State,
 
     def costs() -> dict[str, object]:
         r = _cli(home, "--json")
-        assert r.exit_code == 0, r.output  # type: ignore[attr-defined]
-        js = json.loads(r.stdout)  # type: ignore[attr-defined]
+        assert r.exit_code == 0, r.output
+        js = json.loads(r.stdout)
         return {"clusters": js["clusters"], "totals": js["totals"], "total_usd": js["total_usd"]}
 
     before = costs()
@@ -317,7 +318,7 @@ def test_chart_png_matches_the_ledger(home: Path, state: State, tmp_path: Path) 
     add(state, "late", MID + DAY - H, MID + DAY + H, price=1.0, nodes=1, provider="gcp")
     png = tmp_path / "charts" / "spend.png"
     r = _cli(home, "--chart", str(png))
-    assert r.exit_code == 0, r.output  # type: ignore[attr-defined]
+    assert r.exit_code == 0, r.output
     data = png.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
     # What is drawn, bar by bar, is what the ledger says per day, and adds up to its total.
@@ -336,7 +337,7 @@ def test_chart_without_matplotlib_exits_2(home: Path, state: State, tmp_path: Pa
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     r = _cli(home, "--chart", str(tmp_path / "x.png"))
     assert r.exit_code == 2
-    assert "pip install 'cloudtrain[chart]'" in r.output  # type: ignore[attr-defined]
+    assert "pip install 'cloudtrain[chart]'" in r.output
     assert not (tmp_path / "x.png").exists()
 
 
@@ -370,8 +371,8 @@ def test_cost_report_json_contract(home: Path, state: State) -> None:
     _filled(state)
     add(state, "sp", MID, MID + 2 * H, price=0.75, nodes=3, spot=True)
     r = _cli(home, "--json")
-    assert r.exit_code == 0, r.output  # type: ignore[attr-defined]
-    js = json.loads(r.stdout)  # type: ignore[attr-defined]
+    assert r.exit_code == 0, r.output
+    js = json.loads(r.stdout)
     assert_report_contract(js)
     by = {c["name"]: c for c in js["clusters"]}
     assert (by["a"]["nodes"], by["a"]["spot"], by["a"]["hours"], by["a"]["price_hourly_usd"],
@@ -382,7 +383,7 @@ def test_cost_report_json_contract(home: Path, state: State) -> None:
     assert js["total_usd"] == 39.5                               # 30 + 5 + 4.5, m unknown
     # Nothing recorded: the same shape, empty.
     r = _cli(home.parent / "empty", "--json")
-    js = json.loads(r.stdout)  # type: ignore[attr-defined]
+    js = json.loads(r.stdout)
     assert (js["clusters"], js["total_usd"]) == ([], 0.0)
 
 
@@ -427,9 +428,10 @@ def test_spot_cluster_is_billed_at_its_spot_price_across_stop_and_start(state: S
 # --- launched through the planner, then the catalog changes ------------------------------------
 
 @pytest.fixture
-def fake_clouds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
-    from cloudtrain.provider import registry
-    from test_planner import CRED_VARS, FakeCloud
+def fake_clouds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, MemoryProvider]:
+    """aws and gcp stand-ins, with credentials for both; handed in through the Env (or the
+    command line's context object)."""
+    from test_planner import CRED_VARS
 
     user = tmp_path / "userhome"
     adc = user / ".config" / "gcloud" / "application_default_credentials.json"
@@ -439,12 +441,7 @@ def fake_clouds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignor
     for v in CRED_VARS:
         monkeypatch.delenv(v, raising=False)
     monkeypatch.setenv("AWS_PROFILE", "p")
-    fakes = {"aws": FakeCloud("aws"), "gcp": FakeCloud("gcp")}
-    for n, f in fakes.items():
-        registry.register_instance(n, f)  # type: ignore[arg-type]
-    yield fakes
-    for n in fakes:
-        registry.unregister_instance(n)
+    return {"aws": MemoryProvider.named("aws"), "gcp": MemoryProvider.named("gcp")}
 
 
 def _catalog(home: Path, scale: float) -> None:
@@ -471,7 +468,8 @@ def _catalog(home: Path, scale: float) -> None:
 
 
 def test_report_over_clusters_launched_before_the_catalog_changed_keeps_launch_prices(
-        fake_clouds: object, home: Path, state: State, monkeypatch: pytest.MonkeyPatch) -> None:
+        fake_clouds: dict[str, MemoryProvider], home: Path, state: State,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     from cloudtrain.context import Env
     from cloudtrain.pipeline.plan import plan
     from cloudtrain.pipeline.provision import provision
@@ -481,7 +479,7 @@ def test_report_over_clusters_launched_before_the_catalog_changed_keeps_launch_p
 
     monkeypatch.setenv("CLOUDTRAIN_HOME", str(home))
     _catalog(home, 1.0)
-    env = Env(home, state, UI(quiet=True))
+    env = Env(home, state, UI(quiet=True), providers=fake_clouds)
     tasks = {   # name: (task, what the planner takes from the first catalog, $/node-h, nodes)
         "train": ("num_nodes: 2\nresources: {accelerators: A100:8}\n",
                   ("gcp", "a2-highgpu-8g"), 29.39, 2),
@@ -510,14 +508,14 @@ def test_report_over_clusters_launched_before_the_catalog_changed_keeps_launch_p
         db.execute("UPDATE usage SET started_at=? WHERE cluster='live'", (time.time() - 2 * H,))
 
     def report() -> dict[str, dict[str, object]]:
-        r = _cli(home, "--json")
-        assert r.exit_code == 0, r.output  # type: ignore[attr-defined]
-        js = json.loads(r.stdout)  # type: ignore[attr-defined]
+        r = _cli(home, "--json", providers=fake_clouds)
+        assert r.exit_code == 0, r.output
+        js = json.loads(r.stdout)
         assert_report_contract(js)
         return {c["name"]: c for c in js["clusters"]}
 
     def live_status() -> dict[str, object]:
-        r = CliRunner().invoke(cli, ["status", "live", "--json"],
+        r = CliRunner().invoke(cli, ["status", "live", "--json"], obj=fake_clouds,
                                env={"CLOUDTRAIN_HOME": str(home), "NO_COLOR": "1"})
         assert r.exit_code == 0, r.output
         (row,) = json.loads(r.stdout)
@@ -552,7 +550,7 @@ def test_report_over_clusters_launched_before_the_catalog_changed_keeps_launch_p
 
 
 def test_status_shows_the_launch_price_and_the_cost_so_far_from_the_ledger(
-        fake_clouds: object, home: Path, state: State) -> None:
+        fake_clouds: dict[str, MemoryProvider], home: Path, state: State) -> None:
     """State rows written directly: a cluster stopped once and started again, and one with
     no recorded price."""
     import time
@@ -570,7 +568,7 @@ def test_status_shows_the_launch_price_and_the_cost_so_far_from_the_ledger(
     state.upsert_cluster(nop)
     state.open_usage(nop, when=now - H)
     env = {"CLOUDTRAIN_HOME": str(home), "NO_COLOR": "1"}
-    r = CliRunner().invoke(cli, ["status", "--json"], env=env)
+    r = CliRunner().invoke(cli, ["status", "--json"], env=env, obj=fake_clouds)
     assert r.exit_code == 0, r.output
     by = {c["name"]: c for c in json.loads(r.stdout)}
     s = by["s"]
@@ -580,7 +578,7 @@ def test_status_shows_the_launch_price_and_the_cost_so_far_from_the_ledger(
     n = by["n"]
     assert (n["price_hourly_usd"], n["cluster_hourly_usd"], n["cost_so_far_usd"]) == \
         (None, None, None)
-    r = CliRunner().invoke(cli, ["status"], env=env)
+    r = CliRunner().invoke(cli, ["status"], env=env, obj=fake_clouds)
     assert r.exit_code == 0, r.output
     lines = r.stdout.splitlines()
     assert lines[0].split()[:9] == ["NAME", "PROVIDER", "STATUS", "NODES", "INSTANCE", "$/H",
@@ -590,5 +588,5 @@ def test_status_shows_the_launch_price_and_the_cost_so_far_from_the_ledger(
     assert srow[5:8] == ["2.00", "4.00", "$8.00"]
     nrow = next(ln.split() for ln in lines if ln.startswith("n "))
     assert nrow[4:7] == ["-", "-", "-"] and "unknown" in nrow
-    r = CliRunner().invoke(cli, ["status", "s", "--json"], env=env)
+    r = CliRunner().invoke(cli, ["status", "s", "--json"], env=env, obj=fake_clouds)
     assert [c["name"] for c in json.loads(r.stdout)] == ["s"]

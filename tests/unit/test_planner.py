@@ -408,12 +408,7 @@ def clouds(bare_home: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no
     # "not installed" path is tested too (our own registry's listing, not an SDK, is patched).
     real_names = registry.names
     monkeypatch.setattr(registry, "names", lambda: [n for n in real_names() if n != "azure"])
-    fakes = {"aws": FakeCloud("aws"), "gcp": FakeCloud("gcp")}
-    for n, f in fakes.items():
-        registry.register_instance(n, f)  # type: ignore[arg-type]
-    yield fakes
-    for n in fakes:
-        registry.unregister_instance(n)
+    return {"aws": FakeCloud("aws"), "gcp": FakeCloud("gcp")}   # handed in through _env
 
 
 def test_credentials_from_env_and_standard_files(bare_home: Path,
@@ -502,14 +497,14 @@ def test_auto_pick_takes_the_cheapest_cloud_with_credentials(
     assert task.resources.provider is None   # the original is untouched
 
 
-def _env(tmp_path: Path):  # type: ignore[no-untyped-def]
+def _env(tmp_path: Path, providers: dict[str, FakeCloud]):  # type: ignore[no-untyped-def]
     from cloudtrain.context import Env
     from cloudtrain.state import open_state
     from cloudtrain.ui import UI
 
     home = tmp_path / "cthome"
     home.mkdir()
-    return Env(home, open_state(home), UI(quiet=True))
+    return Env(home, open_state(home), UI(quiet=True), providers)  # type: ignore[arg-type]
 
 
 def test_up_plan_and_failover_walk_the_ranked_list(clouds: dict[str, FakeCloud], tmp_path: Path,
@@ -521,7 +516,7 @@ def test_up_plan_and_failover_walk_the_ranked_list(clouds: dict[str, FakeCloud],
     adc = Path(str(tmp_path / "userhome")) / ".config" / "gcloud" / "application_default_credentials.json"
     adc.parent.mkdir(parents=True)
     adc.write_text("{}")
-    env = _env(tmp_path)
+    env = _env(tmp_path, clouds)
     task = parse_task("name: job\nnum_nodes: 2\nresources: {accelerators: A100:8}\nrun: x\n")
 
     p = plan(env, task, "job", offers=OFFERS)
@@ -554,7 +549,7 @@ def test_failover_stops_at_the_end_of_the_list(clouds: dict[str, FakeCloud], tmp
 
     monkeypatch.setenv("AWS_PROFILE", "p")
     clouds["aws"].fail_with = CapacityError("none left")
-    env = _env(tmp_path)
+    env = _env(tmp_path, clouds)
     task = parse_task("name: job\nresources: {accelerators: A100:8, region: us-east-1}\nrun: x\n")
     with pytest.raises(CapacityError):
         provision(env, task, "job", planned=plan(env, task, "job", offers=OFFERS))
@@ -592,7 +587,7 @@ def test_a_named_cloud_without_region_gets_its_cheapest_region(clouds: dict[str,
     from cloudtrain.pipeline.plan import plan
 
     # aws is named: its own check speaks for credentials (none here); the planner picks the region
-    env = _env(tmp_path)
+    env = _env(tmp_path, clouds)
     task = parse_task("name: job\nresources: {provider: aws, accelerators: A100:8}\nrun: x\n")
     assert planner.needs_pick(task)
     p = plan(env, task, "job", offers=OFFERS)
