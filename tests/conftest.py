@@ -150,7 +150,6 @@ def aws(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Any]:
 @pytest.fixture
 def gcp(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Any]:
     pytest.importorskip("google.cloud.compute_v1")
-    from cloudtrain.provider import registry
     from gce_fake import GCEFake, Harness, hermetic_env
 
     hermetic_env(monkeypatch, tmp_path)
@@ -160,4 +159,3 @@ def gcp(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Any]:
         yield Harness(fake, tmp_path / "home")
         # nothing tried to leave loopback (google-auth's own boundary lookup aside)
         assert not [h for h in fake.outside if not h.startswith("iamcredentials.")], fake.outside
-        registry.unregister_instance("gcp")

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
 
-from cloudtrain.provider import registry
 from cloudtrain.ownership import home_id
 
 OWNER = "alice@laptop.example"
@@ -22,10 +22,10 @@ def _owner(home: Path) -> str:
     return f"{OWNER}/home-{home_id(home)}"
 
 
-def _gc(*args: str):  # type: ignore[no-untyped-def]
+def _gc(providers: dict[str, Any], *args: str):  # type: ignore[no-untyped-def]
     from cloudtrain.commands.main import cli
 
-    return CliRunner().invoke(cli, ["gc", *args])
+    return CliRunner().invoke(cli, ["gc", *args], obj=providers)
 
 
 def _listed(out: str) -> list[dict]:  # type: ignore[type-arg]
@@ -42,7 +42,6 @@ def gce(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):  # type: ignore[no-unt
     with GCEFake() as fake:
         fake.guard_env(monkeypatch)
         yield fake
-        registry.unregister_instance("gcp")
 
 
 def test_gcp_gc_in_one_home_leaves_another_homes_running_cluster_alone(
@@ -57,8 +56,8 @@ def test_gcp_gc_in_one_home_leaves_another_homes_running_cluster_alone(
     a.up(a.request(name="legacy"), legacy)
 
     monkeypatch.setenv("CLOUDTRAIN_HOME", str(a.home))
-    registry.register_instance("gcp", a.provider(owner=_owner(a.home)))
-    r = _gc("--provider", "gcp", "-y")
+    mine = {"gcp": a.provider(owner=_owner(a.home))}
+    r = _gc(mine, "--provider", "gcp", "-y")
     assert r.exit_code == 0, r.output
     instances = gce.ours()["instances"]
     assert len([i for i in instances if "ct-train-" in i]) == 2
@@ -67,7 +66,7 @@ def test_gcp_gc_in_one_home_leaves_another_homes_running_cluster_alone(
     assert "older cloudtrain without a home id" in r.output
     assert "cloudtrain gc --provider gcp --force -y" in r.output
 
-    r = _gc("--provider", "gcp", "--force", "-y", "--json")
+    r = _gc(mine, "--provider", "gcp", "--force", "-y", "--json")
     assert r.exit_code == 0, r.output
     assert {x["cluster"] for x in _listed(r.stdout) if x["removed"]} == {"old"}
     instances = gce.ours()["instances"]
@@ -96,7 +95,6 @@ def arm(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):  # type: ignore[no-unt
     try:
         yield fake
     finally:
-        registry.unregister_instance("azure")
         fake.stop()
 
 
@@ -113,13 +111,13 @@ def test_azure_gc_in_one_home_leaves_another_homes_running_cluster_alone(
                     if str(r.get("type", "")).lower() == "microsoft.compute/virtualmachines"])
 
     monkeypatch.setenv("CLOUDTRAIN_HOME", str(a.home))
-    registry.register_instance("azure", a.provider(owner=_owner(a.home)))
-    r = _gc("--provider", "azure", "-y")
+    mine = {"azure": a.provider(owner=_owner(a.home))}
+    r = _gc(mine, "--provider", "azure", "-y")
     assert r.exit_code == 0, r.output
     assert vms("train") == 1 and vms("old") == 1
     assert "another home's, left alone" in r.output
     assert "cloudtrain gc --provider azure --force -y" in r.output
 
-    r = _gc("--provider", "azure", "--force", "-y")
+    r = _gc(mine, "--provider", "azure", "--force", "-y")
     assert r.exit_code == 0, r.output
     assert vms("old") == 0 and vms("train") == 1

@@ -20,6 +20,7 @@ import os
 import shutil
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -235,16 +236,18 @@ class Homes:
         self.a = Harness(base / "home-a")
         self.b = Harness(base / "home-b", clients=self.a.clients)
         self.b.faults = self.a.faults
+        self.providers: dict[str, Any] = {}
+        """What the commands run in-process are handed (the home in use's provider)."""
 
     def use(self, h: Harness) -> Harness:
         """Commands from now on run in ``h``'s home (a new process: a new provider)."""
         self.mp.setenv("CLOUDTRAIN_HOME", str(h.home))
-        registry.register_instance("aws", h.provider())
+        self.providers = {"aws": h.provider()}
         return h
 
     def up(self, h: Harness, name: str, n: int = 1) -> None:
         self.use(h)
-        provision(open_env(UI(quiet=True)), parse_task(AWS_TASK.format(name=name, n=n)), name)
+        provision(open_env(UI(quiet=True), self.providers), parse_task(AWS_TASK.format(name=name, n=n)), name)
 
     def running(self, cluster: str) -> int:
         return len([i for i in self.a.tagged(cluster=cluster)["instances"]
@@ -259,20 +262,19 @@ def homes(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):  # type: ignore[no-u
     with mock_aws():
         add_images_to_moto(REGION)
         yield Homes(monkeypatch, tmp_path)
-        registry.unregister_instance("aws")
 
 
-def _invoke(*args: str):  # type: ignore[no-untyped-def]
+def _invoke(homes: Homes, *args: str):  # type: ignore[no-untyped-def]
     from cloudtrain.commands.main import cli
 
-    return CliRunner().invoke(cli, list(args))
+    return CliRunner().invoke(cli, list(args), obj=homes.providers)
 
 
 def test_down_star_on_aws_is_refused_and_both_clusters_keep_running(homes: Homes) -> None:
     homes.up(homes.a, "one")
     homes.up(homes.a, "two")
     homes.use(homes.a)
-    r = _invoke("down", "*", "--provider", "aws", "-y")
+    r = _invoke(homes, "down", "*", "--provider", "aws", "-y")
     assert r.exit_code == 2, r.output
     assert RULE_WORDS in r.output
     assert homes.running("one") == 1 and homes.running("two") == 1
@@ -307,7 +309,7 @@ def test_gc_in_one_home_leaves_another_homes_running_cluster_alone(homes: Homes)
     legacy.create_nodes(req, legacy.ensure_network(req))
 
     homes.use(homes.a)
-    r = _invoke("gc", "--provider", "aws", "-y")
+    r = _invoke(homes, "gc", "--provider", "aws", "-y")
     assert r.exit_code == 0, r.output
     assert homes.running("train") == 2
     assert "another home's, left alone" in r.output and "train" in r.output
@@ -316,7 +318,7 @@ def test_gc_in_one_home_leaves_another_homes_running_cluster_alone(homes: Homes)
     assert homes.running("old") == 1
     assert "cloudtrain gc --provider aws --force -y" in r.output
 
-    r = _invoke("gc", "--provider", "aws", "--force", "-y", "--json")
+    r = _invoke(homes, "gc", "--provider", "aws", "--force", "-y", "--json")
     assert r.exit_code == 0, r.output
     listed = json.loads(r.stdout[r.stdout.index("["):])
     assert {x["cluster"] for x in listed if x["removed"]} == {"old"}
@@ -324,7 +326,7 @@ def test_gc_in_one_home_leaves_another_homes_running_cluster_alone(homes: Homes)
     assert homes.running("old") == 0
     assert homes.running("train") == 2 and homes.running("legacy") == 1
 
-    r = _invoke("gc", "--provider", "aws", "--any-owner", "--json")   # the explicit widening
+    r = _invoke(homes, "gc", "--provider", "aws", "--any-owner", "--json")   # the explicit widening
     assert {x["cluster"] for x in json.loads(r.stdout[r.stdout.index("["):])} >= \
         {"train", "legacy"}
 
@@ -345,7 +347,7 @@ def test_a_cluster_made_before_home_ids_is_still_found_by_down(homes: Homes) -> 
     data.pop(RECORD_MARK)
     rec.write_text(json.dumps(data))
     homes.use(homes.a)
-    r = _invoke("down", "before", "-y")
+    r = _invoke(homes, "down", "before", "-y")
     assert r.exit_code == 0, r.output
     assert homes.running("before") == 0
 
@@ -361,7 +363,7 @@ def test_gc_without_provider_looks_at_every_cloud_and_names_those_skipped(
     homes.up(homes.a, "old")
     homes.use(homes.a)
     open_env(UI(quiet=True)).state.delete_cluster("old")
-    r = _invoke("gc")
+    r = _invoke(homes, "gc")
     assert r.exit_code == 0, r.output
     for cloud in ("azure", "gcp"):
         if cloud in registry.names():

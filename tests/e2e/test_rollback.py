@@ -7,7 +7,6 @@ from typing import ClassVar
 
 import pytest
 
-from cloudtrain.provider import registry
 from cloudtrain.context import open_env
 from cloudtrain.pipeline.provision import provision
 from cloudtrain.errors import CapacityError
@@ -52,16 +51,13 @@ class HalfBuilt:
 
 
 @pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):  # type: ignore[no-untyped-def]
+def fake(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> HalfBuilt:
     monkeypatch.setenv("CLOUDTRAIN_HOME", str(tmp_path))
-    p = HalfBuilt()
-    registry.register_instance("local", p)  # type: ignore[arg-type]
-    yield p
-    registry.unregister_instance("local")
+    return HalfBuilt()
 
 
 def test_failed_new_cluster_is_rolled_back(fake: HalfBuilt) -> None:
-    env = open_env(UI(quiet=True))
+    env = open_env(UI(quiet=True), {"local": fake})
     task = parse_task("name: rb\nnum_nodes: 2\nrun: 'true'\n")
     with pytest.raises(CapacityError):
         provision(env, task, "rb")
@@ -73,7 +69,7 @@ def test_failed_new_cluster_is_rolled_back(fake: HalfBuilt) -> None:
 
 
 def test_keep_on_failure_keeps_what_was_built(fake: HalfBuilt) -> None:
-    env = open_env(UI(quiet=True))
+    env = open_env(UI(quiet=True), {"local": fake})
     task = parse_task("name: rb\nnum_nodes: 2\nrun: 'true'\n")
     with pytest.raises(CapacityError):
         provision(env, task, "rb", keep_on_failure=True)
@@ -109,13 +105,9 @@ def test_up_json_reports_every_attempt_and_the_error_when_up_fails(
 
     monkeypatch.setenv("CLOUDTRAIN_HOME", str(tmp_path))
     p = WithAttempts()
-    registry.register_instance("local", p)  # type: ignore[arg-type]
-    try:
-        task = tmp_path / "t.yaml"
-        task.write_text("name: att\nnum_nodes: 2\nrun: 'true'\n")
-        r = CliRunner().invoke(cli, ["up", str(task), "-y", "--json"])
-    finally:
-        registry.unregister_instance("local")
+    task = tmp_path / "t.yaml"
+    task.write_text("name: att\nnum_nodes: 2\nrun: 'true'\n")
+    r = CliRunner().invoke(cli, ["up", str(task), "-y", "--json"], obj={"local": p})
     assert r.exit_code != 0
     doc = json.loads(r.stdout[r.stdout.index("{"):r.stdout.rindex("}") + 1])
     assert doc["ok"] is False and "no capacity" in doc["error"]

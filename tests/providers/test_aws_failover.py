@@ -12,7 +12,6 @@ import pytest
 pytest.importorskip("moto")
 pytest.importorskip("boto3")
 
-from cloudtrain.provider import registry  # noqa: E402
 from cloudtrain.catalog.model import Offer  # noqa: E402
 from cloudtrain.context import open_env  # noqa: E402
 from cloudtrain.pipeline.provision import provision  # noqa: E402
@@ -164,16 +163,12 @@ def test_node_ending_while_starting_is_capacity(aws: Harness) -> None:
 def test_nothing_in_any_zone_gives_up_with_every_attempt_and_leaves_nothing(aws: Harness) -> None:
     """Through the core: the region is given, every zone is out of capacity."""
     aws.faults.fail("RunInstances", CAPACITY)
-    registry.register_instance("aws", _provider(aws))
-    try:
-        env = open_env(UI(quiet=True))
-        task = parse_task("name: demo\nnum_nodes: 2\nrun: echo hi\nresources:\n  provider: aws\n"
-                          "  region: us-east-1\n  accelerators: A100:8\n"
-                          "  aws: {host_key_wait: 0}\n")
-        with pytest.raises(CapacityError) as e:
-            provision(env, task, "demo")
-    finally:
-        registry.unregister_instance("aws")
+    env = open_env(UI(quiet=True), {"aws": _provider(aws)})
+    task = parse_task("name: demo\nnum_nodes: 2\nrun: echo hi\nresources:\n  provider: aws\n"
+                      "  region: us-east-1\n  accelerators: A100:8\n"
+                      "  aws: {host_key_wait: 0}\n")
+    with pytest.raises(CapacityError) as e:
+        provision(env, task, "demo")
     msg = e.value.message
     assert "after 4 attempt(s)" in msg
     for zone in ("us-east-1a", "us-east-1b", "us-east-1c", "us-east-1d"):

@@ -14,7 +14,6 @@ import pytest
 pytest.importorskip("moto")
 pytest.importorskip("boto3")
 
-from cloudtrain.provider import registry  # noqa: E402
 from cloudtrain.catalog.model import Offer  # noqa: E402
 from cloudtrain.errors import UserError  # noqa: E402
 from cloudtrain_provisioners.aws import tags as T  # noqa: E402
@@ -233,36 +232,32 @@ def test_second_up_adopts_and_never_double_creates(aws: Harness, monkeypatch: py
     from cloudtrain.ui import UI
 
     monkeypatch.setenv("CLOUDTRAIN_HOME", str(aws.home))
-    registry.register_instance("aws", aws.provider())
-    try:
-        task = parse_task("name: demo\nnum_nodes: 2\nrun: echo hi\nresources:\n  provider: aws\n"
-                          "  region: us-east-1\n  accelerators: A100:8\n  aws: {host_key_wait: 0}\n")
-        env = open_env(UI(quiet=True))
-        h1, fresh1 = provision(env, task, "demo")
-        first = [n.instance_id for n in h1.nodes]
-        assert fresh1 and len(first) == 2
-        # a new process: state says UP, the provider confirms, nothing is called to create
-        registry.register_instance("aws", aws.provider())
-        aws.faults.calls.clear()
-        h2, fresh2 = provision(env, task, "demo")
-        assert not fresh2 and [n.instance_id for n in h2.nodes] == first
-        assert not [o for _, o, _ in aws.faults.calls if o.startswith(("Run", "Create", "Import"))]
-        # state lost: the provider finds the nodes again by tag and adopts them
-        env.state.delete_cluster("demo")
-        h3, _ = provision(env, task, "demo")
-        assert [n.instance_id for n in h3.nodes] == first
-        assert aws.counts() == {"instances": 2, "security_groups": 1, "key_pairs": 1,
-                                "placement_groups": 1, "volumes": 2}
-        # one node gone: only that rank is launched again, in the cluster's zone
-        aws.clients.raw(REGION).terminate_instances(InstanceIds=[first[1]])
-        registry.register_instance("aws", aws.provider())
-        h4, _ = provision(env, task, "demo")
-        ids = [n.instance_id for n in h4.nodes]
-        assert ids[0] == first[0] and ids[1] != first[1]
-        assert len(aws.tagged()["instances"]) == 2
-        assert {i["Placement"]["AvailabilityZone"] for i in aws.tagged()["instances"]} == {"us-east-1a"}
-    finally:
-        registry.unregister_instance("aws")
+    task = parse_task("name: demo\nnum_nodes: 2\nrun: echo hi\nresources:\n  provider: aws\n"
+                      "  region: us-east-1\n  accelerators: A100:8\n  aws: {host_key_wait: 0}\n")
+    env = open_env(UI(quiet=True), {"aws": aws.provider()})
+    h1, fresh1 = provision(env, task, "demo")
+    first = [n.instance_id for n in h1.nodes]
+    assert fresh1 and len(first) == 2
+    # a new process: state says UP, the provider confirms, nothing is called to create
+    env.providers = {"aws": aws.provider()}
+    aws.faults.calls.clear()
+    h2, fresh2 = provision(env, task, "demo")
+    assert not fresh2 and [n.instance_id for n in h2.nodes] == first
+    assert not [o for _, o, _ in aws.faults.calls if o.startswith(("Run", "Create", "Import"))]
+    # state lost: the provider finds the nodes again by tag and adopts them
+    env.state.delete_cluster("demo")
+    h3, _ = provision(env, task, "demo")
+    assert [n.instance_id for n in h3.nodes] == first
+    assert aws.counts() == {"instances": 2, "security_groups": 1, "key_pairs": 1,
+                            "placement_groups": 1, "volumes": 2}
+    # one node gone: only that rank is launched again, in the cluster's zone
+    aws.clients.raw(REGION).terminate_instances(InstanceIds=[first[1]])
+    env.providers = {"aws": aws.provider()}
+    h4, _ = provision(env, task, "demo")
+    ids = [n.instance_id for n in h4.nodes]
+    assert ids[0] == first[0] and ids[1] != first[1]
+    assert len(aws.tagged()["instances"]) == 2
+    assert {i["Placement"]["AvailabilityZone"] for i in aws.tagged()["instances"]} == {"us-east-1a"}
 
 
 def test_host_keys_read_from_the_console_are_pinned(aws: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -275,14 +270,10 @@ def test_host_keys_read_from_the_console_are_pinned(aws: Harness, monkeypatch: p
     # the instance ids are unknown before launch: answer every console request with the keys
     monkeypatch.setattr(aws.faults, "console", _Every(host_key_console([key])))
     monkeypatch.setenv("CLOUDTRAIN_HOME", str(aws.home))
-    registry.register_instance("aws", aws.provider())
-    try:
-        task = parse_task("name: demo\nrun: echo hi\nresources:\n  provider: aws\n"
-                          "  region: us-east-1\n  accelerators: A100:8\n"
-                          "  aws: {host_key_wait: 5, inject_host_key: false}\n")
-        handle, _ = provision(open_env(UI(quiet=True)), task, "demo")
-    finally:
-        registry.unregister_instance("aws")
+    task = parse_task("name: demo\nrun: echo hi\nresources:\n  provider: aws\n"
+                      "  region: us-east-1\n  accelerators: A100:8\n"
+                      "  aws: {host_key_wait: 5, inject_host_key: false}\n")
+    handle, _ = provision(open_env(UI(quiet=True), {"aws": aws.provider()}), task, "demo")
     assert aws.sleeps == []     # found on the first look: no waiting
     node = handle.nodes[0]
     assert handle.learn == frozenset()   # nothing is learned on first contact: it is pinned

@@ -15,8 +15,7 @@ pytest.importorskip("boto3")
 
 from click.testing import CliRunner  # noqa: E402
 
-from cloudtrain.provider import registry  # noqa: E402
-from cloudtrain.context import open_env  # noqa: E402
+from cloudtrain.context import Env, open_env  # noqa: E402
 from cloudtrain.pipeline.provision import provision  # noqa: E402
 from cloudtrain.pipeline.teardown import down  # noqa: E402
 from cloudtrain.errors import ProviderError  # noqa: E402
@@ -48,27 +47,29 @@ def aws(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):  # type: ignore[no-unt
     monkeypatch.setenv("CLOUDTRAIN_HOME", str(home))
     with mock_aws():
         add_images_to_moto(REGION)
-        h = Harness(home)
-        registry.register_instance("aws", h.provider())
-        yield h
-        registry.unregister_instance("aws")
+        yield Harness(home)
 
 
 def _task(name: str = "demo", n: int = 2):  # type: ignore[no-untyped-def]
     return parse_task(TASK.format(name=name, n=n))
 
 
-def _fresh(h: Harness) -> None:
+def _env(h: Harness) -> Env:
+    """This home's Env, the emulator's provider handed in."""
+    return open_env(UI(quiet=True), {"aws": h.provider()})
+
+
+def _fresh(h: Harness, env: Env) -> None:
     """A new process: a new provider instance (nothing cached in memory)."""
-    registry.register_instance("aws", h.provider())
+    env.providers = {"aws": h.provider()}
 
 
 def test_down_terminates_waits_then_deletes_network_keys_and_placement_group(aws: Harness) -> None:
-    env = open_env(UI(quiet=True))
+    env = _env(aws)
     provision(env, _task(), "demo")
     assert aws.counts() == {**EMPTY, "instances": 2, "security_groups": 1, "key_pairs": 1,
                             "placement_groups": 1, "volumes": 2}
-    _fresh(aws)
+    _fresh(aws, env)
     aws.faults.calls.clear()
     down(env, "demo")
     assert aws.counts() == EMPTY
@@ -85,10 +86,10 @@ def test_down_terminates_waits_then_deletes_network_keys_and_placement_group(aws
 
 
 def test_security_group_deletion_is_retried_while_interfaces_detach(aws: Harness) -> None:
-    env = open_env(UI(quiet=True))
+    env = _env(aws)
     provision(env, _task(), "demo")
     aws.faults.fail("DeleteSecurityGroup", "DependencyViolation", times=3)
-    _fresh(aws)
+    _fresh(aws, env)
     down(env, "demo")
     assert aws.counts() == EMPTY
     assert len(aws.faults.ops("DeleteSecurityGroup")) == 4
@@ -96,12 +97,12 @@ def test_security_group_deletion_is_retried_while_interfaces_detach(aws: Harness
 
 
 def test_down_with_no_local_state_finds_everything_by_tag(aws: Harness) -> None:
-    env = open_env(UI(quiet=True))
+    env = _env(aws)
     provision(env, _task(), "demo")
     # the state row and the cluster's folder (keys, aws.json) are gone
     env.state.delete_cluster("demo")
     shutil.rmtree(aws.home / "clusters" / "demo")
-    _fresh(aws)
+    _fresh(aws, env)
     down(env, "demo", provider_name="aws")
     assert aws.counts() == EMPTY
     # with no hint of where it ran, every enabled region was searched
@@ -109,13 +110,13 @@ def test_down_with_no_local_state_finds_everything_by_tag(aws: Harness) -> None:
 
 
 def test_down_twice_in_a_row(aws: Harness) -> None:
-    env = open_env(UI(quiet=True))
+    env = _env(aws)
     provision(env, _task(), "demo")
     p = aws.provider()
     p.terminate("demo")
     p.terminate("demo")
     assert aws.counts() == EMPTY
-    _fresh(aws)
+    _fresh(aws, env)
     down(env, "demo")                          # the state row still names it
     down(env, "demo", provider_name="aws")     # and once more, by tag only
     assert aws.counts() == EMPTY
@@ -143,7 +144,7 @@ STEPS = [
 @pytest.mark.parametrize("op,skip,when", STEPS, ids=[f"{o}-{s}" for o, s, _ in STEPS])
 def test_a_failure_at_any_step_of_up_leaves_nothing(aws: Harness, op: str, skip: int,
                                                     when) -> None:  # type: ignore[no-untyped-def]
-    env = open_env(UI(quiet=True))
+    env = _env(aws)
     aws.faults.fail(op, "InvalidParameterValue", skip=skip, times=1, when=when)
     with pytest.raises(ProviderError, match="InvalidParameterValue"):
         provision(env, _task(), "demo")
@@ -155,7 +156,7 @@ def test_a_failure_at_any_step_of_up_leaves_nothing(aws: Harness, op: str, skip:
 
 def test_interrupted_up_is_rolled_back(aws: Harness) -> None:
     """Ctrl-C while the second node is being launched."""
-    env = open_env(UI(quiet=True))
+    env = _env(aws)
     calls = []
 
     def interrupt(params: dict) -> bool:  # type: ignore[type-arg]
@@ -171,23 +172,23 @@ def test_interrupted_up_is_rolled_back(aws: Harness) -> None:
 
 
 def test_kept_half_built_cluster_is_removed_by_down(aws: Harness) -> None:
-    env = open_env(UI(quiet=True))
+    env = _env(aws)
     aws.faults.fail("RunInstances", "InvalidParameterValue", skip=1)
     with pytest.raises(ProviderError):
         provision(env, _task(), "demo", keep_on_failure=True)
     held = aws.counts()
     assert held["security_groups"] == 1 and held["key_pairs"] == 1
     aws.faults.clear()
-    _fresh(aws)
+    _fresh(aws, env)
     down(env, "demo")
     assert aws.counts() == EMPTY
 
 
 def test_teardown_that_cannot_finish_keeps_the_state_row(aws: Harness) -> None:
-    env = open_env(UI(quiet=True))
+    env = _env(aws)
     provision(env, _task(), "demo")
     aws.faults.fail("DeleteKeyPair", "InvalidParameterValue")
-    _fresh(aws)
+    _fresh(aws, env)
     with pytest.raises(ProviderError, match="teardown did not finish"):
         down(env, "demo")
     assert env.state.get_cluster("demo") is not None      # nothing forgotten locally
@@ -212,7 +213,7 @@ def _cli():  # type: ignore[no-untyped-def]
 
 
 def test_gc_lists_and_removes_only_what_no_live_cluster_owns(aws: Harness) -> None:
-    env = open_env(UI(quiet=True))
+    env = _env(aws)
     provision(env, _task("live"), "live")
     provision(env, _task("orphan", 1), "orphan")
     env.state.delete_cluster("orphan")              # e.g. its state was lost
@@ -220,10 +221,10 @@ def test_gc_lists_and_removes_only_what_no_live_cluster_owns(aws: Harness) -> No
     other = aws.provider(owner="bob@elsewhere")
     req = aws.request(name="bobs", num_nodes=1)
     other.create_nodes(req, other.ensure_network(req))
-    _fresh(aws)
+    _fresh(aws, env)
 
     runner = CliRunner()
-    r = runner.invoke(_cli(), ["gc", "--provider", "aws", "--json"])
+    r = runner.invoke(_cli(), ["gc", "--provider", "aws", "--json"], obj=env.providers)
     assert r.exit_code == 0, r.output
     listed = json.loads(r.stdout)
     assert {x["cluster"] for x in listed} == {"orphan"}
@@ -231,16 +232,18 @@ def test_gc_lists_and_removes_only_what_no_live_cluster_owns(aws: Harness) -> No
     assert not any(x["removed"] for x in listed)
     assert aws.counts(cluster="orphan")["instances"] == 1      # listing removes nothing
 
-    r = runner.invoke(_cli(), ["gc", "--provider", "aws", "--force", "-y", "--json"])
+    r = runner.invoke(_cli(), ["gc", "--provider", "aws", "--force", "-y", "--json"],
+                      obj=env.providers)
     assert r.exit_code == 0, r.output
     assert all(x["removed"] for x in json.loads(r.stdout))
     assert aws.counts(cluster="orphan") == EMPTY
     assert aws.counts(cluster="live")["instances"] == 2
     assert aws.counts(cluster="bobs")["instances"] == 1
 
-    r = runner.invoke(_cli(), ["gc", "--provider", "aws", "--any-owner", "--json"])
+    r = runner.invoke(_cli(), ["gc", "--provider", "aws", "--any-owner", "--json"],
+                      obj=env.providers)
     assert {x["cluster"] for x in json.loads(r.stdout)} == {"bobs"}
-    r = runner.invoke(_cli(), ["gc", "--provider", "aws"])
+    r = runner.invoke(_cli(), ["gc", "--provider", "aws"], obj=env.providers)
     assert "nothing to collect" in r.output
 
 

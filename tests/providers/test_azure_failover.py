@@ -13,7 +13,6 @@ pytest.importorskip("azure.mgmt.compute")
 
 from arm_fake import ArmFake, Harness, Req, hermetic_env  # noqa: E402
 
-from cloudtrain.provider import registry  # noqa: E402
 from cloudtrain.catalog.model import Offer  # noqa: E402
 from cloudtrain.context import open_env  # noqa: E402
 from cloudtrain.pipeline.provision import provision  # noqa: E402
@@ -172,15 +171,11 @@ def test_partial_launch_is_rolled_back_before_moving_on(az: Harness) -> None:
 def test_nothing_in_any_zone_gives_up_with_every_attempt_and_leaves_nothing(az: Harness) -> None:
     """Through the core: the region is given, every zone is out of capacity."""
     az.fake.fail("PUT", "virtualmachines", "ZonalAllocationFailed", mode="async", times=None)
-    registry.register_instance("azure", _provider(az))
-    try:
-        env = open_env(UI(quiet=True))
-        task = parse_task("name: demo\nnum_nodes: 2\nrun: echo hi\nresources:\n  provider: azure\n"
-                          "  region: eastus\n  accelerators: A100:8\n")
-        with pytest.raises(CapacityError) as e:
-            provision(env, task, "demo")
-    finally:
-        registry.unregister_instance("azure")
+    env = open_env(UI(quiet=True), {"azure": _provider(az)})
+    task = parse_task("name: demo\nnum_nodes: 2\nrun: echo hi\nresources:\n  provider: azure\n"
+                      "  region: eastus\n  accelerators: A100:8\n")
+    with pytest.raises(CapacityError) as e:
+        provision(env, task, "demo")
     msg = e.value.message
     assert "after 2 attempt(s)" in msg
     for zone in ("1", "2"):
@@ -195,14 +190,10 @@ def test_planner_fails_over_to_its_next_region(az: Harness) -> None:
     when it has no capacity, the cluster is rolled back and the next one is tried."""
     az.fake.fail("PUT", "virtualmachines", "AllocationFailed", mode="async", times=None,
                  when=_in("eastus"))
-    registry.register_instance("azure", az.provider())
-    try:
-        env = open_env(UI(quiet=True))
-        task = parse_task("name: demo\nnum_nodes: 1\nrun: echo hi\nresources:\n  provider: azure\n"
-                          "  accelerators: A100:8\n")
-        handle, _ = provision(env, task, "demo")
-    finally:
-        registry.unregister_instance("azure")
+    env = open_env(UI(quiet=True), {"azure": az.provider()})
+    task = parse_task("name: demo\nnum_nodes: 1\nrun: echo hi\nresources:\n  provider: azure\n"
+                      "  accelerators: A100:8\n")
+    handle, _ = provision(env, task, "demo")
     assert handle.row.region == "westus2"
     assert {r["location"] for r in az.fake.everything()} == {"westus2"}
     assert {loc for loc, _, _ in _vm_puts(az)} == {"eastus", "westus2"}

@@ -17,8 +17,7 @@ pytest.importorskip("azure.mgmt.compute")
 from arm_fake import ArmFake, Harness, hermetic_env  # noqa: E402
 from click.testing import CliRunner  # noqa: E402
 
-from cloudtrain.provider import registry  # noqa: E402
-from cloudtrain.context import open_env  # noqa: E402
+from cloudtrain.context import Env, open_env  # noqa: E402
 from cloudtrain.pipeline.provision import provision  # noqa: E402
 from cloudtrain.pipeline.teardown import down  # noqa: E402
 from cloudtrain.errors import ProviderError  # noqa: E402
@@ -42,12 +41,9 @@ def az(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):  # type: ignore[no-unty
     home = tmp_path / "home"
     monkeypatch.setenv("CLOUDTRAIN_HOME", str(home))
     fake = ArmFake(tmp_path / "arm").start()
-    h = Harness(fake, home)
-    registry.register_instance("azure", h.provider())
     try:
-        yield h
+        yield Harness(fake, home)
     finally:
-        registry.unregister_instance("azure")
         fake.stop()
 
 
@@ -55,9 +51,14 @@ def _task(name: str = "demo", n: int = 2):  # type: ignore[no-untyped-def]
     return parse_task(TASK.format(name=name, n=n))
 
 
-def _fresh(az: Harness, **kw: Any) -> None:
+def _env(az: Harness) -> Env:
+    """This home's Env, the fake's provider handed in."""
+    return open_env(UI(quiet=True), {"azure": az.provider()})
+
+
+def _fresh(az: Harness, env: Env, **kw: Any) -> None:
     """A new process: a new provider instance (nothing cached in memory)."""
-    registry.register_instance("azure", az.provider(**kw))
+    env.providers = {"azure": az.provider(**kw)}
 
 
 FULL = {"resourceGroups": 1, "networkSecurityGroups": 1, "virtualNetworks": 1,
@@ -65,10 +66,10 @@ FULL = {"resourceGroups": 1, "networkSecurityGroups": 1, "virtualNetworks": 1,
 
 
 def test_down_deletes_the_group_then_checks_each_resource_is_gone(az: Harness) -> None:
-    env = open_env(UI(quiet=True))
+    env = _env(az)
     provision(env, _task(), "demo")
     assert az.fake.counts() == FULL
-    _fresh(az)
+    _fresh(az, env)
     n = len(az.fake.requests)
     down(env, "demo")
     assert az.fake.everything() == [] and az.fake.tagged() == []
@@ -91,12 +92,12 @@ def test_down_deletes_the_group_then_checks_each_resource_is_gone(az: Harness) -
 
 
 def test_down_with_no_local_state_finds_everything_by_tag(az: Harness) -> None:
-    env = open_env(UI(quiet=True))
+    env = _env(az)
     provision(env, _task(), "demo")
     # the state row and the cluster's folder (keys, azure.json) are gone
     env.state.delete_cluster("demo")
     shutil.rmtree(az.home / "clusters" / "demo")
-    _fresh(az)
+    _fresh(az, env)
     down(env, "demo", provider_name="azure")
     assert az.fake.everything() == []
     listed = [r for r in az.fake.ops_of("GET", "resourcegroups") if not r.name]
@@ -106,37 +107,37 @@ def test_down_with_no_local_state_finds_everything_by_tag(az: Harness) -> None:
 
 def test_down_finds_the_group_by_tag_whatever_its_name(az: Harness) -> None:
     """The tags are the truth: a group of the cluster under another name is found too."""
-    env = open_env(UI(quiet=True))
+    env = _env(az)
     provision(env, _task(n=1), "demo")
     p = az.provider()
     with az.fake.lock:   # e.g. made by an older cloudtrain that named groups differently
         g = dict(az.fake.groups[p.group("demo").lower()])
         az.fake.groups["old-name"] = {**g, "name": "old-name",
                                       "id": g["id"].rsplit("/", 1)[0] + "/old-name"}
-    _fresh(az)
+    _fresh(az, env)
     down(env, "demo")
     assert az.fake.everything() == []
 
 
 def test_down_twice_in_a_row(az: Harness) -> None:
-    env = open_env(UI(quiet=True))
+    env = _env(az)
     provision(env, _task(), "demo")
     p = az.provider()
     p.terminate("demo")
     p.terminate("demo")
     assert az.fake.everything() == []
-    _fresh(az)
+    _fresh(az, env)
     down(env, "demo")                            # the state row still names it
     down(env, "demo", provider_name="azure")     # and once more, by tag only
     assert az.fake.everything() == []
 
 
 def test_another_owners_cluster_of_the_same_name_is_left_alone(az: Harness) -> None:
-    env = open_env(UI(quiet=True))
+    env = _env(az)
     provision(env, _task(n=1), "demo")
     bob = az.provider(owner="bob@elsewhere")
     az.up(az.request(num_nodes=1), bob)
-    _fresh(az)
+    _fresh(az, env)
     down(env, "demo")
     left = az.fake.tagged("demo")
     assert left and {r["tags"]["cloudtrain:owner"] for r in left} == {"bob@elsewhere"}
@@ -166,7 +167,7 @@ STEPS = [
                          ids=[f"{m}-{k}-{s}-{mo}" for m, k, s, mo in STEPS])
 def test_a_failure_at_any_step_of_up_leaves_nothing(az: Harness, method: str, kind: str,
                                                     skip: int, mode: str) -> None:
-    env = open_env(UI(quiet=True))
+    env = _env(az)
     fault = az.fake.fail(method, kind, "InvalidParameter", f"injected at {method} {kind}",
                          status=400, mode=mode, skip=skip,
                          when=lambda r: not (r.method == "GET" and r.kind == "virtualmachines"
@@ -191,7 +192,7 @@ def test_interrupted_up_is_rolled_back(az: Harness, monkeypatch: pytest.MonkeyPa
         return real(spec, rank, *a, **kw)
 
     monkeypatch.setattr(instances, "vm_body", interrupt)
-    env = open_env(UI(quiet=True))
+    env = _env(az)
     with pytest.raises(KeyboardInterrupt):
         provision(env, _task(), "demo")
     assert az.fake.everything() == []
@@ -199,7 +200,7 @@ def test_interrupted_up_is_rolled_back(az: Harness, monkeypatch: pytest.MonkeyPa
 
 
 def test_kept_half_built_cluster_is_removed_by_down(az: Harness) -> None:
-    env = open_env(UI(quiet=True))
+    env = _env(az)
     az.fake.fail("PUT", "virtualmachines", "InvalidParameter", status=400, skip=1)
     with pytest.raises(ProviderError):
         provision(env, _task(), "demo", keep_on_failure=True)
@@ -207,17 +208,17 @@ def test_kept_half_built_cluster_is_removed_by_down(az: Harness) -> None:
     assert held["resourceGroups"] == 1 and held["networkSecurityGroups"] == 1
     assert held.get("virtualMachines", 0) == 0    # the attempt's own VMs were given back
     az.fake.clear_faults()
-    _fresh(az)
+    _fresh(az, env)
     down(env, "demo")
     assert az.fake.everything() == []
 
 
 def test_teardown_that_cannot_finish_keeps_the_state_row(az: Harness) -> None:
-    env = open_env(UI(quiet=True))
+    env = _env(az)
     provision(env, _task(), "demo")
     az.fake.fail("DELETE", "resourcegroups", "ScopeLocked", "The scope is locked.",
                  mode="async")
-    _fresh(az)
+    _fresh(az, env)
     with pytest.raises(ProviderError, match="ScopeLocked"):
         down(env, "demo")
     assert env.state.get_cluster("demo") is not None      # nothing forgotten locally
@@ -227,11 +228,11 @@ def test_teardown_that_cannot_finish_keeps_the_state_row(az: Harness) -> None:
 
 
 def test_a_resource_that_outlives_its_group_is_reported(az: Harness) -> None:
-    env = open_env(UI(quiet=True))
+    env = _env(az)
     provision(env, _task(n=1), "demo")
     (disk,) = az.fake.of_type("disks")
     az.fake.sticky.add(disk["id"].lower())
-    _fresh(az)
+    _fresh(az, env)
     with pytest.raises(ProviderError, match="still lists.*disk demo-0-osdisk"):
         down(env, "demo")
     assert env.state.get_cluster("demo") is not None
@@ -246,7 +247,7 @@ def test_a_resource_that_outlives_its_group_is_reported(az: Harness) -> None:
 def test_launch_down_path_with_nothing_created_is_quiet(az: Harness) -> None:
     """``down --provider azure`` of a cluster that never existed finds nothing, calls no
     delete."""
-    env = open_env(UI(quiet=True))
+    env = _env(az)
     down(env, "never", provider_name="azure")
     assert az.fake.ops_of("DELETE", "resourcegroups") == []
 
@@ -254,7 +255,7 @@ def test_launch_down_path_with_nothing_created_is_quiet(az: Harness) -> None:
 # --- gc --------------------------------------------------------------------------------------------
 
 def test_gc_lists_and_removes_only_what_no_live_cluster_owns(az: Harness) -> None:
-    env = open_env(UI(quiet=True))
+    env = _env(az)
     provision(env, _task("live", 1), "live")
     provision(env, _task("orphan", 1), "orphan")
     env.state.delete_cluster("orphan")              # e.g. its state was lost
@@ -289,16 +290,17 @@ def test_gc_through_the_cli(az: Harness) -> None:
     if "gc" not in cli.commands:
         group = click.Group(name="cloudtrain", commands=dict(cli.commands))
         cmd_gc.register(group)
-    env = open_env(UI(quiet=True))
+    env = _env(az)
     provision(env, _task("orphan", 1), "orphan")
     env.state.delete_cluster("orphan")
-    _fresh(az)
+    _fresh(az, env)
     runner = CliRunner()
-    r = runner.invoke(group, ["gc", "--provider", "azure", "--json"])
+    r = runner.invoke(group, ["gc", "--provider", "azure", "--json"], obj=env.providers)
     assert r.exit_code == 0, r.output
     listed = json.loads(r.stdout)
     assert {x["cluster"] for x in listed} == {"orphan"} and not any(x["removed"] for x in listed)
-    r = runner.invoke(group, ["gc", "--provider", "azure", "--force", "-y", "--json"])
+    r = runner.invoke(group, ["gc", "--provider", "azure", "--force", "-y", "--json"],
+                      obj=env.providers)
     assert r.exit_code == 0, r.output
     assert all(x["removed"] for x in json.loads(r.stdout))
     assert az.fake.everything() == []
@@ -313,7 +315,7 @@ def test_up_dry_run_shows_the_plan_and_creates_nothing(az: Harness, tmp_path: Pa
     task.write_text(TASK.format(name="demo", n=2).replace(
         "  accelerators: A100:8\n", "  accelerators: A100:8\n  ports: [8888]\n"
                                     "  ssh_cidr: 198.51.100.0/24\n  use_spot: true\n"))
-    r = CliRunner().invoke(cli, ["up", str(task), "--dry-run"])
+    r = CliRunner().invoke(cli, ["up", str(task), "--dry-run"], obj={"azure": az.provider()})
     assert r.exit_code == 0, r.output
     out = r.output
     assert "dry run: nothing is created" in out

@@ -19,7 +19,6 @@ from click.testing import CliRunner  # noqa: E402
 
 from cloudtrain.context import open_env  # noqa: E402
 from cloudtrain.pipeline.provision import provision  # noqa: E402
-from cloudtrain.provider import registry  # noqa: E402
 from cloudtrain.spec import parse_task  # noqa: E402
 from cloudtrain.ui import UI  # noqa: E402
 from aws_moto import (MOTO_ACCOUNT, Harness, add_images_to_moto, guest_shutdown,  # noqa: E402
@@ -46,16 +45,13 @@ def aws(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):  # type: ignore[no-unt
     monkeypatch.setenv("CLOUDTRAIN_HOME", str(tmp_path / "home"))
     with mock_aws():
         add_images_to_moto(REGION)
-        h = Harness(tmp_path / "home")
-        registry.register_instance("aws", h.provider())
-        yield h
-        registry.unregister_instance("aws")
+        yield Harness(tmp_path / "home")
 
 
-def _report(*args: str) -> dict[str, dict]:  # type: ignore[type-arg]
+def _report(aws: Harness, *args: str) -> dict[str, dict]:  # type: ignore[type-arg]
     from cloudtrain.commands.main import cli
 
-    r = CliRunner().invoke(cli, ["cost-report", "--json", *args])
+    r = CliRunner().invoke(cli, ["cost-report", "--json", *args], obj={"aws": aws.provider()})
     assert r.exit_code == 0, r.output
     return {c["name"]: c for c in json.loads(r.stdout)["clusters"]}
 
@@ -67,7 +63,7 @@ def _ts(iso: str) -> float:
 def test_cost_report_counts_a_self_stopped_cluster_up_to_its_stop(aws: Harness) -> None:
     from moto.ec2.models import ec2_backends
 
-    env = open_env(UI(quiet=True))
+    env = open_env(UI(quiet=True), {"aws": aws.provider()})
     for name in ("gone", "live"):
         provision(env, parse_task(TASK.format(name=name)), name)
     nodes = aws.provider().list_nodes("gone")
@@ -76,13 +72,13 @@ def test_cost_report_counts_a_self_stopped_cluster_up_to_its_stop(aws: Harness) 
     stopped = time.time()
     guest_shutdown(ec2_backends[MOTO_ACCOUNT][REGION], [n.instance_id for n in nodes], "idle")
     time.sleep(2.5)                   # the report comes later than the nodes stopped
-    registry.register_instance("aws", aws.provider())     # a new process: nothing cached
+    # each report below is handed a new provider, as a new process: nothing cached
 
-    offline = _report("--offline")    # no provider asked: both still "running", unconfirmed
+    offline = _report(aws, "--offline")    # no provider asked: both still "running", unconfirmed
     assert {k: (c["status"], c["confirmed"]) for k, c in offline.items()} == {
         "gone": ("running", False), "live": ("running", False)}
 
-    rep = _report()
+    rep = _report(aws)
     gone, live = rep["gone"], rep["live"]
     assert (gone["status"], gone["end_reason"], gone["confirmed"]) == ("terminated", "idle", True)
     assert abs(_ts(gone["ended_at"]) - stopped) < 1.5, (gone, stopped)

@@ -12,7 +12,6 @@ import pytest
 
 pytest.importorskip("google.cloud.compute_v1")
 
-from cloudtrain.provider import registry  # noqa: E402
 from cloudtrain.context import open_env  # noqa: E402
 from cloudtrain.pipeline.provision import provision  # noqa: E402
 from cloudtrain.errors import AuthError, CapacityError, QuotaError, TransientError  # noqa: E402
@@ -132,8 +131,7 @@ def test_zone_without_the_machine_or_gpu_is_skipped(gcp: Harness) -> None:
 
 def test_nothing_anywhere_gives_up_with_every_attempt_and_leaves_nothing(gcp: Harness) -> None:
     gcp.fake.fail_operation(EXHAUSTED)
-    registry.register_instance("gcp", gcp.provider())
-    env = open_env(UI(quiet=True))
+    env = open_env(UI(quiet=True), {"gcp": gcp.provider()})
     task = parse_task("name: demo\nnum_nodes: 2\nrun: echo hi\nresources:\n  provider: gcp\n"
                       "  region: us-central1\n  accelerators: T4:1\n")
     with pytest.raises(CapacityError) as e:
@@ -149,8 +147,7 @@ def test_planner_failover_across_regions_through_up(gcp: Harness,
     """A task with a cloud but no region: the planner ranks the regions; up fails over
     down that list (rolling back each one) when a region has no capacity or quota."""
     gcp.fake.fail_operation("QUOTA_EXCEEDED", region="us-central1")
-    registry.register_instance("gcp", gcp.provider())
-    env = open_env(UI(quiet=True))
+    env = open_env(UI(quiet=True), {"gcp": gcp.provider()})
     task = parse_task("name: demo\nnum_nodes: 2\nrun: echo hi\nresources:\n  provider: gcp\n"
                       "  accelerators: T4:1\n")
     monkeypatch.setattr("cloudtrain.planner.catalog_offers", lambda home: fake_offers())

@@ -13,7 +13,6 @@ pytest.importorskip("google.cloud.compute_v1")
 
 from click.testing import CliRunner  # noqa: E402
 
-from cloudtrain.provider import registry  # noqa: E402
 from cloudtrain_provisioners.gcp import tags as L  # noqa: E402
 from gce_fake import TEST_CALLER_IP, GCEFake, Harness, fake_offers, hermetic_env  # noqa: E402
 
@@ -28,7 +27,6 @@ def gcp(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):  # type: ignore[no-unt
         yield Harness(fake, tmp_path / "home")
         # nothing tried to leave loopback (google-auth's own boundary lookup aside)
         assert not [h for h in fake.outside if not h.startswith("iamcredentials.")], fake.outside
-        registry.unregister_instance("gcp")
 
 
 def _base(name: str = "demo", owner: str = "alice@laptop.example") -> str:
@@ -71,18 +69,17 @@ def _task(tmp: Path, body: str) -> Path:
     return f
 
 
-def _cli(*args: str) -> tuple[int, str]:
+def _cli(gcp: Harness, *args: str) -> tuple[int, str]:
     from cloudtrain.commands.main import cli
 
-    r = CliRunner().invoke(cli, list(args), catch_exceptions=False)
+    r = CliRunner().invoke(cli, list(args), catch_exceptions=False, obj={"gcp": gcp.provider()})
     return r.exit_code, r.output + (r.stderr if r.stderr_bytes is not None else "")
 
 
 def test_up_dry_run_through_the_cli_creates_nothing(gcp: Harness, tmp_path: Path) -> None:
-    registry.register_instance("gcp", gcp.provider())
     task = _task(tmp_path, "  region: us-central1\n  accelerators: T4:1\n  ports: [6006]\n"
                            "  ssh_cidr: 198.51.100.7/32\n")
-    code, out = _cli("up", str(task), "--dry-run")
+    code, out = _cli(gcp, "up", str(task), "--dry-run")
     assert code == 0, out
     assert "dry run: nothing is created" in out
     assert f"firewall rule {_base()}-ssh" in out and "tcp 22 from 198.51.100.7/32" in out
@@ -93,9 +90,8 @@ def test_up_dry_run_through_the_cli_creates_nothing(gcp: Harness, tmp_path: Path
 
 
 def test_up_dry_run_with_the_planner_shows_the_failover_order(gcp: Harness, tmp_path: Path) -> None:
-    registry.register_instance("gcp", gcp.provider())
     task = _task(tmp_path, "  accelerators: T4:1\n  use_spot: true\n  ssh_cidr: 198.51.100.7/32\n")
-    code, out = _cli("up", str(task), "--dry-run")
+    code, out = _cli(gcp, "up", str(task), "--dry-run")
     assert code == 0, out
     assert "us-central1" in out and "failover order" in out and "us-east1" in out
     assert "$0.25/h per node" in out
@@ -157,22 +153,23 @@ def test_gc_command_through_the_cli(gcp: Harness) -> None:
     from cloudtrain.spec import parse_task
     from cloudtrain.ui import UI
 
-    registry.register_instance("gcp", gcp.provider())
+    providers = {"gcp": gcp.provider()}
     # 'live' is a cluster this machine knows (in its state); the rest are not
-    provision(open_env(UI(quiet=True)), parse_task(
+    provision(open_env(UI(quiet=True), providers), parse_task(
         "name: live\nrun: echo hi\nresources:\n  provider: gcp\n  region: us-central1\n"
         "  accelerators: T4:1\n"), "live")
     gcp.up(gcp.request(name="old"))
     gcp.up(gcp.request(name="old"), gcp.provider(owner="bob@desktop"))
     shutil.rmtree(gcp.home / "clusters" / "old")
-    r = CliRunner().invoke(group, ["gc", "--provider", "gcp", "--json"], catch_exceptions=False)
+    r = CliRunner().invoke(group, ["gc", "--provider", "gcp", "--json"], catch_exceptions=False,
+                           obj=providers)
     assert r.exit_code == 0, r.output
     listed = json.loads(r.stdout[r.stdout.index("["):])
     assert {(x["kind"], x["cluster"], x["removed"]) for x in listed} == {
         ("instance", "old", False), ("firewall", "old", False), ("network", "old", False)}
     assert len(gcp.fake.ours()["instances"]) == 5         # listing removes nothing
     r = CliRunner().invoke(group, ["gc", "--provider", "gcp", "--force", "-y", "--json"],
-                           catch_exceptions=False)
+                           catch_exceptions=False, obj=providers)
     assert r.exit_code == 0, r.output
     listed = json.loads(r.stdout[r.stdout.index("["):])
     assert listed and all(x["removed"] for x in listed)

@@ -13,7 +13,6 @@ import pytest
 
 pytest.importorskip("google.cloud.compute_v1")
 
-from cloudtrain.provider import registry  # noqa: E402
 from cloudtrain.provider.addrmap import AddressMap  # noqa: E402
 from cloudtrain.context import open_env  # noqa: E402
 from cloudtrain.pipeline.provision import provision  # noqa: E402
@@ -38,7 +37,6 @@ def gcp(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):  # type: ignore[no-unt
         yield Harness(fake, tmp_path / "home")
         # nothing tried to leave loopback (google-auth's own boundary lookup aside)
         assert not [h for h in fake.outside if not h.startswith("iamcredentials.")], fake.outside
-        registry.unregister_instance("gcp")
 
 
 def _ops(h: Harness, start: int = 0) -> list[tuple[str, str]]:
@@ -84,8 +82,7 @@ def test_down_with_no_local_state_twice_in_a_row(gcp: Harness) -> None:
 def test_cluster_down_by_name_with_no_local_state(gcp: Harness) -> None:
     gcp.up(gcp.request())
     shutil.rmtree(gcp.home / "clusters")
-    registry.register_instance("gcp", gcp.provider())
-    env = open_env(UI(quiet=True))
+    env = open_env(UI(quiet=True), {"gcp": gcp.provider()})
     down(env, "demo", provider_name="gcp")
     assert gcp.fake.empty()
 
@@ -174,8 +171,7 @@ def test_a_failure_at_each_step_of_up_leaves_nothing(gcp: Harness, tmp_path: Pat
     inject, error, words = STEPS[step]
     inject(gcp.fake)
     kw = {"address_map": _no_map(tmp_path)} if step == "address map" else {}
-    registry.register_instance("gcp", gcp.provider(**kw))
-    env = open_env(UI(quiet=True))
+    env = open_env(UI(quiet=True), {"gcp": gcp.provider(**kw)})
     with pytest.raises(error) as e:
         provision(env, parse_task(TASK), "demo")
     assert words in str(e.value)

@@ -34,7 +34,7 @@ from conftest import DEMO, needs_sshd, needs_torch, processes_with, wait_until
 pytest.importorskip("moto")
 pytest.importorskip("google.cloud.compute_v1")
 
-from cloudtrain.provider import Node, SelfStops, registry  # noqa: E402
+from cloudtrain.provider import Node, SelfStops  # noqa: E402
 from cloudtrain.provider.addrmap import AddressMap  # noqa: E402
 from aws_moto import MOTO_ACCOUNT, Harness as AWSHarness, add_images_to_moto, guest_shutdown  # noqa: E402
 from aws_moto import hermetic_env as aws_env  # noqa: E402
@@ -56,7 +56,6 @@ def aws(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):  # type: ignore[no-unt
     with mock_aws():
         add_images_to_moto(REGION)
         yield AWSHarness(tmp_path / "home")
-    registry.unregister_instance("aws")
 
 
 @pytest.fixture
@@ -66,7 +65,6 @@ def gcp(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):  # type: ignore[no-unt
     with GCEFake(op_polls=1) as fake:
         fake.guard_env(monkeypatch)
         yield GCPHarness(fake, tmp_path / "home")
-    registry.unregister_instance("gcp")
 
 
 # --- AWS --------------------------------------------------------------------------------------
