@@ -195,3 +195,43 @@ def test_one_guard_and_one_click_context() -> None:
     assert [m for m, s in core.items() if "help_option_names" in s] == ["cloudtrain.commands.base"]
     assert [m for m, s in core.items() if "def _guard(" in s or "def guard(" in s] \
         == ["cloudtrain.commands.base"]
+
+
+MAX_PARAMETERS = 8
+MAX_FUNCTION_LINES = 80
+
+
+def _functions() -> list[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
+    """(path relative to the repo, function) for every function and method in cloudtrain/."""
+    out = []
+    for m, path in MODULES.items():
+        if m == "cloudtrain" or m.startswith("cloudtrain."):
+            rel = str(path.relative_to(REPO))
+            out += [(rel, node) for node in ast.walk(ast.parse(path.read_text()))
+                    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    return out
+
+
+def _parameters(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """Its parameters, ``*args`` and ``**kwargs`` included, a method's self/cls not."""
+    a = fn.args
+    named = [p.arg for p in a.posonlyargs + a.args + a.kwonlyargs]
+    if named and named[0] in ("self", "cls"):
+        named = named[1:]
+    return len(named) + (a.vararg is not None) + (a.kwarg is not None)
+
+
+def test_no_function_takes_over_8_parameters_or_runs_over_80_lines() -> None:
+    """A long parameter list asks for a typed request record; a long body for a cut at its
+    natural seams (docs/architecture.md)."""
+    funcs = _functions()
+    assert len(funcs) > 500, "the function finder found too few functions"
+    many = [f"{rel}:{fn.lineno} {fn.name}: {n} parameters" for rel, fn in funcs
+            if (n := _parameters(fn)) > MAX_PARAMETERS]
+    long = [f"{rel}:{fn.lineno} {fn.name}: {n} lines" for rel, fn in funcs
+            if (n := (fn.end_lineno or fn.lineno) - fn.lineno + 1) > MAX_FUNCTION_LINES]
+    for line in many + long:
+        print(line)
+    assert not many and not long, (
+        f"functions over {MAX_PARAMETERS} parameters: {'; '.join(many) or 'none'}. "
+        f"Functions over {MAX_FUNCTION_LINES} lines: {'; '.join(long) or 'none'}")
