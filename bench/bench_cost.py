@@ -72,7 +72,7 @@ def wall(cmd: list[str], env: dict[str, str], cwd: str, runs: int,
 def bench_planner(n: int, target_ms: float) -> tuple[str, list[tuple[str, float]]]:
     from cloudtrain import planner
     from cloudtrain.catalog.load import load_catalog
-    from cloudtrain.commands.cost import cost_document
+    from cloudtrain.commands.cost import Pick, cost_document
     from cloudtrain.memfit import MemoryEstimate
     from cloudtrain.spec import Resources, parse_task
 
@@ -115,7 +115,7 @@ def bench_planner(n: int, target_ms: float) -> tuple[str, list[tuple[str, float]
 
     def cost_in_process() -> object:
         result = planner.rank_task(task, offers)
-        return cost_document(task, result, 1.0, None, "", avail, cat, None, None)
+        return cost_document(task, result, 1.0, Pick(None, ""), avail, cat, None, None)
 
     ts = timed(cost_in_process, n)
     rows.append(ms_row("rank + cost --json document (any:8 x 2)", ts,
@@ -160,8 +160,8 @@ from cloudtrain.commands.cost import load_cost_task; task = load_cost_task(sys.a
 from cloudtrain.catalog.load import load_catalog; cat = load_catalog(None); t.append(time.perf_counter())
 from cloudtrain import planner; avail = planner.availability(); t.append(time.perf_counter())
 r = planner.rank_task(task, cat.offers); t.append(time.perf_counter())
-from cloudtrain.commands.cost import cost_document
-text = json.dumps(cost_document(task, r, 1.0, None, "", avail, cat, None, None), indent=2)
+from cloudtrain.commands.cost import Pick, cost_document
+text = json.dumps(cost_document(task, r, 1.0, Pick(None, ""), avail, cat, None, None), indent=2)
 t.append(time.perf_counter())
 print(" ".join(f"{b - a:.6f}" for a, b in zip(t, t[1:])))
 """
@@ -192,8 +192,9 @@ def bench_phases(runs: int, home: str, cwd: str) -> str:
 
 def bench_load(n: int, runs: int, home: str, cwd: str) -> str:
     from cloudtrain.catalog import load as L
+    from cloudtrain.catalog.load import Catalog
 
-    def cold() -> object:
+    def cold() -> Catalog:
         L.clear_cache()
         return L.load_catalog(None)
 

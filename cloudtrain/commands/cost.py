@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -16,6 +17,31 @@ if TYPE_CHECKING:
     from cloudtrain.spec import Task
 
 TABLE_ROWS = 10
+
+
+@dataclass(frozen=True)
+class CostQuery:
+    """What ``cloudtrain cost`` was asked: the task file and the options, as click parsed
+    them (see the command's options for each)."""
+
+    task_file: str
+    hours: float | None = None
+    as_json: bool = False
+    top: int | None = None
+    accelerators: str | None = None
+    spot: bool | None = None
+    model_params: str | None = None
+    precision: str = "bf16"
+    optimizer: str = "adamw"
+    strategy: str = "ddp"
+
+
+@dataclass(frozen=True)
+class Pick:
+    """The offer 'up' would take: its index in the ranked offers (None: none), and why."""
+
+    index: int | None
+    note: str
 
 
 @click.command(context_settings=CONTEXT)
@@ -46,9 +72,7 @@ TABLE_ROWS = 10
               show_default=True,
               help="ddp: every GPU holds everything; fsdp: states sharded over every GPU.")
 @guard
-def cost(task_file: str, hours: float | None, as_json: bool, top: int | None,
-         accelerators: str | None, spot: bool | None, model_params: str | None,
-         precision: str, optimizer: str, strategy: str) -> None:
+def cost(task_file: str, **options: Any) -> None:
     """What TASK_FILE costs: the feasible offers cheapest first ($/h per node, $/h for the
     cluster, the total for H hours, the spot price and its saving), which one 'up' would
     pick, and why the other offers don't fit. Prices come from the catalog in use
@@ -74,9 +98,7 @@ def cost(task_file: str, hours: float | None, as_json: bool, top: int | None,
     Exit codes: 0; 2 when nothing is feasible (with --json the object is printed to
     stdout all the same, "choice" null) or the input is bad.
     """
-    _run(task_file, hours=hours, as_json=as_json, top=top, accelerators=accelerators,
-         spot=spot, model_params=model_params, precision=precision, optimizer=optimizer,
-         strategy=strategy)
+    _run(CostQuery(task_file, **options))
 
 
 def load_cost_task(task_file: str, accelerators: str | None) -> Task:
@@ -113,24 +135,23 @@ def _check_hours(h: float) -> float:
     return h
 
 
-def _run(task_file: str, *, hours: float | None, as_json: bool, top: int | None,
-         accelerators: str | None, spot: bool | None, model_params: str | None, precision: str,
-         optimizer: str, strategy: str) -> None:
+def _run(q: CostQuery) -> None:
     from cloudtrain.errors import UserError
     from cloudtrain.memfit import MemoryEstimate, parse_params
 
+    as_json, top = q.as_json, q.top
     if top is not None and top < 1:
         raise UserError(f"--top must be 1 or more (got {top}).", "e.g. --top 5")
-    if hours is not None:
-        _check_hours(hours)     # bad input is refused before the task is read
+    if q.hours is not None:
+        _check_hours(q.hours)     # bad input is refused before the task is read
     fit = None
-    if model_params is not None:
-        fit = MemoryEstimate(parse_params(model_params), precision, optimizer, strategy)
-    task = load_cost_task(task_file, accelerators)
-    h = _check_hours(hours if hours is not None else (task.max_hours or 1.0))
+    if q.model_params is not None:
+        fit = MemoryEstimate(parse_params(q.model_params), q.precision, q.optimizer, q.strategy)
+    task = load_cost_task(q.task_file, q.accelerators)
+    h = _check_hours(q.hours if q.hours is not None else (task.max_hours or 1.0))
     res = task.resources
-    if spot is not None and spot != res.use_spot:
-        task = task.model_copy(update={"resources": res.model_copy(update={"use_spot": spot})})
+    if q.spot is not None and q.spot != res.use_spot:
+        task = task.model_copy(update={"resources": res.model_copy(update={"use_spot": q.spot})})
         res = task.resources
 
     from cloudtrain.planner import CLOUDS
@@ -151,12 +172,11 @@ def _run(task_file: str, *, hours: float | None, as_json: bool, top: int | None,
         err = result.error()
         if as_json:
             note = f"nothing is feasible: {result.summary()}"
-            doc = cost_document(task, result, h, None, note, avail, catalog, fit, top)
+            doc = cost_document(task, result, h, Pick(None, note), avail, catalog, fit, top)
             doc["error"] = err.message
             click.echo(json.dumps(doc, indent=2))
         raise err
-    pick, pick_note = _up_pick(task, result, avail)
-    doc = cost_document(task, result, h, pick, pick_note, avail, catalog, fit, top)
+    doc = cost_document(task, result, h, _up_pick(task, result, avail), avail, catalog, fit, top)
     if as_json:
         click.echo(json.dumps(doc, indent=2))
         return
@@ -165,28 +185,29 @@ def _run(task_file: str, *, hours: float | None, as_json: bool, top: int | None,
         click.echo(f"warning: {w}", err=True)
 
 
-def _up_pick(task: Task, result: PlanResult, avail: dict[str, str | None]
-             ) -> tuple[int | None, str]:
-    """Index in ``result.ranked`` of the offer 'up' would take, and a line saying why."""
+def _up_pick(task: Task, result: PlanResult, avail: dict[str, str | None]) -> Pick:
+    """The offer in ``result.ranked`` 'up' would take, and a line saying why."""
     if task.resources.provider is not None:
-        return 0, f"the task names {task.resources.provider}: up takes its cheapest offer"
+        return Pick(0, f"the task names {task.resources.provider}: up takes its cheapest offer")
     usable = sorted(p for p, why in avail.items() if why is None)
     for i, r in enumerate(result.ranked):
         if avail.get(r.offer.provider, "unknown") is None:
-            return i, (f"the task names no provider: up takes the cheapest offer on a cloud "
-                       f"installed with credentials ({', '.join(usable)})")
+            return Pick(i, f"the task names no provider: up takes the cheapest offer on a "
+                           f"cloud installed with credentials ({', '.join(usable)})")
     reasons = "; ".join(f"{p}: {why}" for p, why in sorted(avail.items()) if why)
     if usable:
-        return None, (f"up would pick none: no feasible offer on {', '.join(usable)}, the clouds "
-                      f"installed with credentials ({reasons})")
-    return None, f"up would pick none: no cloud is usable here ({reasons})"
+        return Pick(None, f"up would pick none: no feasible offer on {', '.join(usable)}, the "
+                          f"clouds installed with credentials ({reasons})")
+    return Pick(None, f"up would pick none: no cloud is usable here ({reasons})")
 
 
-def cost_document(task: Task, result: PlanResult, hours: float, pick: int | None,
-                  pick_note: str, avail: dict[str, str | None], catalog: Any,
-                  fit: MemoryEstimate | None, top: int | None) -> dict[str, Any]:
+def cost_document(task: Task, result: PlanResult, hours: float, up_pick: Pick,
+                  avail: dict[str, str | None], catalog: Any, fit: MemoryEstimate | None,
+                  top: int | None) -> dict[str, Any]:
     """``cost --json``. Field names of "offers" and "choice" are a contract (docs/cost.md)."""
     from cloudtrain.planner import priced_json
+
+    pick = up_pick.index
 
     def usable(provider: str) -> bool:
         return task.resources.provider is not None or avail.get(provider, "unknown") is None
@@ -235,7 +256,7 @@ def cost_document(task: Task, result: PlanResult, hours: float, pick: int | None
         "market": "spot" if task.resources.use_spot else "on-demand",
         "max_hourly_cost": task.resources.max_hourly_cost, "hours": hours,
         "choice": None if pick is None else entry(pick),
-        "choice_note": pick_note,
+        "choice_note": up_pick.note,
         "feasible": len(result.ranked),
         "offers": offers,
         "rejected": [r.to_dict() for r in result.rejected],
@@ -340,7 +361,7 @@ def _no_catalog(task: Task, hours: float, fit: MemoryEstimate | None, as_json: b
         "market": "on-demand", "node_hourly_usd": price, "cluster_hourly_usd": cluster,
         "total_usd": None if cluster is None else round(cluster * hours, 2),
     }
-    doc = {
+    doc: dict[str, Any] = {
         "task": task.name, "num_nodes": task.num_nodes, "hours": hours,
         "choice": choice, "choice_note": note, "feasible": 1, "offers": [], "rejected": [],
         "suggestions": [], "providers": {}, "catalog": None, "memory": memory,
