@@ -311,6 +311,16 @@ def fetch(offers: list[Offer], http: Http, progress: Progress = noop, *,
     if not known:
         res.notes.append("the catalog has no AWS instance types to price")
         return res
+    urls = _region_urls(http, res, set(regions), progress)
+    _on_demand(http, res, offers, urls, known, progress)
+    _spot(res, offers, set(urls), client_factory, spot_unavailable, progress)
+    return res
+
+
+def _region_urls(http: Http, res: SourceResult, wanted: set[str],
+                 progress: Progress) -> dict[str, str]:
+    """The price list URL of each region to read (``wanted``, or every one outside
+    GovCloud/China), from the region index, in region order."""
     base = base_url()
     index_url = base + INDEX_PATH
     host = http.host(index_url)
@@ -322,61 +332,67 @@ def fetch(offers: list[Offer], http: Http, progress: Progress = noop, *,
     except (KeyError, TypeError, AttributeError):
         raise SourceError(host, "the region index has no 'regions' with 'currentVersionUrl'") \
             from None
-    wanted = set(regions)
     todo = sorted(c for c in listed if not c.startswith(_OTHER_PARTITIONS)
                   and (not wanted or c in wanted))
     for r in sorted(r for r in wanted - set(listed) if re.match(r"^[a-z]{2}(-[a-z]+)+-\d+$", r)):
         res.notes.append(f"AWS has no price list for region '{r}'")
     progress(f"aws: {len(todo)} region price list{'s' if len(todo) != 1 else ''} to read "
              f"from {host}")
+    return {region: (path if (path := listed[region]).startswith(("http://", "https://"))
+                     else base + "/" + path.lstrip("/")) for region in todo}
 
+
+def _on_demand(http: Http, res: SourceResult, offers: list[Offer], urls: dict[str, str],
+               known: set[str], progress: Progress) -> None:
+    """Each region's on-demand prices: updates of the offers there, new offers (an instance
+    type the catalog knows, in a region it did not have it in) after a template of the type."""
     by_key = {(o.instance_type, o.region): o for o in offers}
     template: dict[str, Offer] = {}
     for o in offers:
         template.setdefault(o.instance_type, o)
     prices: dict[tuple[str, str], float] = {}
-    for i, region in enumerate(todo, start=1):
-        path = listed[region]
-        url = path if path.startswith(("http://", "https://")) else base + "/" + path.lstrip("/")
+    for i, (region, url) in enumerate(urls.items(), start=1):
         found = _read_region(http, url, region, known)
         res.urls.append(url)
         for itype, p in found.items():
             prices[(itype, region)] = p
-        progress(f"aws: {region} ({i}/{len(todo)}): {_types(len(found))} priced")
-
+        progress(f"aws: {region} ({i}/{len(urls)}): {_types(len(found))} priced")
     for (itype, region), p in prices.items():
-        o = by_key.get((itype, region))
-        if o is not None:
-            res.updates[offer_key(o)] = Quote(price=p)
+        old = by_key.get((itype, region))
+        if old is not None:
+            res.updates[offer_key(old)] = Quote(price=p)
         else:
             new = replace(template[itype], region=region, zones=(), price=p, spot_price=None)
             res.new_offers.append(new)
 
-    # Spot, for every region read that has AWS offers (old or new).
-    in_scope = set(todo)
+
+def _spot(res: SourceResult, offers: list[Offer], in_scope: set[str],
+          client_factory: ClientFactory | None, spot_unavailable: str,
+          progress: Progress) -> None:
+    """Spot, for every region read that has AWS offers (old or new)."""
+    by_key = {(o.instance_type, o.region): o for o in offers}
     types_by_region: dict[str, set[str]] = {}
     for o in [*offers, *res.new_offers]:
         if o.region in in_scope:
             types_by_region.setdefault(o.region, set()).add(o.instance_type)
     if client_factory is None:
         if types_by_region:
-            res.notes.append(f"AWS spot prices were not refreshed ({spot_unavailable or 'no EC2 client'}); "
+            res.notes.append("AWS spot prices were not refreshed "
+                             f"({spot_unavailable or 'no EC2 client'}); "
                              "the previous spot prices stay")
-        return res
+        return
     failed: dict[str, list[str]] = {}
     new_by_key = {(o.instance_type, o.region): n for n, o in enumerate(res.new_offers)}
-    regions_done = 0
     for region in sorted(types_by_region):
         try:
             sp = spot_prices(client_factory(region), types_by_region[region])
         except Exception as exc:  # noqa: BLE001 - botocore's many errors: keep the old spot
             failed.setdefault(_spot_error(exc), []).append(region)
             continue
-        regions_done += 1
         for itype, p in sp.items():
-            o = by_key.get((itype, region))
-            if o is not None:
-                q = res.updates.setdefault(offer_key(o), Quote())
+            old = by_key.get((itype, region))
+            if old is not None:
+                q = res.updates.setdefault(offer_key(old), Quote())
                 q.spot_price = p
             elif (itype, region) in new_by_key:
                 n = new_by_key[(itype, region)]
@@ -385,7 +401,6 @@ def fetch(offers: list[Offer], http: Http, progress: Progress = noop, *,
     res.urls.append("ec2:DescribeSpotPriceHistory")
     for why, regs in sorted(failed.items()):
         res.notes.append(f"AWS spot prices kept for {', '.join(regs)} ({why})")
-    return res
 
 
 def _types(n: int) -> str:
