@@ -36,6 +36,7 @@ import random
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -355,20 +356,31 @@ def as_dict(model: Any) -> dict[str, Any]:
 AUTHZ_API = "2022-04-01"   # Microsoft.Authorization role assignments
 
 
-def assign_role(api: Api, principal: str, role: str, scope: str, what: str, *,
-                sleep: Callable[[float], None], tries: int = 12, description: str | None = None,
+@dataclass(frozen=True)
+class RoleAssignment:
+    """A role (its definition id) for an identity (``principal``) at ``scope``; the
+    ``description`` marks the assignments cloudtrain made, to find them again."""
+
+    principal: str
+    role: str
+    scope: str
+    description: str | None = None
+
+
+def assign_role(api: Api, grant: RoleAssignment, what: str, *,
+                sleep: Callable[[float], None], tries: int = 12,
                 denied: Callable[[ProviderError], Exception] | None = None) -> None:
-    """Give ``principal`` the role (its definition id) at ``scope``: one assignment named from
-    the principal, role and scope, so a repeated ``up`` writes the same one. A brand-new
-    identity may not have reached Azure AD's replicas yet (``PrincipalNotFound``): retried
-    with backoff. ``denied`` turns ARM's refusal (``AuthorizationFailed``) into the caller's
-    own error."""
-    name = uuid.uuid5(uuid.NAMESPACE_URL, f"{principal}|{role}|{scope.lower()}")
+    """Make the assignment ``grant``: one named from the principal, role and scope, so a
+    repeated ``up`` writes the same one. A brand-new identity may not have reached Azure AD's
+    replicas yet (``PrincipalNotFound``): retried with backoff. ``denied`` turns ARM's refusal
+    (``AuthorizationFailed``) into the caller's own error."""
+    scope = grant.scope
+    name = uuid.uuid5(uuid.NAMESPACE_URL, f"{grant.principal}|{grant.role}|{scope.lower()}")
     props = {"roleDefinitionId": f"/subscriptions/{api.subscription_id}/providers/"
-                                 f"Microsoft.Authorization/roleDefinitions/{role}",
-             "principalId": principal, "principalType": "ServicePrincipal"}
-    if description is not None:
-        props["description"] = description
+                                 f"Microsoft.Authorization/roleDefinitions/{grant.role}",
+             "principalId": grant.principal, "principalType": "ServicePrincipal"}
+    if grant.description is not None:
+        props["description"] = grant.description
     for attempt in range(tries):
         try:
             api.rest(what, "PUT", f"{scope}/providers/Microsoft.Authorization/roleAssignments/"

@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterable
 from cloudtrain.errors import ProviderError, UserError, code_of
 from cloudtrain.provider import BucketURL
 
-from .api import AUTHZ_API, Api, assign_role
+from .api import AUTHZ_API, Api, RoleAssignment, assign_role
 
 ROLE = "ba92f5b4-2d11-453d-a403-e96b0029c9fe"
 ROLE_NAME = "Storage Blob Data Contributor"
@@ -87,9 +87,9 @@ def grant(api: Api, vms: list[Any], where: list[str], note: str,
             raise ProviderError(f"VM {vm.name} has no managed identity.",
                                 "Run 'cloudtrain down' and 'up' again.")
         for scope in where:
-            assign_role(api, vm.principal, ROLE, scope,
+            assign_role(api, RoleAssignment(vm.principal, ROLE, scope, note),
                         f"give VM {vm.name}'s identity {ROLE_NAME} on {scope}",
-                        sleep=sleep, tries=tries, description=note)
+                        sleep=sleep, tries=tries)
 
 
 def revoke(api: Api, where: list[str], note: str) -> int:

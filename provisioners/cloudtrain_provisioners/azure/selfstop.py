@@ -39,7 +39,7 @@ from typing import Any, Callable
 from cloudtrain.errors import ProviderError, UserError
 from cloudtrain.provider import SelfStop
 
-from .api import AUTHZ_API, Api, assign_role
+from .api import AUTHZ_API, Api, RoleAssignment, assign_role
 
 ROLE = "9980e02c-c2be-4d73-94e8-173b1dc7cf3c"
 ROLE_NAME = "Virtual Machine Contributor"
@@ -117,7 +117,7 @@ def grant(api: Api, group: str, vms: list[Any], sleep: Callable[[float], None],
             raise ProviderError(f"VM {vm.name} has no managed identity.",
                                 "Run 'cloudtrain down' and 'up' again (VMs made before the "
                                 "self-stop have none).")
-        assign_role(api, vm.principal, ROLE, scope,
+        assign_role(api, RoleAssignment(vm.principal, ROLE, scope),
                     f"give VM {vm.name}'s identity the {ROLE_NAME} role on {group}",
                     sleep=sleep, tries=tries,
                     denied=lambda exc: permission_error(api.subscription_id,
