@@ -103,7 +103,7 @@ class Calls:
 def one_run(home: Path, n: int, run: int, serial: bool) -> dict[str, Any]:
     from cloudtrain.keys import ensure_keys
     from cloudtrain.provider import ClusterRequest, ProviderContext
-    from cloudtrain.spec import Resources
+    from cloudtrain.taskmodel import Resources
     from cloudtrain.ui import UI
     from cloudtrain_provisioners.aws import AWSOptions, AWSProvider
     from cloudtrain_provisioners.aws import instances as I

@@ -74,7 +74,8 @@ def bench_planner(n: int, target_ms: float) -> tuple[str, list[tuple[str, float]
     from cloudtrain.catalog.load import load_catalog
     from cloudtrain.commands.cost import Pick, cost_document
     from cloudtrain.memfit import MemoryEstimate
-    from cloudtrain.spec import Resources, parse_task
+    from cloudtrain.spec import parse_task
+    from cloudtrain.taskmodel import Resources
 
     cat = load_catalog(None)
     offers = cat.offers

@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING, Iterator
 
 from cloudtrain.context import Env
 from cloudtrain.errors import ClusterNotFound, UserError
-from cloudtrain.state import ClusterRow, NodeRow
+from cloudtrain.schema import ClusterRow, NodeRow
 
 if TYPE_CHECKING:       # imported where used: a plain 'status' loads none of them
     from cloudtrain.keys import ClusterKeys
     from cloudtrain.provider.contract import Node, Provider
     from cloudtrain.remote import Group
-    from cloudtrain.spec import Task
+    from cloudtrain.taskmodel import Task
 
 SSH_TIMEOUT = float(os.environ.get("CLOUDTRAIN_SSH_TIMEOUT", "300"))
 

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta, timezone
 from typing import Iterable
 
-from cloudtrain.state import RecoveryRow, State, UsageRow
+from cloudtrain.schema import RecoveryRow, UsageRow
+from cloudtrain.state import State
 
 DAY = 86400.0
 

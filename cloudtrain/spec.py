@@ -16,14 +16,8 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from cloudtrain.errors import SpecError
-from cloudtrain.taskmodel import (Accelerators, BootstrapSpec, Resources, Task, Train,
-                                  parse_accelerators)
+from cloudtrain.taskmodel import Accelerators, Resources, Task, Train
 from cloudtrain.yamlsrc import MAX_BYTES, LocatedYaml, load_located
-
-# The model's names, importable from here as before the model moved to taskmodel.
-__all__ = ["Accelerators", "BootstrapSpec", "Resources", "Task", "Train", "check_paths",
-           "clean_loc", "load_task", "non_finite_error", "non_finite_path", "one_line",
-           "parse_accelerators", "parse_task", "read_task_file"]
 
 
 def _fields_at(loc: tuple[Any, ...]) -> list[str]:

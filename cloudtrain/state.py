@@ -26,10 +26,6 @@ from typing import Iterator
 from cloudtrain.schema import (ADDED_COLUMNS, SCHEMA, SCHEMA_VERSION, ClusterRow, LaunchRow,
                                NodeRow, OutputsRow, RecoveryRow, UsageRow)
 
-# The schema's names, importable from here as before they moved to schema.
-__all__ = ["ADDED_COLUMNS", "SCHEMA", "SCHEMA_VERSION", "ClusterRow", "LaunchRow", "NodeRow",
-           "OutputsRow", "RecoveryRow", "State", "UsageRow", "open_state"]
-
 
 class State:
     def __init__(self, path: Path) -> None:

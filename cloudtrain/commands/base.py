@@ -17,7 +17,7 @@ import click
 if TYPE_CHECKING:
     from cloudtrain.context import Env
     from cloudtrain.provider.contract import Plan, Provider
-    from cloudtrain.spec import Task
+    from cloudtrain.taskmodel import Task
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from cloudtrain.cluster import Handle
     from cloudtrain.context import Env
     from cloudtrain.provider.contract import Plan
-    from cloudtrain.state import ClusterRow
+    from cloudtrain.schema import ClusterRow
     from cloudtrain.ui import UI
 
 

@@ -14,7 +14,7 @@ from cloudtrain.commands.base import CONTEXT, guard
 if TYPE_CHECKING:
     from cloudtrain.memfit import MemoryEstimate
     from cloudtrain.planner import PlanResult
-    from cloudtrain.spec import Task
+    from cloudtrain.taskmodel import Task
 
 TABLE_ROWS = 10
 
@@ -110,7 +110,7 @@ def load_cost_task(task_file: str, accelerators: str | None) -> Task:
         from pydantic import ValidationError
 
         from cloudtrain.errors import UserError
-        from cloudtrain.spec import Accelerators, parse_accelerators
+        from cloudtrain.taskmodel import Accelerators, parse_accelerators
 
         try:
             acc = Accelerators.model_validate(parse_accelerators(accelerators))
@@ -160,10 +160,9 @@ def _run(q: CostQuery) -> None:
         _no_catalog(task, h, fit, as_json)
         return
 
+    from cloudtrain.catalog.load import load_catalog
     from cloudtrain.paths import home
     from cloudtrain.planner import availability, rank_task
-
-    from cloudtrain.catalog.load import load_catalog
 
     catalog = load_catalog(home())
     result = rank_task(task, catalog.offers, fit=fit)

@@ -6,20 +6,19 @@ identity or the task's ``envs`` (docs/storage.md)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import shlex
 from pathlib import PurePosixPath
+from typing import TYPE_CHECKING
 
 from cloudtrain.cluster import Handle
 from cloudtrain.context import Env
 from cloudtrain.errors import RemoteError, UserError
 from cloudtrain.pipeline import bootstrap, sync
 from cloudtrain.remote import Group
-from cloudtrain.state import NodeRow
+from cloudtrain.schema import NodeRow
 
 if TYPE_CHECKING:
-    from cloudtrain.spec import Task   # annotations only: no pydantic at import
+    from cloudtrain.taskmodel import Task  # annotations only: no pydantic at import
 
 NOTHING_TO_RESTORE = 3
 

@@ -434,7 +434,7 @@ def test_a_provider_python_hint_that_is_missing_is_passed_over(tmp_path: Path) -
     for the task's bootstrap.python."""
     from cloudtrain.pipeline.bootstrap import node_env
     from cloudtrain.schema import NodeRow
-    from cloudtrain.spec import BootstrapSpec
+    from cloudtrain.taskmodel import BootstrapSpec
 
     row = NodeRow("c", 0, "i", "h", 22, "u", "10.0.0.1", "UP", "/r")
     hint = {"CLOUDTRAIN_PYTHON": "/provider/python"}

@@ -16,7 +16,8 @@ from click.testing import CliRunner, Result
 
 from cloudtrain import ledger
 from cloudtrain.commands.main import cli
-from cloudtrain.state import SCHEMA_VERSION, ClusterRow, State, open_state
+from cloudtrain.state import State, open_state
+from cloudtrain.schema import SCHEMA_VERSION, ClusterRow
 from cloudtrain.testing import MemoryProvider
 
 H = 3600.0
@@ -393,7 +394,7 @@ def test_spot_cluster_is_billed_at_its_spot_price_across_stop_and_start(state: S
     """The planner prices a spot task at the offer's spot price; that is what the ledger
     records and bills, interval by interval, and nothing while the cluster is stopped."""
     from cloudtrain import planner
-    from cloudtrain.spec import Resources
+    from cloudtrain.taskmodel import Resources
     from test_planner import OFFERS
 
     pick = planner.rank(Resources.model_validate({"accelerators": "A100:8"}), 2, OFFERS,

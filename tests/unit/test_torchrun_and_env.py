@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from cloudtrain.pipeline import torchrun
-from cloudtrain.spec import Train, parse_task
+from cloudtrain.spec import parse_task
+from cloudtrain.taskmodel import Train
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -118,7 +119,8 @@ def test_job_env_has_every_contract_variable(tmp_path: Path) -> None:
     from cloudtrain.context import Env
     from cloudtrain.keys import ClusterKeys
     from cloudtrain.pipeline.run import job_env, script
-    from cloudtrain.state import ClusterRow, NodeRow, open_state
+    from cloudtrain.state import open_state
+    from cloudtrain.schema import ClusterRow, NodeRow
     from cloudtrain.ui import UI
 
     nodes = [NodeRow("c", r, f"i{r}", f"h{r}", 22, "u", f"10.1.0.{r + 10}", "running", "/r",
