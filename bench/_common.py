@@ -91,7 +91,7 @@ def machine_line() -> str:
     except (OSError, subprocess.SubprocessError):
         ssh = "ssh ?"
     try:
-        load = "load %.2f %.2f %.2f" % os.getloadavg()
+        load = "load {:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
     except OSError:
         load = ""
     return (f"{os.cpu_count()} CPU(s), Python {platform.python_version()}, {ssh}, "

@@ -46,7 +46,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 FAKES = Path(__file__).resolve().parent.parent / "tests" / "fakes"
 sys.path.insert(0, str(FAKES))
-from _common import fmt, iter_csv_ints, machine_line, median, sigterm_as_interrupt, table, verdict
+from _common import (  # noqa: E402 - found through the sys.path lines above
+    fmt, iter_csv_ints, machine_line, median, sigterm_as_interrupt, table, verdict)
 
 REGION = "us-east-1"
 INSTANCE_TYPE = "g4dn.xlarge"
@@ -76,7 +77,8 @@ def start_moto(root: Path, latency: float) -> tuple[subprocess.Popen[bytes], str
         except OSError:
             if time.monotonic() > deadline or proc.poll() is not None:
                 proc.kill()
-                raise RuntimeError("moto server did not start; see " + str(root / "moto.log"))
+                raise RuntimeError("moto server did not start; see "
+                                   + str(root / "moto.log")) from None
             time.sleep(0.1)
 
 
@@ -116,8 +118,9 @@ def one_run(home: Path, n: int, run: int, serial: bool) -> dict[str, Any]:
     name = f"bench{n}-{run}{'s' if serial else ''}"
     keys = ensure_keys(home / "clusters" / name, comment=name)
     req = ClusterRequest(name=name, num_nodes=n,
-                         resources=Resources(provider="aws", region=REGION,
-                                             instance_type=INSTANCE_TYPE),
+                         resources=Resources.model_validate(
+                             {"provider": "aws", "region": REGION,
+                              "instance_type": INSTANCE_TYPE}),
                          options=AWSOptions(host_key_wait=0), public_key=keys.public_key())
     provider = AWSProvider(ProviderContext(home), clients=clients,
                            caller_ip=lambda: "203.0.113.7", poll=0.2, ui=UI(quiet=True))

@@ -109,9 +109,9 @@ def main() -> int:
         print("\n[bench] interrupted: tearing everything down...", file=sys.stderr, flush=True)
         return 130
     finally:
-        t = time.monotonic()
+        t_down = time.monotonic()
         teardown(home, root)
-        print(f"# teardown done in {time.monotonic() - t:.1f} s", flush=True)
+        print(f"# teardown done in {time.monotonic() - t_down:.1f} s", flush=True)
 
 
 if __name__ == "__main__":

@@ -157,7 +157,8 @@ PHASES = """
 import json, sys, time
 t = [time.perf_counter()]
 import cloudtrain.commands.main, cloudtrain.commands.cost; t.append(time.perf_counter())
-from cloudtrain.commands.cost import load_cost_task; task = load_cost_task(sys.argv[1], None); t.append(time.perf_counter())
+from cloudtrain.commands.cost import load_cost_task
+task = load_cost_task(sys.argv[1], None); t.append(time.perf_counter())
 from cloudtrain.catalog.load import load_catalog; cat = load_catalog(None); t.append(time.perf_counter())
 from cloudtrain import planner; avail = planner.availability(); t.append(time.perf_counter())
 r = planner.rank_task(task, cat.offers); t.append(time.perf_counter())

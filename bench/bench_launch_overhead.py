@@ -101,7 +101,7 @@ def one_launch(task: Path, home: Path, stamps: Path, nodes: int) -> Run:
         phases["first output"] = lines[0][0] - t0
     for label, needle in PHASES[1:]:
         for t, text in lines:
-            if needle in text:
+            if needle is not None and needle in text:
                 phases[label] = t - t0
                 break
     tail = "\n".join(text for _, text in lines[-15:])

@@ -23,10 +23,12 @@ Runs in a fresh temporary CLOUDTRAIN_HOME; every cluster is torn down in a final
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import subprocess
 import sys
 import time
+from typing import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -34,7 +36,7 @@ from _common import (begin, cloudtrain_cmd, ct_env, fmt, iter_csv_ints, median, 
                      table)
 
 
-def timed(fn) -> float:  # type: ignore[no-untyped-def]
+def timed(fn: Callable[[], object]) -> float:
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0
@@ -72,7 +74,7 @@ def bench_count(root: Path, home: Path, nodes: int, repeats: int) -> list[object
     command("300", False)   # warm-up (opens the masters)
     for _ in range(repeats):
         for k, (persist, fresh) in kinds.items():
-            got[k].append(timed(lambda: command(persist, fresh)))
+            got[k].append(timed(functools.partial(command, persist, fresh)))
     os.environ[sshmux.PERSIST_ENV] = "300"
     node = handle.nodes[0]
     from cloudtrain.keys import ssh_command_options

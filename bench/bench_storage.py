@@ -82,7 +82,8 @@ def main() -> int:
 
         def store_py(*args: str) -> float:
             t0 = time.monotonic()
-            subprocess.run([sys.executable, str(STORE), *args], env={**base, "CLOUDTRAIN_STORE_TRANSFERS": "8"},
+            subprocess.run([sys.executable, str(STORE), *args],
+                           env={**base, "CLOUDTRAIN_STORE_TRANSFERS": "8"},
                            check=True, capture_output=True)
             return time.monotonic() - t0
 
@@ -106,15 +107,17 @@ def main() -> int:
             ups, downs = [], []
             for r in range(a.repeats):
                 t0 = time.monotonic()
+                key = f"b3/{n}-{r}"
                 with ThreadPoolExecutor(n) as pool:
-                    list(pool.map(lambda p: s3.upload_file(str(p), emus.BUCKET, f"b3/{n}-{r}/{p.name}"), files))
+                    list(pool.map(lambda p, key=key: s3.upload_file(str(p), emus.BUCKET,
+                                                                      f"{key}/{p.name}"), files))
                 ups.append(time.monotonic() - t0)
                 d = tmp / f"b3-{n}-{r}"
                 d.mkdir()
                 t0 = time.monotonic()
                 with ThreadPoolExecutor(n) as pool:
-                    list(pool.map(lambda p: s3.download_file(emus.BUCKET, f"b3/{n}-{r}/{p.name}",
-                                                             str(d / p.name)), files))
+                    list(pool.map(lambda p, key=key, d=d: s3.download_file(
+                        emus.BUCKET, f"{key}/{p.name}", str(d / p.name)), files))
                 downs.append(time.monotonic() - t0)
                 shutil.rmtree(d)
             rows.append((f"boto3 upload_file/download_file, {n} thread(s)",

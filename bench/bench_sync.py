@@ -202,7 +202,7 @@ def report(results: list[dict[str, object]], repeats: int, target: float, size: 
             rows.append([r["nodes"], r["error"]] + ["-"] * 8)
             continue
 
-        def m(key: str) -> str:
+        def m(key: str, r: dict[str, object] = r) -> str:
             v = r.get(key) or []
             return fmt(median(v)) if v else "-"  # type: ignore[arg-type]
 

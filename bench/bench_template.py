@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import fmt, iter_csv_ints, table  # noqa: E402
@@ -40,7 +41,7 @@ def gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def run_once(nproc: int, args: argparse.Namespace, gpus: int) -> dict[str, object]:
+def run_once(nproc: int, args: argparse.Namespace, gpus: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="ct-bench-tmpl-") as tmp:
         out = Path(tmp) / "out"
         precision = "bf16" if gpus else "fp32"
@@ -91,14 +92,14 @@ def main() -> int:
     else:
         nprocs = [1, gpus] if gpus > 1 else [1, 2] if not gpus else [1]
     print(f"training template: {args.dataset}, {args.steps} steps, batch {args.batch_size}/process, "
-          f"{'%d GPU(s), NCCL, bf16' % gpus if gpus else 'CPU, gloo, fp32'}")
+          f"{f'{gpus} GPU(s), NCCL, bf16' if gpus else 'CPU, gloo, fp32'}")
     rows = []
     base = None
     for n in nprocs:
         m = run_once(n, args, gpus)
         base = base or m["samples_per_sec"]
         rows.append([n, m["backend"], m["precision"], fmt(m["samples_per_sec"], 0),
-                     fmt(m["samples_per_sec"] / base, 2),  # type: ignore[operator]
+                     fmt(m["samples_per_sec"] / base, 2),
                      fmt(m["gpu_peak_mb"], 0) if m["gpu_peak_mb"] is not None else "-",
                      fmt(m["rss_peak_mb"], 0) if m["rss_peak_mb"] is not None else "-",
                      fmt(m["wall"], 1)])
