@@ -168,11 +168,11 @@ def build(rows: Iterable[UsageRow], *, now: float | None = None,
 
     by_provider: dict[str, float] = {}
     unknown = []
-    for c in clusters:
-        if c.cost is None:
-            unknown.append(c.cluster)
+    for cc in clusters:
+        if cc.cost is None:
+            unknown.append(cc.cluster)
             continue
-        by_provider[c.provider] = by_provider.get(c.provider, 0.0) + c.cost
+        by_provider[cc.provider] = by_provider.get(cc.provider, 0.0) + cc.cost
     return Report(since=since, until=until, days=days, clusters=clusters,
                   total_cost=sum(by_provider.values()),
                   total_hours=sum(c.hours for c in clusters), by_provider=by_provider,

@@ -14,7 +14,7 @@ import re
 import secrets
 import socket
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 CLUSTER = "cloudtrain:cluster"
 RANK = "cloudtrain:node-rank"
@@ -112,7 +112,7 @@ def owner_hash(cluster: str, owner: str) -> str:
 RECORD_MARK = "owner_has_home_id"   # in a provider's cluster record written by this version
 
 
-def owner_of_cluster(record: dict | None, owner: str) -> str:  # type: ignore[type-arg]
+def owner_of_cluster(record: dict[str, Any] | None, owner: str) -> str:
     """The owner mark of one cluster of this home: ``owner``, except for a cluster whose
     provider record was written by a version without home ids (its resources carry plain
     user@host; ``down`` and ``up`` must still find them)."""

@@ -334,7 +334,7 @@ class State:
                            "WHERE id=?", (*fields.values(), rid))
 
     def recoveries(self, cluster: str | None = None) -> list[RecoveryRow]:
-        sql, args = "SELECT * FROM recoveries", ()
+        sql, args = "SELECT * FROM recoveries", tuple[str, ...]()
         if cluster is not None:
             sql, args = sql + " WHERE cluster=?", (cluster,)
         with self._read() as db:

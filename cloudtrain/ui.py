@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from contextlib import AbstractContextManager
 from typing import IO, TYPE_CHECKING, Collection, TextIO
 
 if TYPE_CHECKING:
@@ -79,7 +80,7 @@ class UI:
     def error(self, msg: str) -> None:
         self._say("error:", "bold red", msg)
 
-    def status(self, msg: str):  # type: ignore[no-untyped-def]
+    def status(self, msg: str) -> AbstractContextManager[object]:
         """A spinner while something runs (only on a terminal)."""
         from contextlib import nullcontext
 

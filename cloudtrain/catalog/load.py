@@ -16,10 +16,11 @@ Results are cached per process (keyed by the home and the user-local files' mtim
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import math
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -223,7 +224,8 @@ class Override:
     guarded: bool = False               # `from` given: apply only while the value is that
     from_value: float | None = None
     to: float | None = None
-    rows: dict[tuple[str, str], tuple[float | None, float | None]] = field(default_factory=dict)
+    rows: dict[tuple[str, str], tuple[float | None, float | None]] = dataclasses.field(
+        default_factory=dict)
 
     def matches(self, o: Offer) -> bool:
         if o.provider != self.provider:
@@ -358,7 +360,8 @@ def apply_overrides(offers: list[Offer],
                     continue
                 new = ov.to
             if not _same(cur, new):
-                o = replace(o, **{ov.field: new})
+                change: dict[str, Any] = {ov.field: new}   # the field is the override's
+                o = replace(o, **change)
                 counts[ov.id] += 1
         out.append(o)
     notes = []

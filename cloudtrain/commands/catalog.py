@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -128,7 +129,7 @@ def _num(v: float | None, fmt: str = "{:g}") -> str:
     return "-" if v is None else fmt.format(v)
 
 
-def _table(columns: tuple[str, ...], rows: list[tuple[str, ...]],
+def _table(columns: tuple[str, ...], rows: Sequence[tuple[str, ...]],
            right: tuple[int, ...] = ()) -> None:
     from rich.console import Console
     from rich.table import Table

@@ -253,7 +253,7 @@ def run(root: str, job_id: str, submitter: str, submitted_at: float, task: str,
         rec = read_json(os.path.join(qdir(root), job_id + ".json"))
         if rec is None:
             said = submit(root, job_id, submitter, submitted_at, task, script)
-            state = "running" if said.startswith("::started") else "queued"
+            state: str | None = "running" if said.startswith("::started") else "queued"
         else:
             state = rec.get("state")
             before = ahead(root, job_id) if state == "queued" else []

@@ -106,7 +106,7 @@ def _is_control(pid: int) -> bool:
 def _controls(live: dict[int, float]) -> set[int]:
     """The sessions recorded as cloudtrain's connections (``live``: pid -> start epoch);
     records of ended ones (or of a reused pid: older than the process) are removed."""
-    d, found = control_dir(), set()
+    d, found = control_dir(), set[int]()
     try:
         names = os.listdir(d)
     except OSError:

@@ -36,6 +36,7 @@ import sys
 import tempfile
 import time
 import urllib.parse
+from typing import Any
 
 REMOTE = "cts"
 NOTHING, USAGE, NO_RCLONE, FAILED = 3, 2, 4, 1
@@ -168,7 +169,8 @@ class Rclone:
                            preexec_fn=_term_blocked)
         if check and p.returncode != 0:
             err = [ln for ln in p.stderr.decode(errors="replace").splitlines() if ln.strip()]
-            raise StoreError(f"rclone {args[0]} failed: " + (err[-1][:400] if err else f"exit {p.returncode}"))
+            raise StoreError(f"rclone {args[0]} failed: "
+                             + (err[-1][:400] if err else f"exit {p.returncode}"))
         return p.stdout
 
     def lsjson(self, *parts: str, hashes: bool = False) -> list[dict]:
@@ -181,7 +183,8 @@ class Rclone:
             return []
         if p.returncode != 0:      # e.g. no access: never mistaken for "no checkpoint yet"
             err = [ln for ln in p.stderr.decode(errors="replace").splitlines() if ln.strip()]
-            raise StoreError(f"cannot list {self.url_text}: " + (err[-1][:400] if err else f"exit {p.returncode}"))
+            raise StoreError(f"cannot list {self.url_text}: "
+                             + (err[-1][:400] if err else f"exit {p.returncode}"))
         try:
             items = json.loads(p.stdout or b"[]")
         except ValueError:
@@ -288,8 +291,8 @@ def upload(url_text: str, directory: str, rc: Rclone | None = None, quiet_empty:
     # hashed and uploaded, so the manifest's sha256 is what was sent.
     stage = tempfile.mkdtemp(prefix=".cts-up-", dir=os.path.dirname(os.path.abspath(directory)))
     try:
-        entries = []
-        for rel, (size, _) in sorted(files.items()):
+        entries: list[dict[str, Any]] = []
+        for rel in sorted(files):
             src = os.path.join(directory, rel)
             tmp = os.path.join(stage, f"f{len(entries)}")
             try:
@@ -302,7 +305,7 @@ def upload(url_text: str, directory: str, rc: Rclone | None = None, quiet_empty:
             digest = sha256_file(tmp)
             entries.append({"path": rel, "size": os.path.getsize(tmp), "sha256": digest, "tmp": tmp})
         have = {i["Path"]: int(i["Size"]) for i in rc.lsjson("objects")}
-        todo = {}
+        todo: dict[str, int] = {}
         for e in entries:
             if have.get(e["sha256"]) != e["size"]:
                 dst = os.path.join(stage, "up", e["sha256"])

@@ -116,7 +116,8 @@ def fetch(offers: list[Offer], http: Http, progress: Progress = noop, *,
                 size, region, spot, price = c
                 slot = found.setdefault((size, region), [None, None])
                 i = 1 if spot else 0
-                if slot[i] is None or price < slot[i]:  # type: ignore[operator]
+                held = slot[i]
+                if held is None or price < held:
                     slot[i] = price
             pages += 1
             progress(f"azure: page {pages} ({len(data['Items'])} prices; "
@@ -128,11 +129,11 @@ def fetch(offers: list[Offer], http: Http, progress: Progress = noop, *,
     template: dict[str, Offer] = {}
     for o in offers:
         template.setdefault(o.instance_type, o)
-    for (size, region), (od, spot) in sorted(found.items()):
-        o = by_key.get((size, region))
-        if o is not None:
-            res.updates[offer_key(o)] = Quote(price=od, spot_price=spot)
+    for (size, region), (od, spot_price) in sorted(found.items()):
+        old = by_key.get((size, region))
+        if old is not None:
+            res.updates[offer_key(old)] = Quote(price=od, spot_price=spot_price)
         elif od is not None:
             res.new_offers.append(replace(template[size], region=region, zones=(), price=od,
-                                          spot_price=spot))
+                                          spot_price=spot_price))
     return res

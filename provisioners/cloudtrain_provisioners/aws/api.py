@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Callable, Iterator, Protocol, runtime_checkable
 
 from cloudtrain.errors import (AuthError, CapacityError, NoCredentials, ProviderError, QuotaError,
                                TransientError)
@@ -127,6 +127,7 @@ class ClientFactory(Protocol):
     def default_region(self) -> str: ...
 
 
+@runtime_checkable
 class HasIam(Protocol):
     """A factory that also makes an IAM client (IAM is global: one client). Needed only
     when cloudtrain mints the nodes' identity (``ClusterRequest.buckets``)."""
@@ -241,6 +242,9 @@ class IamApi(Api):
     messages: IAM is global)."""
 
     def client(self, region: str) -> Any:
+        if not isinstance(self.clients, HasIam):
+            raise ProviderError("This AWS client factory makes no IAM client (needed for the "
+                                "nodes' identity on buckets).")
         return self.clients.iam()
 
     def pages(self, region: str, op: str, key: str, **params: Any) -> Iterator[Any]:

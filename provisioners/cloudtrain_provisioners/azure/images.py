@@ -37,7 +37,7 @@ class SizeInfo:
     spot: bool
 
 
-def _cap(caps: list[dict[str, Any]], name: str) -> str:
+def _cap(caps: list[dict[str, Any]] | None, name: str) -> str:
     for c in caps or []:
         if str(c.get("name", "")).lower() == name.lower():
             return str(c.get("value", ""))
@@ -54,7 +54,7 @@ def size_info(api: Api, region: str, size: str) -> SizeInfo | None:
         if str(s.get("resourceType", "")).lower() != "virtualmachines" or \
                 str(s.get("name", "")).lower() != size.lower():
             continue
-        info = next((i for i in s.get("locationInfo") or []
+        info: dict[str, Any] = next((i for i in s.get("locationInfo") or []
                      if str(i.get("location", "")).lower() == region.lower()), {})
         zones = [str(z) for z in info.get("zones") or []]
         restricted = False

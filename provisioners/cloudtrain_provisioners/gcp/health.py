@@ -49,8 +49,8 @@ def node_health(api: Api, project: str, cluster: str, owner: str,
                  if i.rank is not None and i.name.endswith(f"-{i.rank}")), None)
     out = []
     for rank in range(max([ranks, *(r + 1 for r in newest)])):
-        i = newest.get(rank)
-        if i is None:
+        inst = newest.get(rank)
+        if inst is None:
             name = instances.instance_name(base, rank) if base else ""
             if any(n == name for _, n in taken):
                 out.append(NodeHealth(rank, name, "lost", f"instance {name} was preempted by "
@@ -59,16 +59,16 @@ def node_health(api: Api, project: str, cluster: str, owner: str,
                 out.append(NodeHealth(rank, "", "lost", "GCE lists no instance for this rank "
                                                         "(deleted, or a spot VM taken back)"))
             continue
-        ident = f"{i.name}/{i.id}" if i.id else i.name
-        if i.status in RUNNING:
+        ident = f"{inst.name}/{inst.id}" if inst.id else inst.name
+        if inst.status in RUNNING:
             out.append(NodeHealth(rank, ident, "running"))
-        elif (i.zone, i.name) in taken:
-            out.append(NodeHealth(rank, ident, "lost", f"instance {i.name} was preempted "
+        elif (inst.zone, inst.name) in taken:
+            out.append(NodeHealth(rank, ident, "lost", f"instance {inst.name} was preempted "
                                   "by GCE (spot capacity taken back)"))
         else:
-            when = f" at {i.last_stop}" if i.last_stop else ""
+            when = f" at {inst.last_stop}" if inst.last_stop else ""
             out.append(NodeHealth(rank, ident, "lost",
-                                  f"instance {i.name} is {i.status}{when}"))
+                                  f"instance {inst.name} is {inst.status}{when}"))
     return out
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from cloudtrain.errors import ProviderError, UserError
 
-SUBNET_POOL = ipaddress.ip_network("10.213.0.0/16")
+SUBNET_POOL = ipaddress.IPv4Network("10.213.0.0/16")
 NODE_IFACE = "eth0"
 
 
@@ -70,7 +70,8 @@ def used_subnets() -> set[str]:
         parts = line.split()
         if "inet" in parts:
             net = ipaddress.ip_interface(parts[parts.index("inet") + 1]).network
-            if net.subnet_of(SUBNET_POOL) if net.prefixlen >= 16 else False:
+            if isinstance(net, ipaddress.IPv4Network) and net.prefixlen >= 16 \
+                    and net.subnet_of(SUBNET_POOL):
                 used.add(str(ipaddress.ip_network(f"{net.network_address}/24", strict=False)))
     return used
 

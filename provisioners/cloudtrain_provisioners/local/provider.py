@@ -10,7 +10,7 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -69,7 +69,7 @@ class LocalProvider:
     def _layout_file(self, cluster: str) -> Path:
         return self._dir(cluster) / "layout.json"
 
-    def _read_layout(self, cluster: str) -> dict[str, object] | None:
+    def _read_layout(self, cluster: str) -> dict[str, Any] | None:
         try:
             return json.loads(self._layout_file(cluster).read_text())
         except (OSError, ValueError):
@@ -105,9 +105,9 @@ class LocalProvider:
                             "Give the path of a python binary, e.g. /opt/venv/bin/python.")
         sshd.find_sshd()
         layout = self._read_layout(request.name)
-        if layout is not None and len(layout["nodes"]) != request.num_nodes:  # type: ignore[arg-type]
+        if layout is not None and len(layout["nodes"]) != request.num_nodes:
             raise UserError(
-                f"local cluster '{request.name}' already has {len(layout['nodes'])} node(s); the "  # type: ignore[arg-type]
+                f"local cluster '{request.name}' already has {len(layout['nodes'])} node(s); the "
                 f"task asks for {request.num_nodes}.",
                 f"Take it down first ('cloudtrain down {request.name}') or use another name (-c).")
         if layout is not None and layout.get("network") != opts.network:
@@ -169,9 +169,9 @@ class LocalProvider:
         is_netns = layout["network"] == "netns"
         nl = netns.Layout(str(layout["tag"]), str(layout["subnet"])) if is_netns else None
         if nl is not None:
-            netns.write_hosts(nl, len(layout["nodes"]),  # type: ignore[arg-type]
-                              [f"{request.name}-node-{r}" for r in range(len(layout["nodes"]))])  # type: ignore[arg-type]
-        for spec in layout["nodes"]:  # type: ignore[union-attr]
+            netns.write_hosts(nl, len(layout["nodes"]),
+                              [f"{request.name}-node-{r}" for r in range(len(layout["nodes"]))])
+        for spec in layout["nodes"]:
             rank = int(spec["rank"])
             node_dir = self._dir(request.name) / "nodes" / str(rank)
             (node_dir / "root").mkdir(parents=True, exist_ok=True)
@@ -193,7 +193,7 @@ class LocalProvider:
         is_netns = layout["network"] == "netns"
         nl = netns.Layout(str(layout["tag"]), str(layout["subnet"])) if is_netns else None
         nodes = []
-        for spec in layout["nodes"]:  # type: ignore[union-attr]
+        for spec in layout["nodes"]:
             rank = int(spec["rank"])
             node_dir = self._dir(cluster) / "nodes" / str(rank)
             alive = sshd.pid(node_dir) is not None
@@ -211,7 +211,7 @@ class LocalProvider:
 
     def master_port(self, cluster: str) -> int:
         layout = self._read_layout(cluster) or {}
-        return int(layout.get("master_port") or 29500)  # type: ignore[call-overload]
+        return int(layout.get("master_port") or 29500)
 
     def node_env(self, cluster: str) -> dict[str, str]:
         """Hints for bootstrap: local nodes use an existing Python environment."""
@@ -304,14 +304,14 @@ class LocalProvider:
                     + ", ".join(f"process {p}" for p in left) + ".",
                     "Run 'cloudtrain down' again; if it persists, kill them by hand.")
             return
-        nodes = layout["nodes"]  # type: ignore[assignment]
-        for spec in nodes:  # type: ignore[union-attr]
+        nodes = layout["nodes"]
+        for spec in nodes:
             sshd.stop(d / "nodes" / str(spec["rank"]))
         left = sshd.kill_marked(str(layout["marker"]))
         nl = None
         if layout["network"] == "netns":
             nl = netns.Layout(str(layout["tag"]), str(layout["subnet"]))
-            for spec in nodes:  # type: ignore[union-attr]
+            for spec in nodes:
                 ns = nl.namespace(int(spec["rank"]))
                 for p in netns.namespace_pids(ns):
                     try:
@@ -322,14 +322,14 @@ class LocalProvider:
             netns.delete_bridge(nl)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
-            alive = [s for s in nodes if sshd.pid(d / "nodes" / str(s["rank"])) is not None]  # type: ignore[index]
+            alive = [s for s in nodes if sshd.pid(d / "nodes" / str(s["rank"])) is not None]
             if not alive:
                 break
             time.sleep(0.05)
         _remove_tree(d)
         problems = [f"process {p}" for p in left]
         if nl is not None:
-            problems += netns.leftovers(nl, len(nodes))  # type: ignore[arg-type]
+            problems += netns.leftovers(nl, len(nodes))
         if d.exists():
             problems.append(f"directory {d}")
         if problems:
