@@ -68,6 +68,15 @@ class CountResult:
         return [r for r in self.warm if r.code == 0 and r.overhead is not None]
 
 
+def overheads(runs: list[Run]) -> list[float]:
+    """The overheads of the runs that have one."""
+    return [r.overhead for r in runs if r.overhead is not None]
+
+
+def first_starts(runs: list[Run]) -> list[float]:
+    return [r.first_start for r in runs if r.first_start is not None]
+
+
 def write_task(wd: Path, name: str, nodes: int, stamps: Path) -> Path:
     wd.mkdir(parents=True, exist_ok=True)
     stamps.mkdir(parents=True, exist_ok=True)
@@ -137,7 +146,7 @@ def bench_count(root: Path, home: Path, nodes: int, repeats: int) -> CountResult
     # Outliers: show what the CLI printed, with timestamps, to see where the time went.
     ok = res.ok_warm()
     if len(ok) >= 2:
-        med = median([x.overhead for x in ok])  # type: ignore[misc]
+        med = median(overheads(ok))
         for i, r in enumerate(res.warm):
             if r.overhead is not None and r.overhead > max(2 * med, med + 1.0):
                 print(f"[{nodes:>2} node(s)] warm launch {i + 1} is an outlier "
@@ -155,15 +164,15 @@ def report(results: list[CountResult], target4: float, target_ratio: float, repe
     for r in results:
         ok = r.ok_warm()
         if ok:
-            med[r.nodes] = median([x.overhead for x in ok])  # type: ignore[misc]
+            med[r.nodes] = median(overheads(ok))
         rows.append([
             r.nodes,
             fmt(r.cold.wall, 2) if r.cold else "-",
             f"{len(ok)}/{len(r.warm)}",
             fmt(med.get(r.nodes)),
-            fmt(min(x.overhead for x in ok)) if ok else "-",  # type: ignore[type-var]
-            fmt(max(x.overhead for x in ok)) if ok else "-",  # type: ignore[type-var]
-            fmt(median([x.first_start for x in ok])) if ok else "-",  # type: ignore[misc]
+            fmt(min(overheads(ok))) if ok else "-",
+            fmt(max(overheads(ok))) if ok else "-",
+            fmt(median(first_starts(ok))) if ok else "-",
             fmt(median([x.wall for x in ok])) if ok else "-",
             fmt(median([x.cpu for x in ok])) if ok else "-",
         ])
@@ -187,7 +196,7 @@ def report(results: list[CountResult], target4: float, target_ratio: float, repe
         for label, _ in PHASES:
             vals = [x.phases[label] for x in ok if label in x.phases]
             row.append(fmt(median(vals)) if vals else "-")
-        row.append(fmt(median([x.overhead for x in ok])))  # type: ignore[misc]
+        row.append(fmt(median(overheads(ok))))
         row.append(fmt(median([x.wall for x in ok])))
         prow.append(row)
     if prow:

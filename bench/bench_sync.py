@@ -33,6 +33,7 @@ import re
 import subprocess
 import sys
 import time
+from typing import Any
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -193,7 +194,7 @@ def bench_fingerprint(root: Path, files: int, repeats: int) -> list[float]:
     return times
 
 
-def report(results: list[dict[str, object]], repeats: int, target: float, size: int) -> None:
+def report(results: list[dict[str, Any]], repeats: int, target: float, size: int) -> None:
     print()
     print(f"## Sync of a {size / 1e6:.0f} MB workdir (medians; push_all: {repeats} runs each)")
     rows = []
@@ -202,14 +203,14 @@ def report(results: list[dict[str, object]], repeats: int, target: float, size: 
             rows.append([r["nodes"], r["error"]] + ["-"] * 8)
             continue
 
-        def m(key: str, r: dict[str, object] = r) -> str:
+        def m(key: str, r: dict[str, Any] = r) -> str:
             v = r.get(key) or []
-            return fmt(median(v)) if v else "-"  # type: ignore[arg-type]
+            return fmt(median(v)) if v else "-"
 
-        rows.append([r["nodes"], fmt(r.get("full_sync"), 2),  # type: ignore[arg-type]
+        rows.append([r["nodes"], fmt(r.get("full_sync"), 2),
                      m("one_file"), m("no_change"), m("ssh_true"), m("fingerprint"),
                      m("launch_changed_sync"), m("launch_changed_wall"), m("launch_same_wall"),
-                     fmt(r.get("cold_wall"), 2)])  # type: ignore[arg-type]
+                     fmt(r.get("cold_wall"), 2)])
     print(table(["nodes", "full sync s", "1-file push s", "no-change push s", "ssh true s",
                  "fingerprint s",
                  "launch 'Synced in' s", "launch 1-file wall s", "launch unchanged wall s",
@@ -228,7 +229,7 @@ def report(results: list[dict[str, object]], repeats: int, target: float, size: 
         if not one:
             print(f"one-file incremental sync <= {target:.2f} s ({r['nodes']} node(s)): FAIL (not measured)")
             continue
-        v = median(one)  # type: ignore[arg-type]
+        v = median(one)
         print(f"one-file incremental sync <= {target:.2f} s ({r['nodes']} node(s)): {fmt(v)} s -> "
               f"{verdict(v <= target)}")
 

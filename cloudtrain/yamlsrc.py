@@ -46,7 +46,7 @@ class LocatedYaml:
             return NotImplemented
         return (self.data, self.lines) == (other.data, other.lines)
 
-    __hash__ = None  # type: ignore[assignment]
+    __hash__ = None  # type: ignore[assignment]  # unhashable: equal by value, and mutable
 
     def line_of(self, path: Path_) -> int | None:
         path = tuple(path)

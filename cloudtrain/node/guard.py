@@ -32,7 +32,8 @@ import time
 if __package__:                    # imported from the package (the CLI, the tests)
     from cloudtrain.node.sessions import proc_env, proc_pids, ssh_sessions
 else:                              # run on the node: sessions.py is shipped beside this file
-    from sessions import proc_env, proc_pids, ssh_sessions  # type: ignore[no-redef]
+    from sessions import (  # type: ignore[no-redef]  # the same names, from the node's copy
+        proc_env, proc_pids, ssh_sessions)
 
 POLL_S = float(os.environ.get("CT_GUARD_POLL", "2"))
 

@@ -74,7 +74,7 @@ class Locked:
         os.makedirs(qdir(root), mode=0o700, exist_ok=True)
         self.f = open(os.path.join(qdir(root), "lock"), "a")
 
-    def __enter__(self) -> "Locked":
+    def __enter__(self) -> Locked:
         fcntl.flock(self.f, fcntl.LOCK_EX)
         return self
 

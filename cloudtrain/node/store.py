@@ -196,11 +196,12 @@ def _say(msg: str) -> None:
     print(f"[store] {msg}", flush=True)
 
 
-def _size(n: int) -> str:
+def _size(count: int) -> str:
+    n = float(count)
     for unit in ("B", "KB", "MB", "GB"):
         if n < 1024 or unit == "GB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
+        n /= 1024
     return str(n)
 
 

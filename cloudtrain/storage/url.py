@@ -24,6 +24,8 @@ from typing import Iterable, Literal
 from urllib.parse import urlsplit
 
 Scheme = Literal["s3", "gs", "az"]
+CLOUD_OF: dict[Scheme, Literal["aws", "gcp", "azure"]] = {"s3": "aws", "gs": "gcp", "az": "azure"}
+"""The provider whose identities can be granted access to a bucket of each scheme."""
 
 MAX_PREFIX = 1024          # object key prefix, bytes (S3 and GCS keys are at most 1024)
 _S3_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
@@ -69,7 +71,7 @@ class BucketURL:
     @property
     def cloud(self) -> Literal["aws", "gcp", "azure"]:
         """The provider whose identities can be granted access to this bucket."""
-        return {"s3": "aws", "gs": "gcp", "az": "azure"}[self.scheme]  # type: ignore[return-value]
+        return CLOUD_OF[self.scheme]
 
     def child(self, *parts: str) -> BucketURL:
         """This URL with ``parts`` appended to the prefix (each part checked as a segment)."""
@@ -117,14 +119,14 @@ def parse(text: str) -> BucketURL:
         raise BucketURLError(f"'{shown}' carries credentials; remove them (and change them: "
                              "they were written in a file): the nodes get access from their "
                              "cloud identity or the task's envs")
-    if scheme in ("s3", "gs"):
+    if scheme == "s3" or scheme == "gs":
         bucket = parts.netloc
         problem = (s3_name_problem if scheme == "s3" else gs_name_problem)(bucket)
         if problem:
             raise BucketURLError(
                 f"'{bucket[:80]}' is not a valid {'S3' if scheme == 's3' else 'GCS'} bucket "
                 f"name: {problem}; e.g. {scheme}://my-bucket/run-1")
-        return BucketURL(scheme, bucket, _prefix(parts.path, shown))  # type: ignore[arg-type]
+        return BucketURL("s3" if scheme == "s3" else "gs", bucket, _prefix(parts.path, shown))
     if scheme == "https":
         m = _AZ_HOST.match(parts.netloc.lower())
         if not m or parts.netloc != parts.netloc.lower():

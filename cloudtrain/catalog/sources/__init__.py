@@ -9,12 +9,12 @@ known instance types in regions the catalog lacks, and the URLs it used. A sourc
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Tuple
+from typing import Callable
 
 from ...errors import ProviderError
 from ..model import Offer
 
-OfferKey = Tuple[str, Optional[str], float, str]
+OfferKey = tuple[str, str | None, float, str]
 Progress = Callable[[str], None]
 
 

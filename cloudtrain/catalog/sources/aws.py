@@ -86,7 +86,9 @@ class JsonStream:
 
     def peek(self) -> str:
         while True:
-            self._pos = self._WS.match(self._buf, self._pos).end()  # type: ignore[union-attr]
+            ws = self._WS.match(self._buf, self._pos)
+            if ws is not None:          # always: the pattern matches the empty string
+                self._pos = ws.end()
             if self._pos < len(self._buf):
                 return self._buf[self._pos]
             if not self._more():

@@ -103,8 +103,8 @@ class _HTTPSHandler(urllib.request.HTTPSHandler):
         self._rt = read_timeout
 
     def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
-        return self.do_open(_HTTPSConnection, req, context=self._context,  # type: ignore[attr-defined]
-                            read_timeout=self._rt)
+        context = self._context  # type: ignore[attr-defined]  # urllib's own; typeshed omits it
+        return self.do_open(_HTTPSConnection, req, context=context, read_timeout=self._rt)
 
 
 # --- errors in words --------------------------------------------------------------------------

@@ -10,6 +10,7 @@ driver is on the image, so bootstrap finds it instead of installing one.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from cloudtrain.errors import ProviderError, UserError, code_of
 
@@ -73,10 +74,10 @@ def offered_zones(api: Api, region: str, instance_type: str) -> list[str]:
     return sorted({o["Location"] for o in found})
 
 
-def _image(img: dict[str, object]) -> Image:
+def _image(img: dict[str, Any]) -> Image:
     root = str(img.get("RootDeviceName") or "/dev/sda1")
     size = 8
-    for bdm in img.get("BlockDeviceMappings") or []:  # type: ignore[attr-defined]
+    for bdm in img.get("BlockDeviceMappings") or []:
         if bdm.get("DeviceName") == root and bdm.get("Ebs", {}).get("VolumeSize"):
             size = int(bdm["Ebs"]["VolumeSize"])
     return Image(str(img["ImageId"]), str(img.get("Name") or ""), root, size)

@@ -145,8 +145,9 @@ def ensure_security_group(api: Api, region: str, vpc_id: str, name: str, cluster
         try:
             gid = api.call(region, "create_security_group", GroupName=name, VpcId=vpc_id,
                            Description=f"cloudtrain cluster {cluster} (owner {owner})",
-                           TagSpecifications=tags.spec(["security-group"],
-                                                    tags.tag_list(cluster, owner, tags.SHARED_RANK)))["GroupId"]
+                           TagSpecifications=tags.spec(
+                               ["security-group"],
+                               tags.tag_list(cluster, owner, tags.SHARED_RANK)))["GroupId"]
         except ProviderError as exc:
             if code_of(exc) != "InvalidGroup.Duplicate":
                 raise

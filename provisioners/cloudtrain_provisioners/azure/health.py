@@ -10,6 +10,8 @@ policy Deallocate shows as PowerState/deallocated. An API error is unknown, not 
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 from cloudtrain.errors import ProviderError, code_of
 from cloudtrain.provider import NodeHealth
 
@@ -53,12 +55,13 @@ def node_health(api: Api, group: str, cluster: str, owner: str, ranks: int) -> l
     return judge(vms, cluster, owner, ranks)
 
 
-def _delete_tagged(api: Api, what: str, getter: object, begin: object, group: str,
+def _delete_tagged(api: Api, what: str, getter: Callable[..., Any],
+                   begin: Callable[..., Any], group: str,
                    name: str, cluster: str, rank: int) -> bool:
     """Delete ``name`` when it carries this cluster's tag and this rank; False when it is
     not there (or not ours: then it is left alone)."""
     try:
-        res = api.call(f"read {what} {name}", getter, group, name)  # type: ignore[arg-type]
+        res = api.call(f"read {what} {name}", getter, group, name)
     except ProviderError as exc:
         if code_of(exc) in GONE:
             return False
@@ -67,7 +70,7 @@ def _delete_tagged(api: Api, what: str, getter: object, begin: object, group: st
     if marks.get(tags.CLUSTER) != cluster or tags.rank_of(marks) != rank:
         return False
     try:
-        api.lro(f"delete {what} {name}", begin, group, name)  # type: ignore[arg-type]
+        api.lro(f"delete {what} {name}", begin, group, name)
     except ProviderError as exc:
         if code_of(exc) not in GONE:
             raise

@@ -130,10 +130,10 @@ def grant(api: Api, b: BucketURL, member: str, cluster: str) -> None:
     for attempt in range(5):
         policy = _policy(api, b.bucket)
         bindings = policy.setdefault("bindings", [])
-        want = {"role": ROLE, "members": [member]}
+        want: dict[str, Any] = {"role": ROLE, "members": [member]}
         cond = _condition(b, cluster)
         if cond:
-            want["condition"] = cond   # type: ignore[assignment]
+            want["condition"] = cond
         if any(x.get("role") == ROLE and member in x.get("members", []) and
                x.get("condition") == want.get("condition") for x in bindings):
             return

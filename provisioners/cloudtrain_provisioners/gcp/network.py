@@ -196,10 +196,20 @@ def _port_set(allowed: dict[str, Any]) -> set[int] | None:
 def _within(ranges: list[str], cidr: str) -> bool:
     try:
         mine = ipaddress.ip_network(cidr, strict=False)
-        return bool(ranges) and all(ipaddress.ip_network(r, strict=False).subnet_of(mine)  # type: ignore[arg-type]
+        return bool(ranges) and all(_inside(ipaddress.ip_network(r, strict=False), mine)
                                     for r in ranges)
-    except (ValueError, TypeError):
+    except ValueError:
         return False
+
+
+def _inside(net: ipaddress.IPv4Network | ipaddress.IPv6Network,
+            mine: ipaddress.IPv4Network | ipaddress.IPv6Network) -> bool:
+    """Whether ``net`` lies within ``mine`` (never across IPv4 and IPv6)."""
+    if isinstance(net, ipaddress.IPv4Network) and isinstance(mine, ipaddress.IPv4Network):
+        return net.subnet_of(mine)
+    if isinstance(net, ipaddress.IPv6Network) and isinstance(mine, ipaddress.IPv6Network):
+        return net.subnet_of(mine)
+    return False
 
 
 def wider_rules(rules: list[dict[str, Any]], network: str, base: str, cidr: str,
