@@ -322,8 +322,9 @@ elif [ "${CLOUDTRAIN_RCLONE:-check}" = install ]; then
         rarch=""
         case "$ARCH" in x86_64) rarch=amd64 ;; aarch64) rarch=arm64 ;; esac
         [ -n "$rarch" ] || fail "rclone is needed for buckets and there is no release for $ARCH."
-        rbase=${CLOUDTRAIN_RCLONE_BASE:-https://downloads.rclone.org/v1.68.2}
-        rzip="rclone-v1.68.2-linux-$rarch.zip"
+        rver=v1.68.2   # the one place the installed rclone's version is written
+        rbase=${CLOUDTRAIN_RCLONE_BASE:-https://downloads.rclone.org/$rver}
+        rzip="rclone-$rver-linux-$rarch.zip"
         rtmp=$(mktemp -d)
         download "$rbase/$rzip" "$rtmp/$rzip"
         download "$rbase/SHA256SUMS" "$rtmp/SHA256SUMS"

@@ -47,9 +47,19 @@ class Handle:
         return self.row.nodes[0]
 
 
+CLUSTER_ID_VAR = "CLOUDTRAIN_CLUSTER_ID"
+"""The variable every process cloudtrain starts on a node carries, set to :func:`cluster_uid`:
+how ``down`` finds them (bootstrap/ctguard.sh sets it too)."""
+
+
 def cluster_uid(env: Env, name: str) -> str:
     """Unique across CLOUDTRAIN_HOMEs on one machine: marks the processes of this cluster."""
     return hashlib.sha256(f"{env.home.resolve()}:{name}".encode()).hexdigest()[:12]
+
+
+def cluster_mark(env: Env, name: str) -> str:
+    """``CLOUDTRAIN_CLUSTER_ID=<uid>``: the cluster's mark in a node process's environment."""
+    return f"{CLUSTER_ID_VAR}={cluster_uid(env, name)}"
 
 
 def resolve_name(task: Task, override: str | None, task_path: str | None) -> str:

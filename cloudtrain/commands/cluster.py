@@ -327,7 +327,7 @@ def down(names: tuple[str, ...], all_: bool, yes: bool, provider_name: str | Non
                 raise UserError("'down -a' tears down every cluster.", "Add -y to confirm.")
         elif not click.confirm(f"Tear down {', '.join(targets)}?", default=True, err=True):
             return
-    failed: list[BaseException] = []
+    failed: list[CloudtrainError] = []
     for n in targets:
         try:
             forgetting.down(env, n, provider_name, forget=forget,
@@ -336,7 +336,7 @@ def down(names: tuple[str, ...], all_: bool, yes: bool, provider_name: str | Non
             env.ui.error(f"{n}: {exc}")
             failed.append(exc)
     if failed:
-        sys.exit(max(getattr(e, "exit_code", 1) for e in failed))
+        sys.exit(max(e.exit_code for e in failed))
 
 
 def down_targets(env: Env, names: tuple[str, ...], all_: bool,

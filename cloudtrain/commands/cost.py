@@ -12,6 +12,7 @@ import click
 from cloudtrain.commands.base import CONTEXT, guard
 
 if TYPE_CHECKING:
+    from cloudtrain.catalog.load import Catalog
     from cloudtrain.memfit import MemoryEstimate
     from cloudtrain.planner import PlanResult
     from cloudtrain.taskmodel import Task
@@ -201,7 +202,7 @@ def _up_pick(task: Task, result: PlanResult, avail: dict[str, str | None]) -> Pi
 
 
 def cost_document(task: Task, result: PlanResult, hours: float, up_pick: Pick,
-                  avail: dict[str, str | None], catalog: Any, fit: MemoryEstimate | None,
+                  avail: dict[str, str | None], catalog: Catalog, fit: MemoryEstimate | None,
                   top: int | None) -> dict[str, Any]:
     """``cost --json``. Field names of "offers" and "choice" are a contract (docs/cost.md)."""
     from cloudtrain.planner import priced_json
@@ -264,7 +265,7 @@ def cost_document(task: Task, result: PlanResult, hours: float, up_pick: Pick,
         "catalog": {"kind": catalog.info.kind, "as_of": catalog.info.as_of,
                     "age_days": None if age is None else round(age, 1),
                     "source": catalog.info.source, "path": catalog.info.path,
-                    "warnings": list(getattr(catalog, "warnings", ()))},
+                    "warnings": list(catalog.warnings)},
         "memory": memory,
     }
 

@@ -169,8 +169,7 @@ class Rclone:
                            preexec_fn=_term_blocked)
         if check and p.returncode != 0:
             err = [ln for ln in p.stderr.decode(errors="replace").splitlines() if ln.strip()]
-            raise StoreError(f"rclone {args[0]} failed: "
-                             + (err[-1][:400] if err else f"exit {p.returncode}"))
+            raise StoreError(f"rclone {args[0]} failed: " + (err or [f"exit {p.returncode}"])[-1][:400])
         return p.stdout
 
     def lsjson(self, *parts: str, hashes: bool = False) -> list[dict]:
@@ -183,8 +182,7 @@ class Rclone:
             return []
         if p.returncode != 0:      # e.g. no access: never mistaken for "no checkpoint yet"
             err = [ln for ln in p.stderr.decode(errors="replace").splitlines() if ln.strip()]
-            raise StoreError(f"cannot list {self.url_text}: "
-                             + (err[-1][:400] if err else f"exit {p.returncode}"))
+            raise StoreError(f"cannot list {self.url_text}: " + (err or [f"exit {p.returncode}"])[-1][:400])
         try:
             items = json.loads(p.stdout or b"[]")
         except ValueError:
@@ -196,8 +194,7 @@ def _say(msg: str) -> None:
     print(f"[store] {msg}", flush=True)
 
 
-def _size(count: int) -> str:
-    n = float(count)
+def _size(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB"):
         if n < 1024 or unit == "GB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from importlib.metadata import EntryPoint, entry_points
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from cloudtrain.errors import MissingSDK, UserError
 
@@ -59,6 +59,17 @@ def _load(name: str) -> Any:
 
 # --- SDKs: installed or not ------------------------------------------------------------------
 
+@runtime_checkable
+class NeedsSDK(Protocol):
+    """A provider class that names the SDK modules it imports (its extra installs them)."""
+
+    sdk_modules: ClassVar[tuple[str, ...]]
+
+
+def _sdk_modules(cls: type[Provider]) -> tuple[str, ...]:
+    return tuple(cls.sdk_modules) if isinstance(cls, NeedsSDK) else ()
+
+
 def _findable(module: str) -> bool:
     from importlib.util import find_spec
 
@@ -75,7 +86,7 @@ def sdk_missing(name: str) -> str | None:
         cls = provider_class(name)
     except MissingSDK as exc:
         return exc.module
-    return next((m for m in getattr(cls, "sdk_modules", ()) if not _findable(m)), None)
+    return next((m for m in _sdk_modules(cls) if not _findable(m)), None)
 
 
 def require_sdk(name: str) -> None:
@@ -91,7 +102,7 @@ def sdk_error(exc: ModuleNotFoundError) -> MissingSDK | None:
     root = (exc.name or "").split(".")[0]
     for name in names():
         try:
-            modules = getattr(provider_class(name), "sdk_modules", ())
+            modules = _sdk_modules(provider_class(name))
         except UserError:
             continue
         if root and any(m.split(".")[0] == root for m in modules):
