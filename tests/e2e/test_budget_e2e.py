@@ -15,7 +15,8 @@ import pytest
 
 from cloudtrain import budget
 from cloudtrain.errors import UserError
-from cloudtrain.state import ClusterRow, open_state
+from cloudtrain.schema import ClusterRow
+from cloudtrain.state import open_state
 from cloudtrain.ui import UI
 from conftest import CLI, assert_nothing_left, needs_sshd, processes_with, wait_until
 
@@ -102,7 +103,7 @@ def test_local_price_option_becomes_the_plan_price(tmp_path: Path) -> None:
     from pydantic import ValidationError
 
     from cloudtrain.provider import ClusterRequest, ProviderContext
-    from cloudtrain.spec import Resources
+    from cloudtrain.taskmodel import Resources
     from cloudtrain_provisioners.local import LocalOptions, LocalProvider
 
     p = LocalProvider(ProviderContext(tmp_path))

@@ -165,7 +165,7 @@ def test_example_tasks_are_valid_task_files() -> None:
     # task model itself (every field, types and ranges) rather than the provider registry.
     import yaml
 
-    from cloudtrain.spec import Task
+    from cloudtrain.taskmodel import Task
 
     aws = Task.model_validate(yaml.safe_load((templates_dir() / "train" / "task-aws.yaml").read_text()))
     assert aws.num_nodes == 2 and aws.resources.provider == "aws"

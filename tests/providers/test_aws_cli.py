@@ -182,7 +182,7 @@ def test_dry_run_without_a_region_shows_the_planners_pick(guarded: dict[str, str
     assert r.returncode == 0, r.stderr + r.stdout
     out = r.stderr + r.stdout
     from cloudtrain import planner
-    from cloudtrain.spec import Resources
+    from cloudtrain.taskmodel import Resources
 
     cheapest = planner.rank(Resources(provider="aws", accelerators="A100:8"), 2,
                             load_catalog(None).offers).ranked[0].offer

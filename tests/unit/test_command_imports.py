@@ -34,8 +34,8 @@ with open(sys.argv[1], "w") as f:
 def _home_with_clusters(home: Path) -> float:
     """Two local clusters in the state (nodes on ports where nothing listens); 'gpu' has a
     guard policy and what a contact saw 5 minutes ago. Returns that contact's time."""
-    from cloudtrain.state import open_state
     from cloudtrain.schema import ClusterRow, NodeRow
+    from cloudtrain.state import open_state
 
     state = open_state(home)
     now = time.time()

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from cloudtrain.state import open_state
 from cloudtrain.schema import ClusterRow
+from cloudtrain.state import open_state
 
 CRED_PREFIXES = ("AWS_", "GOOGLE_", "AZURE_", "CLOUDSDK_", "GCLOUD_", "ARM_")
 PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")

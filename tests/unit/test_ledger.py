@@ -16,8 +16,8 @@ from click.testing import CliRunner, Result
 
 from cloudtrain import ledger
 from cloudtrain.commands.main import cli
-from cloudtrain.state import State, open_state
 from cloudtrain.schema import SCHEMA_VERSION, ClusterRow
+from cloudtrain.state import State, open_state
 from cloudtrain.testing import MemoryProvider
 
 H = 3600.0

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from cloudtrain import ledger
-from cloudtrain.state import open_state
 from cloudtrain.schema import SCHEMA_VERSION
+from cloudtrain.state import open_state
 
 
 def test_an_old_database_gains_the_recoveries_table(tmp_path: Path) -> None:

@@ -10,8 +10,8 @@ import pytest
 from cloudtrain.errors import HostKeyMismatch, RemoteError
 from cloudtrain.keys import ensure_keys, is_pinned, pin_host_keys
 from cloudtrain.remote import GroupResult, Result
-from cloudtrain.state import open_state
 from cloudtrain.schema import ClusterRow, NodeRow
+from cloudtrain.state import open_state
 
 
 def test_state_is_safe_with_several_processes(tmp_path: Path) -> None:

@@ -119,8 +119,8 @@ def test_job_env_has_every_contract_variable(tmp_path: Path) -> None:
     from cloudtrain.context import Env
     from cloudtrain.keys import ClusterKeys
     from cloudtrain.pipeline.run import job_env, script
-    from cloudtrain.state import open_state
     from cloudtrain.schema import ClusterRow, NodeRow
+    from cloudtrain.state import open_state
     from cloudtrain.ui import UI
 
     nodes = [NodeRow("c", r, f"i{r}", f"h{r}", 22, "u", f"10.1.0.{r + 10}", "running", "/r",
