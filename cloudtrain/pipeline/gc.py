@@ -8,7 +8,7 @@ Generic over providers: any provider with ``orphans(live, all_regions=, any_owne
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from cloudtrain import credentials
 from cloudtrain.context import Env
@@ -61,10 +61,9 @@ def collect(env: Env, sweep: Sweep, *, yes: bool, confirm: Confirm | None
     ``sweep.force``; another home's resources unless ``sweep.any_owner``. Returns every
     resource seen (each with whether it was removed, or why it was left alone) and the
     providers' errors (the other providers are still collected)."""
-    names = _providers(env, sweep)
     report: list[dict[str, Any]] = []
     failed: list[CloudtrainError] = []
-    for name in names:
+    for name in _providers(env, sweep):
         try:
             provider: Any = env.provider(name)
             live = {c.name for c in env.state.list_clusters() if c.provider == name}
@@ -85,14 +84,14 @@ def collect(env: Env, sweep: Sweep, *, yes: bool, confirm: Confirm | None
     return report, failed
 
 
-def _providers(env: Env, sweep: Sweep) -> list[str]:
-    """The providers this sweep asks (an explicit one that cannot collect: exit 2), once the
-    clusters whose nodes stopped themselves are reconciled."""
+def _providers(env: Env, sweep: Sweep) -> Iterator[str]:
+    """The providers this sweep asks, in turn (an explicit one that cannot collect: exit 2),
+    once the clusters whose nodes stopped themselves are reconciled; each skipped one is said
+    when its turn comes."""
     names = [sweep.provider] if sweep.provider else env.provider_names()
     if sweep.provider:
         env.require_sdk(sweep.provider)   # exit 2 with the pip line
     _reconcile(env, [n for n in names if env.sdk_missing(n) is None])
-    out = []
     for name in names:
         if not issubclass(env.provider_class(name), CollectsOrphans):
             if sweep.provider:
@@ -105,8 +104,7 @@ def _providers(env: Env, sweep: Sweep) -> list[str]:
             env.ui.info(f"{name}: skipped, no credentials configured "
                         f"(to include it: {credentials.how_to(name)})")
         else:
-            out.append(name)
-    return out
+            yield name
 
 
 def _sweep_one(env: Env, sweep: Sweep, name: str, provider: Any, live: set[str],
