@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -42,6 +43,36 @@ def du(path: Path) -> int:
     if path.is_file():
         return path.stat().st_size
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def boto3_rates(emu: Any, files: list[Path], tmp: Path, repeats: int,
+                total_mb: float) -> list[tuple[str, float, float]]:
+    """boto3's own upload_file/download_file over the same files: MB/s up and down."""
+    import boto3
+
+    out = []
+    s3 = boto3.client("s3", endpoint_url=emu.envs["AWS_ENDPOINT_URL"], region_name="us-east-1",
+                      aws_access_key_id="testing", aws_secret_access_key="testing", verify=False)
+    for n in (1, 8):
+        ups, downs = [], []
+        for r in range(repeats):
+            t0 = time.monotonic()
+            key = f"b3/{n}-{r}"
+            with ThreadPoolExecutor(n) as pool:
+                list(pool.map(lambda p, key=key: s3.upload_file(str(p), emus.BUCKET,
+                                                                  f"{key}/{p.name}"), files))
+            ups.append(time.monotonic() - t0)
+            d = tmp / f"b3-{n}-{r}"
+            d.mkdir()
+            t0 = time.monotonic()
+            with ThreadPoolExecutor(n) as pool:
+                list(pool.map(lambda p, key=key, d=d: s3.download_file(
+                    emus.BUCKET, f"{key}/{p.name}", str(d / p.name)), files))
+            downs.append(time.monotonic() - t0)
+            shutil.rmtree(d)
+        out.append((f"boto3 upload_file/download_file, {n} thread(s)",
+                    total_mb / statistics.median(ups), total_mb / statistics.median(downs)))
+    return out
 
 
 def main() -> int:
@@ -98,30 +129,7 @@ def main() -> int:
         rows.append(("store.py upload / restore (sha256, manifest)", total_mb / statistics.median(ups),
                      total_mb / statistics.median(downs)))
 
-        import boto3
-
-        s3 = boto3.client("s3", endpoint_url=emu.envs["AWS_ENDPOINT_URL"], region_name="us-east-1",
-                          aws_access_key_id="testing", aws_secret_access_key="testing", verify=False)
-        files = sorted(src.iterdir())
-        for n in (1, 8):
-            ups, downs = [], []
-            for r in range(a.repeats):
-                t0 = time.monotonic()
-                key = f"b3/{n}-{r}"
-                with ThreadPoolExecutor(n) as pool:
-                    list(pool.map(lambda p, key=key: s3.upload_file(str(p), emus.BUCKET,
-                                                                      f"{key}/{p.name}"), files))
-                ups.append(time.monotonic() - t0)
-                d = tmp / f"b3-{n}-{r}"
-                d.mkdir()
-                t0 = time.monotonic()
-                with ThreadPoolExecutor(n) as pool:
-                    list(pool.map(lambda p, key=key, d=d: s3.download_file(
-                        emus.BUCKET, f"{key}/{p.name}", str(d / p.name)), files))
-                downs.append(time.monotonic() - t0)
-                shutil.rmtree(d)
-            rows.append((f"boto3 upload_file/download_file, {n} thread(s)",
-                         total_mb / statistics.median(ups), total_mb / statistics.median(downs)))
+        rows += boto3_rates(emu, sorted(src.iterdir()), tmp, a.repeats, total_mb)
 
         print(f"{a.files} files x {a.file_mb:g} MB = {total_mb:.0f} MB, moto S3 server on loopback, "
               f"median of {a.repeats}")
