@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from cloudtrain import sshproxy
 from cloudtrain.errors import HostKeyMismatch, RemoteError, SSHTimeout, UserError
 from cloudtrain.keys import ClusterKeys, host_entry_name, pin_host_keys
 
@@ -367,6 +368,20 @@ def _load_key(path: Path) -> paramiko.PKey:
                           "(or load it into a key file without one).") from None
 
 
+def proxy_sock(keys: ClusterKeys, node: NodeRow) -> paramiko.ProxyCommand | None:
+    """The cluster's proxy (``resources.ssh_proxy``) as paramiko's socket for one connection
+    to ``node``, run as OpenSSH runs a ProxyCommand; None when it has none."""
+    import shlex
+
+    import paramiko
+
+    proxy = keys.proxy
+    if not proxy:
+        return None
+    return paramiko.ProxyCommand(shlex.join(sshproxy.shell_argv(
+        proxy, host=node.host, port=node.port, user=node.user)))
+
+
 def connect(node: NodeRow, keys: ClusterKeys, *, deadline: float, learn: bool = False,
             stop: threading.Event | None = None) -> Connection:
     """Connect to one node, retrying until ``deadline`` (time.monotonic) while sshd comes up."""
@@ -389,6 +404,7 @@ def connect(node: NodeRow, keys: ClusterKeys, *, deadline: float, learn: bool = 
         left = deadline - time.monotonic()
         try:
             client.connect(node.host, port=node.port, username=node.user, pkey=pkey,
+                           sock=proxy_sock(keys, node),
                            look_for_keys=False, allow_agent=False, timeout=max(1.0, min(left, 10)),
                            banner_timeout=max(1.0, min(left, 15)), auth_timeout=max(1.0, min(left, 15)))
             return Connection(node, client)
