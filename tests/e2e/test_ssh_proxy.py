@@ -16,6 +16,7 @@ A malformed value exits 2 naming the field, and creates nothing.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -32,7 +33,7 @@ pytestmark = [needs_sshd, pytest.mark.e2e,
                                  reason="needs OpenSSH's client and rsync")]
 
 RELAY = r'''
-import os, socket, sys, threading
+import json, os, socket, sys, threading
 
 def comm(pid):
     try:
@@ -43,7 +44,8 @@ def comm(pid):
     return name, int(rest.split()[1])
 
 host, port, log = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-s = socket.create_connection((host, port))
+where = json.load(open(sys.argv[4])) if len(sys.argv) > 4 else {}   # invented -> real address
+s = socket.create_connection(tuple(where.get(f"{host}:{port}", (host, port))))
 parent, grand = comm(os.getppid())
 grandparent = comm(grand)[0]
 with open(log, "a") as f:
@@ -77,10 +79,14 @@ def _project(tmp_path: Path, name: str, proxy: str) -> Path:
     return task
 
 
-def _relay(tmp_path: Path) -> tuple[str, Path]:
+def _relay(tmp_path: Path, where: dict[str, tuple[str, int]] | None = None) -> tuple[str, Path]:
+    """The relay as a proxy command, and its log; ``where``: addresses only it knows."""
     script, log = tmp_path / "relay.py", tmp_path / "relay.log"
     script.write_text(RELAY)
-    return f"{sys.executable} {script} %h %p {log}", log
+    if where is None:
+        return f"{sys.executable} {script} %h %p {log}", log
+    (tmp_path / "where.json").write_text(json.dumps(where))
+    return f"{sys.executable} {script} %h %p {log} {tmp_path / 'where.json'}", log
 
 
 def _entries(log: Path) -> list[list[str]]:
@@ -159,6 +165,43 @@ def test_without_multiplexing_rsync_and_paramiko_each_go_through_the_proxy(
         # ... and cloudtrain's paramiko connection (the relay is its own child) too.
         assert any(e[3].startswith("python") for e in mine), mine
     assert _client_ports(r.stdout) <= {e[2] for e in seen}, (r.stdout, seen)
+    assert_nothing_left(cli.home)
+
+
+def test_nodes_at_addresses_only_the_proxy_knows_are_reached_and_shown_running(
+        cli: CLI, tmp_path: Path) -> None:
+    """The ssh provider's hosts are names no resolver knows (node-N.invalid; their private
+    addresses, which the nodes use among themselves, are the stand-ins'): only the proxy can
+    reach them, so every command that works went through it; status's live check of
+    those hosts (an SSH banner) goes through it too."""
+    t = tmp_path / "stand-ins.yaml"
+    t.write_text("name: stand-ins\nnum_nodes: 2\nrun: 'true'\n")
+    assert cli.run("up", str(t), "--no-bootstrap").returncode == 0
+    real = _nodes(cli)
+    where = {f"node-{i}.invalid:22": (h, int(p)) for i, (h, p) in enumerate(real)}
+    proxy, log = _relay(tmp_path, where)
+    key = cli.home / "clusters" / "stand-ins" / "ssh" / "id_ed25519"
+    entries = "\n".join(f"      - {{address: node-{i}.invalid, internal_ip: {h}, "
+                        f"identity_file: {key}}}" for i, (h, _) in enumerate(real))
+    task = tmp_path / "hidden.yaml"
+    task.write_text(f"name: hidden\nnum_nodes: 2\nworkdir: ./proj\nresources:\n  provider: ssh\n"
+                    f"  ssh_proxy: {proxy!r}\n  ssh:\n    hosts:\n{entries}\n"
+                    f"bootstrap:\n  python: {sys.executable}\nrun: 'cat data.txt'\n")
+    (tmp_path / "proj").mkdir()
+    (tmp_path / "proj" / "data.txt").write_text("sent by rsync\n")
+    r = cli.run("launch", str(task), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("sent by rsync") == 2, r.stdout
+    assert {(e[0], e[1]) for e in _entries(log)} == {("node-0.invalid", "22"),
+                                                      ("node-1.invalid", "22")}
+    st = cli.run("status", "hidden", "--json")
+    assert st.returncode == 0, st.stderr
+    [c] = json.loads(st.stdout)
+    assert [n["status"] for n in c["nodes"]] == ["running", "running"], c
+    r = cli.run("exec", "hidden", "--", "echo reached", CLOUDTRAIN_SSH_PERSIST="0")
+    assert r.returncode == 0 and r.stdout.count("reached") == 2, r.stderr
+    assert cli.run("down", "hidden", "-y").returncode == 0
+    assert cli.run("down", "stand-ins", "-y").returncode == 0
     assert_nothing_left(cli.home)
 
 
