@@ -2,8 +2,9 @@
 nodes (cloudtrain's OpenSSH masters, paramiko when multiplexing is off, rsync's ssh, and plain
 ``ssh NAME`` through the cluster's generated config) goes through the proxy, in both forms:
 
-- a ProxyCommand: a relay script this test writes, which records each ``%h %p`` it is asked for
-  (with the processes that asked and the local port it connected from) and relays to the node;
+- a ProxyCommand: a relay (tests/fakes/ssh_relay.py), which records each ``%h %p`` it is asked
+  for (with the processes that asked and the local port it connected from) and relays to the
+  node, or to the real address of an address only it knows;
 - a ProxyJump spec: a jump host that is a real sshd (the local provider's sshd helper) whose
   only authorised key is one the test makes. The jump host is reached as the user's own
   ``ssh bastion`` reaches it: OpenSSH takes ``~/.ssh/config`` from the password database, not
@@ -32,40 +33,7 @@ pytestmark = [needs_sshd, pytest.mark.e2e,
               pytest.mark.skipif(shutil.which("ssh") is None or shutil.which("rsync") is None,
                                  reason="needs OpenSSH's client and rsync")]
 
-RELAY = r'''
-import json, os, socket, sys, threading
-
-def comm(pid):
-    try:
-        stat = open(f"/proc/{pid}/stat").read()
-    except OSError:
-        return "?", 0
-    name, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:]
-    return name, int(rest.split()[1])
-
-host, port, log = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-where = json.load(open(sys.argv[4])) if len(sys.argv) > 4 else {}   # invented -> real address
-s = socket.create_connection(tuple(where.get(f"{host}:{port}", (host, port))))
-parent, grand = comm(os.getppid())
-grandparent = comm(grand)[0]
-with open(log, "a") as f:
-    f.write(f"{host} {port} {s.getsockname()[1]} {parent} {grandparent}\n")
-
-def up():
-    while True:
-        data = os.read(0, 65536)
-        if not data:
-            s.shutdown(socket.SHUT_WR)
-            return
-        s.sendall(data)
-
-threading.Thread(target=up, daemon=True).start()
-while True:
-    data = s.recv(65536)
-    if not data:
-        break
-    os.write(1, data)
-'''
+RELAY = Path(__file__).resolve().parent.parent / "fakes" / "ssh_relay.py"
 
 
 def _project(tmp_path: Path, name: str, proxy: str) -> Path:
@@ -81,12 +49,11 @@ def _project(tmp_path: Path, name: str, proxy: str) -> Path:
 
 def _relay(tmp_path: Path, where: dict[str, tuple[str, int]] | None = None) -> tuple[str, Path]:
     """The relay as a proxy command, and its log; ``where``: addresses only it knows."""
-    script, log = tmp_path / "relay.py", tmp_path / "relay.log"
-    script.write_text(RELAY)
+    log = tmp_path / "relay.log"
     if where is None:
-        return f"{sys.executable} {script} %h %p {log}", log
+        return f"{sys.executable} {RELAY} %h %p {log}", log
     (tmp_path / "where.json").write_text(json.dumps(where))
-    return f"{sys.executable} {script} %h %p {log} {tmp_path / 'where.json'}", log
+    return f"{sys.executable} {RELAY} %h %p {log} {tmp_path / 'where.json'}", log
 
 
 def _entries(log: Path) -> list[list[str]]:
