@@ -21,6 +21,7 @@ pinned known_hosts are never offered to it.
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 import shlex
 from dataclasses import dataclass
@@ -130,7 +131,7 @@ def expanded(command: str, *, host: str, port: int, user: str) -> str:
 
 
 def shell_argv(value: str, *, host: str, port: int, user: str) -> list[str]:
-    """The proxy as a process for one connection, run the way OpenSSH runs a ProxyCommand
-    (``/bin/sh -c 'exec COMMAND'``)."""
+    """The proxy as a process for one connection, run the way OpenSSH runs a ProxyCommand:
+    ``$SHELL -c 'exec COMMAND'`` (``/bin/sh`` without $SHELL)."""
     cmd = expanded(proxy_command(value, batch=True), host=host, port=port, user=user)
-    return ["/bin/sh", "-c", "exec " + cmd]
+    return [os.environ.get("SHELL") or "/bin/sh", "-c", "exec " + cmd]

@@ -71,8 +71,11 @@ def test_a_proxy_command_is_used_as_written_and_absent_without_a_proxy(tmp_path:
     assert "proxycommand" not in got
 
 
-def test_the_proxy_process_for_paramiko_is_run_as_openssh_runs_it() -> None:
+def test_the_proxy_process_for_paramiko_is_run_as_openssh_runs_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     from cloudtrain.sshproxy import shell_argv
+
+    monkeypatch.delenv("SHELL", raising=False)
 
     assert shell_argv("ssh -W %h:%p b %% %r", host="10.0.0.7", port=2222, user="u") == \
         ["/bin/sh", "-c", "exec ssh -W 10.0.0.7:2222 b % u"]
