@@ -103,6 +103,15 @@ def test_a_proxy_command_carries_every_connection_and_ssh_name(cli: CLI, tmp_pat
     [entry] = _entries(log)[before:]
     assert (entry[0], entry[1], entry[3]) == (*nodes[0], "ssh")
     assert _client_ports(done.stdout) == {entry[2]}, (done.stdout, entry)
+    # So does 'cloudtrain ssh NAME' (connecting on its own: no master to ride on).
+    before = len(_entries(log))
+    done = subprocess.run([sys.executable, "-m", "cloudtrain", "ssh", "relayed", "--node", "1"],
+                          input="echo conn=$SSH_CONNECTION\n", capture_output=True, text=True,
+                          timeout=60, env=cli.env(CLOUDTRAIN_SSH_PERSIST="0"))
+    assert done.returncode == 0, done.stderr
+    [entry] = _entries(log)[before:]
+    assert (entry[0], entry[1], entry[3]) == (*nodes[1], "ssh")
+    assert _client_ports(done.stdout) == {entry[2]}, (done.stdout, entry)
 
     # Later commands have no task file: they remember the proxy with the cluster.
     before = len(_entries(log))
