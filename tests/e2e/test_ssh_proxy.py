@@ -1,6 +1,7 @@
 """``resources.ssh_proxy`` through the real CLI on local sshd nodes: every connection to the
 nodes (cloudtrain's OpenSSH masters, paramiko when multiplexing is off, rsync's ssh,
-``cloudtrain ssh``, plain ``ssh NAME`` through the cluster's generated config, and status's
+``cloudtrain ssh``, plain ``ssh NAME`` and port forwards through the cluster's generated
+config, and status's
 live check of the ssh provider's hosts) goes through the proxy, in both forms:
 
 - a ProxyCommand: a relay (tests/fakes/ssh_relay.py), which records each ``%h %p`` it is asked
@@ -24,6 +25,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -73,6 +75,17 @@ def _client_ports(out: str) -> set[str]:
     return {ln.split("conn=")[1].split()[1] for ln in out.splitlines() if "conn=" in ln}
 
 
+def _greet(server: socket.socket) -> None:
+    """Answer every connection (the forward's readiness check among them) with one line."""
+    while True:
+        try:
+            conn, _ = server.accept()
+        except OSError:
+            return
+        with conn:
+            conn.sendall(b"through the relay")
+
+
 def _ssh_through_config(cli: CLI, name: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     conf = cli.home / "ssh" / f"{name}.conf"
     return subprocess.run(["ssh", "-F", str(conf), name, *args], capture_output=True, text=True,
@@ -113,6 +126,18 @@ def test_a_proxy_command_carries_every_connection_and_ssh_name(cli: CLI, tmp_pat
     [entry] = _entries(log)[before:]
     assert (entry[0], entry[1], entry[3]) == (*nodes[1], "ssh")
     assert _client_ports(done.stdout) == {entry[2]}, (done.stdout, entry)
+
+    # A port forward (ssh -F <cluster file>) goes through it as well.
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        threading.Thread(target=_greet, args=(server,), daemon=True).start()
+        remote, local = server.getsockname()[1], _free_port()
+        before = len(_entries(log))
+        fwd = cli.run("forward", "relayed", f"{remote}:{local}", "--background")
+        assert fwd.returncode == 0, fwd.stderr
+        with socket.create_connection(("127.0.0.1", local), timeout=10) as c:
+            assert c.recv(64) == b"through the relay"
+        assert [(e[0], e[1], e[3]) for e in _entries(log)[before:]] == [(*nodes[0], "ssh")]
+        assert cli.run("forward", "--stop", "relayed").returncode == 0
 
     # Later commands have no task file: they remember the proxy with the cluster.
     before = len(_entries(log))
