@@ -1,8 +1,8 @@
 """``resources.ssh_proxy`` through the real CLI on local sshd nodes: every connection to the
 nodes (cloudtrain's OpenSSH masters, paramiko when multiplexing is off, rsync's ssh,
 ``cloudtrain ssh``, plain ``ssh NAME`` and port forwards through the cluster's generated
-config, and status's
-live check of the ssh provider's hosts) goes through the proxy, in both forms:
+config, and status's live check of the ssh provider's hosts) goes through the proxy, in both
+forms:
 
 - a ProxyCommand: a relay (tests/fakes/ssh_relay.py), which records each ``%h %p`` it is asked
   for (with the processes that asked and the local port it connected from) and relays to the
