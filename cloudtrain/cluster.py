@@ -170,9 +170,9 @@ def probe_hosts(env: Env, rows: list[ClusterRow]) -> None:
     as 'unreachable' and its cluster as DEGRADED (UNREACHABLE when no node answers)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from cloudtrain.connection import ssh_answers
     from cloudtrain.keys import ClusterKeys
     from cloudtrain.provider import registry
+    from cloudtrain.sshproxy import ssh_answers
 
     live = [r for r in rows if not getattr(registry.provider_class(r.provider), "powers_off", True)]
     nodes = [n for r in live for n in r.nodes]

@@ -397,42 +397,6 @@ def proxy_sock(keys: ClusterKeys, node: NodeRow) -> paramiko.ProxyCommand | None
         proxy, host=node.host, port=node.port, user=node.user)))
 
 
-def ssh_answers(node: NodeRow, proxy: str | None, timeout: float) -> bool:
-    """Does the node's sshd greet (an SSH banner within ``timeout`` s), reached directly or
-    through the cluster's proxy (``resources.ssh_proxy``)? No login, no key."""
-    if not proxy:
-        try:
-            with socket.create_connection((node.host, node.port), timeout=timeout) as s:
-                s.settimeout(timeout)
-                return s.recv(64).startswith(b"SSH-")
-        except OSError:
-            return False
-    import selectors
-    import subprocess
-
-    proc = subprocess.Popen(sshproxy.shell_argv(proxy, host=node.host, port=node.port,
-                                                user=node.user),
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
-    assert proc.stdout is not None
-    got, end = b"", time.monotonic() + timeout
-    try:
-        with selectors.DefaultSelector() as sel:
-            sel.register(proc.stdout, selectors.EVENT_READ)
-            while len(got) < 4 and sel.select(max(0.0, end - time.monotonic())):
-                chunk = os.read(proc.stdout.fileno(), 4 - len(got))
-                if not chunk:
-                    break
-                got += chunk
-        return got == b"SSH-"
-    finally:
-        proc.kill()
-        proc.wait()
-        for f in (proc.stdin, proc.stdout):
-            if f is not None:
-                f.close()
-
-
 def connect(node: NodeRow, keys: ClusterKeys, *, deadline: float, learn: bool = False,
             stop: threading.Event | None = None) -> Connection:
     """Connect to one node, retrying until ``deadline`` (time.monotonic) while sshd comes up."""
