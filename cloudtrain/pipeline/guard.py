@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
@@ -22,10 +23,11 @@ from cloudtrain.pipeline.lastseen import (RULES, contacted, describe, idle_words
                                           saved)
 from cloudtrain.pipeline.rules import budget_change, budget_words
 from cloudtrain.provider.contract import Node, SelfStops
-from cloudtrain.remote import Group, Result
+from cloudtrain.remote import Group, GroupResult, Result
 from cloudtrain.state import NodeRow
 
 if TYPE_CHECKING:
+    from cloudtrain.gpuuse import NodeGPUs
     from cloudtrain.spec import Task   # annotations only: no pydantic at import
 
 # The idle stop's default where cloudtrain owns the machines and they bill (the clouds).
@@ -111,17 +113,21 @@ def command(env: Env, handle: Handle, mode: str, pol: dict[str, Any] | None):  #
     return cmd
 
 
-_command = command
+@dataclass(frozen=True)
+class Pushed:
+    """What one ``ctguard.sh`` contact gave back: each node's word ("guard
+    process|systemd|stopped", or "failed: ..."), and the whole session's results (with
+    ``then``: the other command's output is in them)."""
+
+    said: dict[int, str]
+    session: GroupResult
 
 
 def push(env: Env, handle: Handle, group: Group, mode: str,
          pol: dict[str, Any] | None = None, *, then: Callable[[NodeRow], str] | None = None,
-         raw: dict[int, Result] | None = None, ranks: Iterable[int] | None = None
-         ) -> dict[int, str]:
-    """Run ctguard.sh MODE on every node (guard.py on stdin); save ``pol`` locally. Returns
-    what each node said ("::guard process|systemd|stopped") or the error. ``then``: a command
-    run after it in the same session (one round trip for both), whose result (the whole
-    session's) goes into ``raw``."""
+         ranks: Iterable[int] | None = None) -> Pushed:
+    """Run ctguard.sh MODE on every node (guard.py on stdin); save ``pol`` locally. ``then``:
+    a command run after it in the same session (one round trip for both)."""
     src = guard_source()
     cmd = command(env, handle, mode, pol)
     run = cmd if then is None else (lambda n: f"{cmd(n)}; {then(n)}")
@@ -132,14 +138,12 @@ def push(env: Env, handle: Handle, group: Group, mode: str,
         # "install" with a policy: up or launch (a job may start); "policy" (autostop) and
         # "touch" change nothing the nodes run.
         contacted(env, handle.name, idle=False if mode == "install" else None)
-    if raw is not None:
-        raw.update(res)
     out = {}
     for rank, r in res.items():
         said = [ln for ln in r.stdout.splitlines() if ln.startswith("::guard")]
         ok = r.error is None and (r.ok or then is not None)
         out[rank] = said[-1][2:] if ok and said else f"failed: {(r.stderr or r.stdout).strip()[-300:]}"
-    return out
+    return Pushed(out, res)
 
 
 def install(env: Env, handle: Handle, group: Group, task: Task | None,
@@ -147,7 +151,7 @@ def install(env: Env, handle: Handle, group: Group, task: Task | None,
     """At up: the guard on every node, with the task's policy; ``up`` says what it is.
     ``fresh``: the cluster was created by this up (nothing of the user's runs on it)."""
     pol = desired(env, handle, task)
-    said = push(env, handle, group, "install", pol)
+    said = push(env, handle, group, "install", pol).said
     if fresh:
         contacted(env, handle.name, idle=True)
     bad = {r: s for r, s in said.items() if s.startswith("failed")}
@@ -164,18 +168,27 @@ def self_stop_note(handle: Handle) -> str:
     return f". After a self-stop: {handle.provider.what_still_bills()}"
 
 
+@dataclass(frozen=True)
+class Written:
+    """A policy written on every node: the policy, and the session's results (with
+    ``then``: the other command's output is in them)."""
+
+    policy: dict[str, Any]
+    session: GroupResult
+
+
 def update(env: Env, handle: Handle, group: Group, task: Task | None = None, *,
            mode: str = "policy", then: Callable[[NodeRow], str] | None = None,
-           raw: dict[int, Result] | None = None, **changes: Any) -> dict[str, Any]:
+           **changes: Any) -> Written:
     """A CLI contact that changes the policy (launch, autostop): write it on every node, renew
     the lease, restart a guard that is gone (``mode`` "install": also clear an old stop).
-    ``then``/``raw``: another command in the same round trip, and its results (see push)."""
+    ``then``: another command in the same round trip (see push)."""
     pol = desired(env, handle, task, **changes)
-    said = push(env, handle, group, mode, pol, then=then, raw=raw)
-    for rank, s in said.items():
+    pushed = push(env, handle, group, mode, pol, then=then)
+    for rank, s in pushed.said.items():
         if s.startswith("failed"):
             env.ui.warn(f"node guard on node {rank}: {s}")
-    return pol
+    return Written(pol, pushed.session)
 
 
 def touch(env: Env, handle: Handle, group: Group, ranks: Iterable[int] | None = None) -> None:
@@ -188,25 +201,35 @@ def touch(env: Env, handle: Handle, group: Group, ranks: Iterable[int] | None = 
         env.ui.warn(f"could not renew the node guard's lease: {exc}")
 
 
-def states(env: Env, handle: Handle, group: Group, gpus: dict[int, Any] | None = None, *,
-           renew: bool = False) -> dict[int, dict[str, Any]]:
+@dataclass(frozen=True)
+class Seen:
+    """What one contact read from the nodes: each node's guard state (state.json,
+    stopped.json, whether the guard runs; {} when the node did not say), and each node's GPUs
+    when they were asked (rank order)."""
+
+    nodes: dict[int, dict[str, Any]]
+    gpus: list[NodeGPUs] | None = None
+
+
+def states(env: Env, handle: Handle, group: Group, *, gpus: bool = False,
+           renew: bool = False) -> Seen:
     """What each node's guard last saw (state.json), stopped.json, and whether it runs. With
-    ``gpus`` (a dict, filled in) the same command also asks nvidia-smi (cloudtrain.gpuuse);
-    with ``renew`` it first renews the lease and restarts a dead guard (a CLI contact, as
-    :func:`touch`): one round trip per node for all of it. What the nodes said is kept
-    (cloudtrain.pipeline.lastseen) for the next plain ``status``."""
+    ``gpus`` the same command also asks nvidia-smi (cloudtrain.gpuuse); with ``renew`` it
+    first renews the lease and restarts a dead guard (a CLI contact, as :func:`touch`): one
+    round trip per node for all of it. What the nodes said is kept (cloudtrain.pipeline.
+    lastseen) for the next plain ``status``."""
     from cloudtrain import gpuuse
     from cloudtrain.pipeline import lastseen
     from cloudtrain.remote import bash
 
-    state_cmd = _command(env, handle, "state", None)
-    touch_cmd = _command(env, handle, "touch", None) if renew else None
+    state_cmd = command(env, handle, "state", None)
+    touch_cmd = command(env, handle, "touch", None) if renew else None
     bins = {n.rank: n.python_bin or os.path.dirname(bootstrap.provider_node_env(handle).get(
         "CLOUDTRAIN_PYTHON", "")) or None for n in handle.nodes}
 
     def run(n: NodeRow) -> str:
         line = state_cmd(n) if touch_cmd is None else f"{touch_cmd(n)}; {state_cmd(n)}"
-        return line if gpus is None else f"{line}; {bash(gpuuse.remote_script(bins.get(n.rank)))}"
+        return line if not gpus else f"{line}; {bash(gpuuse.remote_script(bins.get(n.rank)))}"
     renewed_at = time.time()
     if renew:
         src = guard_source()
@@ -214,39 +237,55 @@ def states(env: Env, handle: Handle, group: Group, gpus: dict[int, Any] | None =
     else:
         res = group.run(run, timeout=30)
     out: dict[int, dict[str, Any]] = {}
+    read: dict[int, NodeGPUs] = {}
     for rank, r in res.items():
         before, block = gpuuse.split_output(r.stdout)
-        ok = r.error is None and "::guard " in before
-        if renew and not ok:
-            env.ui.warn(f"could not renew the node guard's lease on node {rank}: "
-                        f"{(r.error or r.stderr or r.stdout or 'no answer').strip()[-300:]}")
-        try:
-            out[rank] = json.loads(before.strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            out[rank] = {}
-        if not isinstance(out[rank], dict):
-            out[rank] = {}
-        st = out[rank].get("state")
-        if renew and ok and isinstance(st, dict) and not st.get("busy"):
-            # The lease was renewed just now: the guard counts idle from here (its state.json
-            # says so at its next loop).
-            st.update(idle_for_s=0.0, at=renewed_at, lease_at=renewed_at)
-        if gpus is not None:
-            seen = out[rank].get("state")
-            jobs = seen.get("jobs") if isinstance(seen, dict) else 0
-            gpus[rank] = gpuuse.parse(block if r.error is None else None, rank,
-                                      job_running=isinstance(jobs, int) and jobs > 0)
-            if r.error is not None:
-                gpus[rank].detail = f"no answer from the node ({r.error})"[:300]
+        out[rank] = _state_of(env, rank, r, before, renew, renewed_at)
+        if gpus:
+            read[rank] = _gpus_of(r, rank, block, out[rank])
     answered = {rank: s for rank, s in out.items() if s}
     if renew and answered:
         busy = [s.get("state", {}).get("busy") for s in answered.values()
                 if isinstance(s.get("state"), dict)]
         contacted(env, handle.name, idle=None if not busy else not any(busy), at=renewed_at)
+    seen = Seen(out, [read[r] for r in sorted(read)] if gpus else None)
     if answered:
-        lastseen.remember(env, handle.name, answered,
-                          None if gpus is None else [gpus[r] for r in sorted(gpus)])
-    return out
+        lastseen.remember(env, handle.name, answered, seen.gpus)
+    return seen
+
+
+def _state_of(env: Env, rank: int, r: Result, before: str, renew: bool,
+              renewed_at: float) -> dict[str, Any]:
+    """One node's answer to ``states``: its guard's state, {} when it said none."""
+    ok = r.error is None and "::guard " in before
+    if renew and not ok:
+        env.ui.warn(f"could not renew the node guard's lease on node {rank}: "
+                    f"{str(r.error or r.stderr or r.stdout or 'no answer').strip()[-300:]}")
+    try:
+        got = json.loads(before.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        got = {}
+    if not isinstance(got, dict):
+        got = {}
+    st = got.get("state")
+    if renew and ok and isinstance(st, dict) and not st.get("busy"):
+        # The lease was renewed just now: the guard counts idle from here (its state.json
+        # says so at its next loop).
+        st.update(idle_for_s=0.0, at=renewed_at, lease_at=renewed_at)
+    return got
+
+
+def _gpus_of(r: Result, rank: int, block: str | None, seen: dict[str, Any]) -> NodeGPUs:
+    """One node's GPUs from its answer to ``states``."""
+    from cloudtrain import gpuuse
+
+    st = seen.get("state")
+    jobs = st.get("jobs") if isinstance(st, dict) else 0
+    got = gpuuse.parse(block if r.error is None else None, rank,
+                       job_running=isinstance(jobs, int) and jobs > 0)
+    if r.error is not None:
+        got.detail = f"no answer from the node ({r.error})"[:300]
+    return got
 
 
 def reconcile(env: Env, name: str) -> dict[str, Any] | None:
@@ -309,7 +348,7 @@ def set_autostop(env: Env, name: str, idle_minutes: float | None, down: bool | N
     with cluster_lock(env, name):
         handle, group = _connected(env, name)
         try:
-            pol = update(env, handle, group, None, **changes)
+            pol = update(env, handle, group, None, **changes).policy
         finally:
             group.close()
     return pol
@@ -323,7 +362,8 @@ def set_budget(env: Env, name: str, max_cost: float | None) -> dict[str, Any]:
     with cluster_lock(env, name):
         handle, group = _connected(env, name)
         try:
-            pol = update(env, handle, group, None, **budget_change(saved(env, name), max_cost))
+            pol = update(env, handle, group, None,
+                         **budget_change(saved(env, name), max_cost)).policy
         finally:
             group.close()
     env.state.set_budget(name, max_cost)
@@ -381,11 +421,10 @@ def live(env: Env, name: str) -> dict[str, Any]:
     except Exception:  # noqa: BLE001 - status shows the rest, as of the last contact
         return dict(lastseen.view(env, name), stale=True)
     try:
-        gpus: dict[int, Any] = {}
         now = time.time()
-        out["guard"] = dict(idle_words(pol, states(env, handle, group, gpus, renew=True), now),
-                            as_of=now, age_s=0.0, live=True)
-        out["gpus"] = [gpus[r] for r in sorted(gpus)]
+        seen = states(env, handle, group, gpus=True, renew=True)
+        out["guard"] = dict(idle_words(pol, seen.nodes, now), as_of=now, age_s=0.0, live=True)
+        out["gpus"] = seen.gpus
         out["gpus_at"] = now
     except CloudtrainError:
         pass

@@ -21,9 +21,7 @@ def snapshot(env: Env, handle: Handle, group: Group) -> list[NodeGPUs]:
     """Every node's GPUs now, in rank order (one command per node)."""
     from cloudtrain.pipeline import guard
 
-    gpus: dict[int, Any] = {}
-    guard.states(env, handle, group, gpus)
-    return [gpus[r] for r in sorted(gpus)]
+    return guard.states(env, handle, group, gpus=True).gpus or []
 
 
 def _cell(v: float | None, fmt: str) -> str:

@@ -12,7 +12,7 @@ import shlex
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from cloudtrain import budget
 from cloudtrain.cluster import Handle
@@ -21,7 +21,9 @@ from cloudtrain.context import Env
 from cloudtrain.errors import CloudtrainError, UserError
 from cloudtrain.provider.contract import NodeHealth, ReportsNodeHealth
 from cloudtrain.remote import Group, NodeLost, bash
-from cloudtrain.spec import Task
+
+if TYPE_CHECKING:
+    from cloudtrain.spec import Task   # annotations only: no pydantic at import
 
 UNRESPONSIVE_WINDOW_ENV = "CLOUDTRAIN_UNRESPONSIVE_WINDOW"
 DEFAULT_UNRESPONSIVE_WINDOW = 600.0
