@@ -19,6 +19,7 @@ from cloudtrain.errors import CloudtrainError, UserError
 from cloudtrain.pipeline import follower, guard as node_guard, rules, run
 from cloudtrain.pipeline.bootstrap import run_bootstrap
 from cloudtrain.pipeline.lastseen import saved
+from cloudtrain.pipeline.prep import NodeFacts, prep_command, prep_facts
 from cloudtrain.pipeline.provision import opened, roll_back
 from cloudtrain.pipeline.request import Launch
 from cloudtrain.pipeline.signals import Shielded
@@ -50,7 +51,7 @@ class NodeContact:
 
     job_id: str
     policy: Mapping[str, Any]
-    facts: Mapping[int, run.NodeFacts] | None = None
+    facts: Mapping[int, NodeFacts] | None = None
 
 
 @dataclass(frozen=True)
@@ -124,12 +125,12 @@ def on_nodes(env: Env, handle: Handle, group: Group, req: Launch, *,
         else "--max-cost", req.no_budget, req.down_after, None if req.detach else job_end)
     written = node_guard.update(
         env, handle, group, req.task, mode="install", budget_grace_s=over,
-        then=run.prep_command(handle, req.task) if prep else None,
+        then=prep_command(handle, req.task) if prep else None,
         **rules.compose(saved(env, handle.name), asked))
     pol = written.policy
     env.state.set_budget(handle.name, pol.get("max_cost_usd"))
     env.ui.info(f"Budget in force on '{handle.name}': {rules.budget_words(pol)}")
-    return NodeContact(job_id, pol, run.prep_facts(written.session) if prep else None)
+    return NodeContact(job_id, pol, prep_facts(written.session) if prep else None)
 
 
 def rules_back(env: Env, handle: Handle, group: Group, before: Mapping[str, Any]) -> bool:

@@ -19,9 +19,9 @@ if TYPE_CHECKING:
 
 def snapshot(env: Env, handle: Handle, group: Group) -> list[NodeGPUs]:
     """Every node's GPUs now, in rank order (one command per node)."""
-    from cloudtrain.pipeline import guard
+    from cloudtrain.pipeline import guard as node_guard
 
-    return guard.states(env, handle, group, gpus=True).gpus or []
+    return node_guard.states(env, handle, group, gpus=True).gpus or []
 
 
 def _cell(v: float | None, fmt: str) -> str:

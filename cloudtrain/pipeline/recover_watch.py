@@ -80,7 +80,8 @@ class Loss:
 @dataclass
 class HealthWatch:
     """A thread asking the provider about the nodes every ``poll`` seconds while a job runs;
-    it also carries the launch's budget watch (``run_task`` takes one guard). On a loss it
+    it also carries the launch's budget watch (``run_task`` takes one watch: this one, a
+    :class:`~cloudtrain.budget.JobWatch`). On a loss it
     stops the job (the surviving ranks get SIGTERM and stop_grace) and ends the log follow."""
 
     env: Env

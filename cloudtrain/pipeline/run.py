@@ -11,17 +11,18 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from cloudtrain import paths
 from cloudtrain.cluster import Handle, cluster_uid
 from cloudtrain.context import Env
 from cloudtrain.errors import Interrupted, JobFailed, RemoteError, UserError
 from cloudtrain.pipeline import bootstrap, outputs, queue, sent, storage, sync, torchrun
-from cloudtrain.pipeline.bootstrap import bootstrap_env, run_bootstrap
+from cloudtrain.pipeline.bootstrap import run_bootstrap
+from cloudtrain.pipeline.prep import NodeFacts, prep_command, prep_facts
 from cloudtrain.pipeline.remote_job import (JobParts, LogSink, RemoteJob, job_dir, new_job_id,
                                             read_worker_failures)
-from cloudtrain.remote import Group, GroupResult, Result, bash
+from cloudtrain.remote import Group, Result, bash
 from cloudtrain.state import NodeRow
 
 if TYPE_CHECKING:
@@ -101,43 +102,6 @@ def train_body(handle: Handle, node: NodeRow, task: Task, job_id: str) -> str:
 def run_body(task: Task, node: NodeRow) -> str:
     body = str(task.run)
     return storage.wrap_body(task, node, "{\n" + body + "\n}") if task.checkpoints else body
-
-
-@dataclass(frozen=True)
-class NodeFacts:
-    bootstrapped: bool
-    sync_fp: str
-    setup_hash: str
-
-
-def prep_command(handle: Handle, task: Task) -> Callable[[NodeRow], str]:
-    """The prep's command on each node: is it bootstrapped with these scripts, and what was
-    last synced and set up there (folded into the launch's node-guard round trip)."""
-    boot_env = bootstrap_env(handle, task.bootstrap)
-    plan_mounts = list(task.file_mounts)
-
-    def cmd(n: NodeRow) -> str:
-        root = shlex.quote(n.root_dir)
-        stamp = shlex.quote(bootstrap.stamp_path(n, boot_env(n)))
-        mk = " ".join(shlex.quote(str(PurePosixPath(sync.mount_target(n, m)).parent)) for m in plan_mounts)
-        # bash builtins only: no process started on the node unless a folder is missing
-        return bash(f"for d in {root}/workdir {root}/jobs {mk}; do "
-                    "[ -d \"$d\" ] || mkdir -p \"$d\"; done; "
-                    f"if [ -f {stamp} ]; then echo boot=yes; fi; s='' h=''; "
-                    f"{{ read -r s < {root}/.sync-fp; read -r h < {root}/.setup-hash; }} "
-                    "2>/dev/null; echo \"sync=$s\"; echo \"setup=$h\"")
-    return cmd
-
-
-def prep_facts(res: GroupResult) -> dict[int, NodeFacts]:
-    """What prep_command's output says, per node (raises when a node failed it)."""
-    res.raise_on_failure("Preparing the nodes")
-    out = {}
-    for rank, r in res.items():
-        kv = dict(line.split("=", 1) for line in r.stdout.splitlines()
-                  if line.split("=", 1)[0] in ("boot", "sync", "setup"))
-        out[rank] = NodeFacts(kv.get("boot") == "yes", kv.get("sync", ""), kv.get("setup", ""))
-    return out
 
 
 def _mark(group: Group, ranks: list[int], filename: str, value: str) -> None:
