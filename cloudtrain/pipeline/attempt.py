@@ -19,6 +19,7 @@ from cloudtrain.errors import CloudtrainError, UserError
 from cloudtrain.pipeline import follower, guard as node_guard, rules, run
 from cloudtrain.pipeline.bootstrap import run_bootstrap
 from cloudtrain.pipeline.lastseen import saved
+from cloudtrain.pipeline.policy import Policy
 from cloudtrain.pipeline.prep import NodeFacts, prep_command, prep_facts
 from cloudtrain.pipeline.provision import opened, roll_back
 from cloudtrain.pipeline.request import Launch
@@ -50,7 +51,7 @@ class NodeContact:
     policy now on the nodes, and (when asked) each node's facts for run_task."""
 
     job_id: str
-    policy: Mapping[str, Any]
+    policy: Policy
     facts: Mapping[int, NodeFacts] | None = None
 
 
@@ -128,8 +129,8 @@ def on_nodes(env: Env, handle: Handle, group: Group, req: Launch, *,
         then=prep_command(handle, req.task) if prep else None,
         **rules.compose(saved(env, handle.name), asked))
     pol = written.policy
-    env.state.set_budget(handle.name, pol.get("max_cost_usd"))
-    env.ui.info(f"Budget in force on '{handle.name}': {rules.budget_words(pol)}")
+    env.state.set_budget(handle.name, pol.max_cost_usd)
+    env.ui.info(f"Budget in force on '{handle.name}': {rules.budget_words(pol.as_dict())}")
     return NodeContact(job_id, pol, prep_facts(written.session) if prep else None)
 
 

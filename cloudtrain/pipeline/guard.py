@@ -21,6 +21,7 @@ from cloudtrain.errors import CloudtrainError
 from cloudtrain.pipeline import bootstrap, outputs
 from cloudtrain.pipeline.lastseen import (RULES, contacted, describe, idle_words, policy_file,
                                           saved)
+from cloudtrain.pipeline.policy import Policy
 from cloudtrain.pipeline.rules import budget_change, budget_words
 from cloudtrain.provider.contract import Node, SelfStops
 from cloudtrain.remote import Group, GroupResult, Result
@@ -41,12 +42,12 @@ def guard_source() -> bytes:
     return (node / "guard.py").read_bytes() + b"\0" + (node / "sessions.py").read_bytes()
 
 
-def save(env: Env, name: str, pol: dict[str, Any]) -> None:
+def save(env: Env, name: str, pol: Policy) -> None:
     f = policy_file(env, name)
     paths.private_dir(f.parent)
     tmp = f.with_suffix(".tmp")
     with open(tmp, "w", opener=paths.private_opener) as out:
-        json.dump(pol, out, indent=1)
+        json.dump(pol.as_dict(), out, indent=1)
     tmp.replace(f)
 
 
@@ -57,29 +58,29 @@ def autostop_of(task: Task | None, provider: str) -> tuple[float | None, bool]:
     return task.autostop.idle_minutes, task.autostop.down
 
 
-def desired(env: Env, handle: Handle, task: Task | None, *, base: dict[str, Any] | None = None,
-            **changes: Any) -> dict[str, Any]:
+def desired(env: Env, handle: Handle, task: Task | None, **changes: Any) -> Policy:
     """The cluster's policy: what was saved, the task's rules (autostop only when the task
-    sets it, or when nothing was saved yet), then ``changes``."""
+    sets it, or when nothing was saved yet), then ``changes`` (Policy's field names)."""
     from cloudtrain.ledger import cluster_spend
 
     row = handle.row
-    pol = dict(saved(env, row.name) if base is None else base)
-    if not pol or (task is not None and task.autostop is not None):
-        pol["idle_minutes"], pol["down"] = autostop_of(task, row.provider)
+    kept = saved(env, row.name)
+    pol = Policy.from_dict(kept)
+    if not kept or (task is not None and task.autostop is not None):
+        idle, down = autostop_of(task, row.provider)
+        pol = pol.changed(idle_minutes=idle, down=down)
     if task is not None:
-        pol["max_hours"], pol["grace_s"] = task.max_hours, task.stop_grace
-    pol.setdefault("down_on_end", [])
-    pol.update(changes)
+        pol = pol.changed(max_hours=task.max_hours, grace_s=task.stop_grace)
+    pol = pol.changed(**changes)
     poll = os.environ.get("CLOUDTRAIN_GUARD_POLL")     # tests: a faster loop on the nodes
     if poll:
-        pol["poll_s"] = float(poll)
+        pol = pol.changed(poll_s=float(poll))
     now = time.time()
-    pol.update(cluster=row.name, started_at=row.created_at or now, lease_at=now,
-               cluster_hourly_usd=None if row.hourly_price is None
-               else row.hourly_price * row.num_nodes,
-               spent_usd=cluster_spend(env.state, row.name, now=now) or 0.0, spent_at=now)
-    return pol
+    return pol.changed(cluster=row.name, started_at=row.created_at or now, lease_at=now,
+                       cluster_hourly_usd=None if row.hourly_price is None
+                       else row.hourly_price * row.num_nodes,
+                       spent_usd=cluster_spend(env.state, row.name, now=now) or 0.0,
+                       spent_at=now)
 
 
 def as_node(n: NodeRow) -> Node:
@@ -88,13 +89,15 @@ def as_node(n: NodeRow) -> Node:
                 identity_file=n.identity_file)
 
 
-def node_policy(handle: Handle, pol: dict[str, Any], n: NodeRow) -> str:
+def node_policy(handle: Handle, pol: Policy, n: NodeRow) -> str:
+    """Node ``n``'s policy.json: the cluster's, with its rank and its self-stop command."""
     stop = handle.provider.self_stop_command(handle.name, as_node(n)) \
         if isinstance(handle.provider, SelfStops) else None
-    return json.dumps(dict(pol, rank=n.rank, self_stop=stop))
+    return json.dumps(dict(pol.as_dict(), rank=n.rank, self_stop=stop))
 
 
-def command(env: Env, handle: Handle, mode: str, pol: dict[str, Any] | None):  # type: ignore[no-untyped-def]
+def command(env: Env, handle: Handle, mode: str,
+            pol: Policy | None) -> Callable[[NodeRow], str]:
     """ctguard.sh MODE on a node, as a command (it travels inline); in the modes that take it,
     guard.py comes on stdin (guard_source())."""
     python = bootstrap.provider_node_env(handle).get("CLOUDTRAIN_PYTHON", "python3")
@@ -124,7 +127,7 @@ class Pushed:
 
 
 def push(env: Env, handle: Handle, group: Group, mode: str,
-         pol: dict[str, Any] | None = None, *, then: Callable[[NodeRow], str] | None = None,
+         pol: Policy | None = None, *, then: Callable[[NodeRow], str] | None = None,
          ranks: Iterable[int] | None = None) -> Pushed:
     """Run ctguard.sh MODE on every node (guard.py on stdin); save ``pol`` locally. ``then``:
     a command run after it in the same session (one round trip for both)."""
@@ -158,8 +161,8 @@ def install(env: Env, handle: Handle, group: Group, task: Task | None,
     for rank, s in bad.items():
         env.ui.warn(f"node guard on node {rank} did not start ({s}); the CLI retries at its "
                     "next contact")
-    env.ui.info("Node guard: " + describe(pol) + self_stop_note(handle))
-    env.ui.info(f"Budget in force on '{handle.name}': {budget_words(pol)}")
+    env.ui.info("Node guard: " + describe(pol.as_dict()) + self_stop_note(handle))
+    env.ui.info(f"Budget in force on '{handle.name}': {budget_words(pol.as_dict())}")
 
 
 def self_stop_note(handle: Handle) -> str:
@@ -173,7 +176,7 @@ class Written:
     """A policy written on every node: the policy, and the session's results (with
     ``then``: the other command's output is in them)."""
 
-    policy: dict[str, Any]
+    policy: Policy
     session: GroupResult
 
 
@@ -326,7 +329,7 @@ def reconcile(env: Env, name: str) -> dict[str, Any] | None:
 
 # --- the commands' side -------------------------------------------------------------------------
 
-def _connected(env: Env, name: str, timeout: float = 30):  # type: ignore[no-untyped-def]
+def _connected(env: Env, name: str, timeout: float = 30) -> tuple[Handle, Group]:
     from cloudtrain.cluster import connect, get_handle
 
     handle = get_handle(env, name)
@@ -348,7 +351,7 @@ def set_autostop(env: Env, name: str, idle_minutes: float | None, down: bool | N
     with cluster_lock(env, name):
         handle, group = _connected(env, name)
         try:
-            pol = update(env, handle, group, None, **changes).policy
+            pol = update(env, handle, group, None, **changes).policy.as_dict()
         finally:
             group.close()
     return pol
@@ -363,7 +366,7 @@ def set_budget(env: Env, name: str, max_cost: float | None) -> dict[str, Any]:
         handle, group = _connected(env, name)
         try:
             pol = update(env, handle, group, None,
-                         **budget_change(saved(env, name), max_cost)).policy
+                         **budget_change(saved(env, name), max_cost)).policy.as_dict()
         finally:
             group.close()
     env.state.set_budget(name, max_cost)
@@ -452,7 +455,7 @@ def reconcile_all(env: Env, name: str | None) -> list[dict[str, Any]]:
     return out
 
 
-def keep_alive(env: Env, name: str):  # type: ignore[no-untyped-def]
+def keep_alive(env: Env, name: str) -> Callable[[], None]:
     """For ``cloudtrain ssh``: a session on one node keeps every node of the cluster alive
     (the other guards see no session of their own): while the session lasts, renew the lease
     on every node at a third of the idle limit (at most every 30 s). Returns a function that
