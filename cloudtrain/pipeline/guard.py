@@ -19,7 +19,7 @@ from cloudtrain.cluster import Handle, cluster_uid
 from cloudtrain.context import Env
 from cloudtrain.errors import CloudtrainError
 from cloudtrain.pipeline import bootstrap, outputs
-from cloudtrain.pipeline.lastseen import (RULES, contacted, describe, idle_words, policy_file,
+from cloudtrain.pipeline.lastseen import (View, contacted, describe, idle_words, policy_file,
                                           saved)
 from cloudtrain.pipeline.policy import Policy
 from cloudtrain.pipeline.rules import budget_change, budget_words
@@ -406,34 +406,35 @@ def show_log(env: Env, name: str, node: int | None) -> None:
         group.close()
 
 
-def live(env: Env, name: str) -> dict[str, Any]:
+def live(env: Env, name: str) -> View | None:
     """For ``status --refresh`` (a contact): the policy, what the guards see now ("idle for X
     min, stops in Y min") and each node's GPUs, with the lease renewed, in one round trip per
-    node. {} when no guard was installed. A plain ``status`` reads lastseen.view instead."""
+    node. None when no guard was installed. A plain ``status`` reads lastseen.view instead."""
+    from dataclasses import replace
+
     from cloudtrain.pipeline import lastseen
 
     pol = saved(env, name)
     if not pol:
-        return {}
-    out: dict[str, Any] = {"autostop": {k: pol.get(k) for k in RULES}, "policy": describe(pol)}
+        return None
+    out = View.of(pol)
     row = env.state.get_cluster(name)
     if row is None or row.status not in ("UP", "DEGRADED"):
         return out
     try:
         handle, group = _connected(env, name, timeout=10)
     except Exception:  # noqa: BLE001 - status shows the rest, as of the last contact
-        return dict(lastseen.view(env, name), stale=True)
+        last = lastseen.view(env, name) or out
+        return replace(last, stale=True)
     try:
         now = time.time()
         seen = states(env, handle, group, gpus=True, renew=True)
-        out["guard"] = dict(idle_words(pol, seen.nodes, now), as_of=now, age_s=0.0, live=True)
-        out["gpus"] = seen.gpus
-        out["gpus_at"] = now
+        return replace(out, guard=dict(idle_words(pol, seen.nodes, now), as_of=now, age_s=0.0,
+                                       live=True), gpus=seen.gpus, gpus_at=now)
     except CloudtrainError:
-        pass
+        return out
     finally:
         group.close()
-    return out
 
 
 def reconcile_all(env: Env, name: str | None) -> list[dict[str, Any]]:
