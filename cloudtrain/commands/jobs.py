@@ -72,14 +72,15 @@ def launch_request(task_file: str, cluster_name: str | None, yes: bool, envs: tu
     """The launch the command line asks for, built once (pipeline/request.py), with the
     environment it runs in; the task, --env and the budget are checked before anything is
     opened or created. ``options``: launch's other options, by their names."""
+    from cloudtrain import budget
     from cloudtrain.cluster import resolve_name
-    from cloudtrain.pipeline import job, plan
+    from cloudtrain.pipeline import plan
     from cloudtrain.pipeline.request import CommandLine, Launch
 
     task = load_task(task_file)
     overrides = parse_env(envs)
-    limit = job.launch_budget(task, max_cost=options["max_cost"], hours=options["hours"],
-                              no_budget=options["no_budget"])
+    limit = budget.resolve(task.max_cost_usd, task.max_hours, max_cost=options["max_cost"],
+                           hours=options["hours"], no_budget=options["no_budget"])
     env = open_env()
     name = resolve_name(task, cluster_name, task_file)
     return env, Launch(task, name, plan.plan(env, task, name),

@@ -48,13 +48,14 @@ def main(cid: str) -> int:
 def request(env: Env, rec: dict[str, Any]) -> Launch:
     """The launch a controller's record describes: its task and command line, resolved
     again, attached (this process is the controller) and asking nobody."""
-    from cloudtrain.pipeline import job, plan
+    from cloudtrain import budget
+    from cloudtrain.pipeline import plan
     from cloudtrain.pipeline.request import CommandLine, Launch
     from cloudtrain.provider.options import load_checked
 
     task = load_checked(rec["task_file"])
-    limit = job.launch_budget(task, max_cost=rec["max_cost"], hours=rec["hours"],
-                              no_budget=rec["no_budget"])
+    limit = budget.resolve(task.max_cost_usd, task.max_hours, max_cost=rec["max_cost"],
+                           hours=rec["hours"], no_budget=rec["no_budget"])
     name = rec["cluster"]
     planned = plan.plan(env, task, name)
     return Launch(task, name, planned, down_after=rec["down_after"],

@@ -48,14 +48,6 @@ def up(env: Env, task: Task, name: str, *, bootstrap: bool = True,
     return handle
 
 
-def launch_budget(task: Task, *, max_cost: float | None, hours: float | None,
-                  no_budget: bool) -> budget.Budget | None:
-    """The launch's budget (the task's, or the options'), checked against the options before
-    anything is opened or created. With -d the nodes' guards enforce it (and --down)."""
-    return budget.resolve(task.max_cost_usd, task.max_hours, max_cost=max_cost, hours=hours,
-                          no_budget=no_budget)
-
-
 def check_estimate(env: Env, name: str, plan: Plan, limit: budget.Budget) -> None:
     """Refuse the launch when what the cluster has cost plus its price for the budget's hours
     exceeds the budget; otherwise say how much of it the estimate takes."""
