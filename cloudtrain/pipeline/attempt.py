@@ -89,7 +89,8 @@ def attempt(env: Env, req: Launch, limit: budget.Budget | None,
         contact = on_nodes(env, handle, group, req, prep=True)
         if fresh:
             bootstrap_or_roll_back(env, handle, group, task, req.name)
-        stale = fresh or (again is not None and again.ready(handle, group, fresh))
+        replaced = again is not None and again.ready(handle, group, fresh)
+        stale = fresh or replaced      # bootstrapped here: the facts asked before are old
         watch = None if limit is None or req.detach else budget.Watch(
             env.state, req.name, limit.max_cost_usd, env.ui)
         start = run.JobStart(contact.job_id, req.overrides, req.detach, req.now,

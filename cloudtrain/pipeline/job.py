@@ -71,11 +71,10 @@ def launch(env: Env, req: Launch) -> run.Outcome | None:
     budget in force is reached, the cluster is torn down at the end, whatever happened.
     Returns the outcome of a job that succeeded (or was started detached); raises JobFailed
     for one that failed, BudgetExceeded when the budget stopped it."""
-    if req.recover:
-        recovery.check(env, req.task, req.plan)
-        if req.detach:
-            recovery.detached(env, req)
-            return None
+    rec = recovery.check(env, req.task, req.plan) if req.recover else None
+    if rec is not None and req.detach:
+        recovery.detached(env, req)
+        return None
     node_guard.reconcile(env, req.name)
     limit = rules.in_force(saved(env, req.name), req.budget, req.no_budget)
     if req.budget is not None and limit is not None:
@@ -85,7 +84,7 @@ def launch(env: Env, req: Launch) -> run.Outcome | None:
     tried = over = None
     try:
         try:
-            tried = (recovery.controlled(env, req, limit) if req.recover
+            tried = (recovery.controlled(env, req, limit, rec) if rec is not None
                      else attempt(env, req, limit))
         except budget.BudgetExceeded as exc:
             over = exc

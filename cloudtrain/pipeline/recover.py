@@ -69,11 +69,11 @@ def first_line_at(path_of: Callable[[], object], done: threading.Event) -> list[
     return out
 
 
-def controlled(env: Env, req: Launch, limit: budget.Budget | None) -> Tried:
+def controlled(env: Env, req: Launch, limit: budget.Budget | None, rec: Recovery) -> Tried:
     """``launch --recover``: the attempts of ``job.launch``, with lost nodes replaced and the
-    job restarted, up to ``recovery.max_recoveries`` times (the chain around them, with its
+    job restarted, up to ``rec.max_recoveries`` times (the chain around them, with its
     teardown, is job.launch's)."""
-    return Controller(env, req, limit, check(env, req.task, req.plan, warn=False)).loop()
+    return Controller(env, req, limit, rec).loop()
 
 
 @dataclass
