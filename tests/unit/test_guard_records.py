@@ -37,7 +37,7 @@ def test_a_damaged_policy_file_reads_as_the_fields_that_make_sense() -> None:
 def test_a_policy_is_frozen_and_changed_returns_a_new_one() -> None:
     pol = Policy(cluster="c")
     with pytest.raises(dataclasses.FrozenInstanceError):
-        setattr(pol, "max_cost_usd", 3.0)
+        pol.__setattr__("max_cost_usd", 3.0)
     assert pol.changed(down_on_end=["a"], max_cost_usd=3.0) == Policy(
         cluster="c", down_on_end=("a",), max_cost_usd=3.0)
     assert pol.max_cost_usd is None
