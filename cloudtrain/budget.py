@@ -23,7 +23,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Protocol
 
 from cloudtrain.errors import CloudtrainError, UserError
 from cloudtrain.state import State
@@ -115,6 +115,20 @@ def check_before_launch(b: Budget, *, cluster: str, price_per_node: float | None
             "Raise max_cost_usd (or --max-cost), shorten max_hours (or --hours), or pick "
             "cheaper resources (resources.max_hourly_cost).")
     return estimate
+
+
+class JobWatch(Protocol):
+    """What watches a job beside it while it runs (``run_task``'s ``watch``): a budget
+    :class:`Watch`, or ``launch --recover``'s HealthWatch (pipeline/recover_watch.py), which
+    carries the budget watch along with its poll of the cloud."""
+
+    exceeded: threading.Event
+
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+    def attach(self, stop: Callable[[str], None]) -> None: ...
+    def detach(self) -> None: ...
+    def error(self) -> BudgetExceeded: ...
 
 
 class Watch:

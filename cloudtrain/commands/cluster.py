@@ -199,7 +199,7 @@ def gather(env: Env, name: str | None) -> tuple[Any, ...]:
 
     rows, views, until = lastseen.offline_rows(env, cluster.listed(env, name))
     spent, pins = spend_and_pins(env, name, rows, until)
-    return rows, spent, pins, [], views
+    return rows, spent, pins, [], {k: v.as_dict() if v else {} for k, v in views.items()}
 
 
 def gather_live(env: Env, name: str | None) -> tuple[Any, ...]:
@@ -219,7 +219,7 @@ def gather_live(env: Env, name: str | None) -> tuple[Any, ...]:
     spent, pins = spend_and_pins(env, name, rows)
     with ThreadPoolExecutor(max_workers=max(1, min(8, len(rows)))) as pool:
         seen = list(pool.map(lambda r: guard.live(env, r.name), rows))
-    return rows, spent, pins, gone, {r.name: s for r, s in zip(rows, seen)}
+    return rows, spent, pins, gone, {r.name: s.as_dict() if s else {} for r, s in zip(rows, seen)}
 
 
 def spend_and_pins(env: Env, name: str | None, rows: list[ClusterRow],

@@ -6,7 +6,7 @@ Only click is imported at module level; each command imports what it needs when 
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -15,14 +15,10 @@ from cloudtrain.commands.base import (CONTEXT, check_name, confirm_cost, finite,
                                       open_env)
 
 if TYPE_CHECKING:
-    from typing import Any, Callable
-
-    from cloudtrain.budget import Budget
     from cloudtrain.cluster import Handle
     from cloudtrain.context import Env
+    from cloudtrain.pipeline.request import Launch
     from cloudtrain.pipeline.run import Outcome
-    from cloudtrain.provider.contract import Plan
-    from cloudtrain.spec import Task
 
 
 @click.command(context_settings=CONTEXT)
@@ -48,9 +44,8 @@ if TYPE_CHECKING:
                    "waiting its turn in the cluster's queue (docs/queue.md).")
 @ssh_config_choice(ask=False)
 @guard
-def launch(task_file: str, cluster_name: str | None, down_after: bool, detach: bool, yes: bool,
-           envs: tuple[str, ...], max_cost: float | None, hours: float | None,
-           no_budget: bool, recover: bool, now: bool) -> None:
+def launch(task_file: str, cluster_name: str | None, yes: bool, envs: tuple[str, ...],
+           **options: Any) -> None:
     """Run TASK_FILE on a cluster: up if needed, sync, setup, run on every node, stream logs.
 
     With a budget (max_cost_usd, or --max-cost), launch refuses (exit 2, nothing created)
@@ -62,25 +57,38 @@ def launch(task_file: str, cluster_name: str | None, down_after: bool, detach: b
 
     Exits with the job's exit code (the first failing node's), 3 when the budget was
     reached, 130 on Ctrl-C."""
-    from cloudtrain.cluster import resolve_name
-    from cloudtrain.pipeline import job, plan
+    from cloudtrain.pipeline import job
     from cloudtrain.pipeline.signals import stop_signals_as_interrupt
 
     stop_signals_as_interrupt()
+    env, req = launch_request(task_file, cluster_name, yes, envs, options)
+    outcome = job.launch(env, req)
+    if outcome is not None:
+        env.ui.ok(outcome_line(outcome, req.name))
+
+
+def launch_request(task_file: str, cluster_name: str | None, yes: bool, envs: tuple[str, ...],
+                   options: dict[str, Any]) -> tuple[Env, Launch]:
+    """The launch the command line asks for, built once (pipeline/request.py), with the
+    environment it runs in; the task, --env and the budget are checked before anything is
+    opened or created. ``options``: launch's other options, by their names."""
+    from cloudtrain import budget
+    from cloudtrain.cluster import resolve_name
+    from cloudtrain.pipeline import plan
+    from cloudtrain.pipeline.request import CommandLine, Launch
+
     task = load_task(task_file)
     overrides = parse_env(envs)
-    limit = job.launch_budget(task, detach=detach, down_after=down_after, max_cost=max_cost,
-                              hours=hours, no_budget=no_budget)
+    limit = budget.resolve(task.max_cost_usd, task.max_hours, max_cost=options["max_cost"],
+                           hours=options["hours"], no_budget=options["no_budget"])
     env = open_env()
     name = resolve_name(task, cluster_name, task_file)
-    outcome = start(env, task, name, plan.plan(env, task, name), down_after=down_after,
-                    detach=detach, overrides=overrides, limit=limit, recover=recover or
-                    task.recovery is not None, confirm=lambda planned: confirm_cost(planned, yes),
-                    now=now, options={"task_file": task_file, "max_cost": max_cost,
-                                      "hours": hours, "no_budget": no_budget})
-    if outcome is None:
-        return
-    env.ui.ok(outcome_line(outcome, name))
+    return env, Launch(task, name, plan.plan(env, task, name),
+                       down_after=options["down_after"], detach=options["detach"],
+                       overrides=overrides, budget=limit, no_budget=options["no_budget"],
+                       now=options["now"], recover=options["recover"] or task.recovery is not None,
+                       confirm=lambda planned: confirm_cost(planned, yes),
+                       command_line=CommandLine(task_file, options["max_cost"], options["hours"]))
 
 
 def outcome_line(outcome: Outcome, name: str) -> str:
@@ -91,28 +99,6 @@ def outcome_line(outcome: Outcome, name: str) -> str:
         return (f"Job {outcome.job_id} queued on every node: the nodes start it when its turn "
                 f"comes (cloudtrain queue {name}).")
     return f"Job {outcome.job_id} started on every node. Follow it: cloudtrain logs {name} --follow"
-
-
-def start(env: Env, task: Task, name: str, planned: Plan, *, recover: bool, detach: bool,
-          down_after: bool, overrides: dict[str, str], limit: Budget | None,
-          confirm: Callable[[Plan], None], options: dict[str, Any],
-          now: bool = False) -> Outcome | None:
-    """The launch chain, or the recovery controller that runs it (``--recover``); with -d
-    the controller runs in the background (``cloudtrain jobs``) and None is returned.
-    ``options``: the command line's task_file, max_cost, hours and no_budget, which a
-    background controller is started with."""
-    from cloudtrain.pipeline import job, recover as recovery
-
-    if not recover:
-        return job.launch(env, task, name, planned, down_after=down_after, detach=detach,
-                          overrides=overrides, limit=limit, confirm=confirm, now=now,
-                          no_budget=bool(options.get("no_budget")))
-    if not detach:
-        return recovery.launch(env, task, name, planned, down_after=down_after,
-                               overrides=overrides, limit=limit, confirm=confirm)
-    recovery.detached(env, task, name, planned, down_after=down_after, overrides=overrides,
-                      confirm=confirm, **options)
-    return None
 
 
 def parse_env(pairs: tuple[str, ...]) -> dict[str, str]:

@@ -199,7 +199,7 @@ def job_end_stop_at(root: str, pol: dict, job_id: str) -> float | None:
     job: at its end. One an attached CLI follows (``followed``: {job: grace}): the CLI
     pulls outputs and tears down itself, so the node waits, but only while the CLI is there:
     min(end + grace, max(end, last heartbeat + window + beat)); the whole grace when no
-    heartbeat ever came (a follower that does not beat: ``launch --recover``'s controller)."""
+    heartbeat ever came (a follower that never beat)."""
     ended = job_ended(root, job_id)
     if ended is None:
         return None

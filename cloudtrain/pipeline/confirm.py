@@ -18,7 +18,7 @@ LIVE = ("UP", "DEGRADED", "INIT")
 def confirm(env: Env, offline: bool) -> dict[str, float | None]:
     """Reconcile the live clusters (unless ``offline``); returns those left unconfirmed, each
     with when its rules stopped it (None: no rule tells, counted up to now)."""
-    from cloudtrain.pipeline import guard, lastseen
+    from cloudtrain.pipeline import guard as node_guard, lastseen
 
     loose: dict[str, float | None] = {}
     now = time.time()
@@ -27,7 +27,7 @@ def confirm(env: Env, offline: bool) -> dict[str, float | None]:
             continue
         if not offline:
             try:
-                guard.reconcile(env, row.name)
+                node_guard.reconcile(env, row.name)
                 continue
             except (CloudtrainError, ImportError) as exc:
                 env.ui.warn(f"'{row.name}': could not ask {row.provider} ({exc}); its cost is "

@@ -7,15 +7,18 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from cloudtrain.context import Env
+    from cloudtrain.pipeline.request import Launch
 
 
 def main(cid: str) -> int:
-    from cloudtrain import budget
     from cloudtrain.context import open_env
     from cloudtrain.errors import CloudtrainError, Interrupted
-    from cloudtrain.pipeline import controllers, plan, recover
+    from cloudtrain.pipeline import controllers, job
     from cloudtrain.pipeline.signals import stop_signals_as_interrupt
-    from cloudtrain.provider.options import load_checked
     from cloudtrain.ui import UI
 
     stop_signals_as_interrupt()
@@ -23,14 +26,9 @@ def main(cid: str) -> int:
     rec = controllers.read(d)
     code, state, error = 1, "failed", None
     try:
-        task = load_checked(rec["task_file"])
-        limit = budget.resolve(task.max_cost_usd, task.max_hours, max_cost=rec["max_cost"],
-                               hours=rec["hours"], no_budget=rec["no_budget"])
         env = open_env(UI(quiet=False))
-        name = rec["cluster"]
-        outcome = recover.launch(env, task, name, plan.plan(env, task, name),
-                                 down_after=rec["down_after"], overrides=rec["overrides"],
-                                 limit=limit, confirm=lambda p: None)
+        outcome = job.launch(env, request(env, rec))
+        assert outcome is not None    # attached: the controller is this process
         print(f"Job {outcome.job_id} succeeded on every node", flush=True)
         code, state = 0, "succeeded"
     except (Interrupted, KeyboardInterrupt):
@@ -45,6 +43,25 @@ def main(cid: str) -> int:
         rec.update(state=state, exit_code=code, error=error, ended_at=time.time())
         controllers.write(d, rec)
     return code
+
+
+def request(env: Env, rec: dict[str, Any]) -> Launch:
+    """The launch a controller's record describes: its task and command line, resolved
+    again, attached (this process is the controller) and asking nobody."""
+    from cloudtrain import budget
+    from cloudtrain.pipeline import plan
+    from cloudtrain.pipeline.request import CommandLine, Launch
+    from cloudtrain.provider.options import load_checked
+
+    task = load_checked(rec["task_file"])
+    limit = budget.resolve(task.max_cost_usd, task.max_hours, max_cost=rec["max_cost"],
+                           hours=rec["hours"], no_budget=rec["no_budget"])
+    name = rec["cluster"]
+    planned = plan.plan(env, task, name)
+    return Launch(task, name, planned, down_after=rec["down_after"],
+                  overrides=rec["overrides"], budget=limit, no_budget=rec["no_budget"],
+                  recover=True, command_line=CommandLine(rec["task_file"], rec["max_cost"],
+                                                         rec["hours"]))
 
 
 if __name__ == "__main__":

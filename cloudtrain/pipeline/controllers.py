@@ -1,5 +1,5 @@
 """Detached recovery controllers (``launch -d --recover``, ``cloudtrain jobs``): a background
-process on this machine that runs :func:`cloudtrain.pipeline.recover.launch`, with its record
+process on this machine that runs :func:`cloudtrain.pipeline.job.launch` (``--recover``), with its record
 and log under ``CLOUDTRAIN_HOME/jobs/<id>/`` (controller.json, controller.log). The record's
 ``state``: running, succeeded, failed, cancelled; a record still "running" whose process is
 gone reads as controller-died (the nodes' guards then apply the launch's policy)."""
@@ -14,10 +14,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cloudtrain import paths
 from cloudtrain.errors import UserError
+
+if TYPE_CHECKING:
+    from cloudtrain.pipeline.request import Launch
 
 ID_RE = re.compile(r"^[0-9]{8}-[0-9]{6}-[0-9a-f]{6}$")
 FINAL = ("succeeded", "failed", "cancelled")
@@ -79,19 +82,21 @@ def listing() -> list[dict[str, Any]]:
     return out
 
 
-def spawn(task_file: Path, cluster: str, *, down_after: bool, overrides: dict[str, str],
-          max_cost: float | None, hours: float | None, no_budget: bool) -> dict[str, Any]:
-    """Start the controller in the background (its own session: it outlives the terminal)."""
+def spawn(req: Launch) -> dict[str, Any]:
+    """Start the controller for ``req`` in the background (its own session: it outlives the
+    terminal). Its record keeps the command line it resolves again (controller_main.py)."""
     from cloudtrain.pipeline.remote_job import new_job_id
 
+    assert req.command_line is not None, "a background controller needs the command line"
+    line = req.command_line
     cid = new_job_id()
     d = paths.private_dir(jobs_dir() / cid)
     rec: dict[str, Any] = {
-        "id": cid, "cluster": cluster, "task_file": str(task_file.resolve()),
-        "cwd": os.getcwd(), "down_after": down_after, "overrides": overrides,
-        "max_cost": max_cost, "hours": hours, "no_budget": no_budget, "state": "running",
-        "started_at": time.time(), "ended_at": None, "exit_code": None, "error": None,
-        "pid": None,
+        "id": cid, "cluster": req.name, "task_file": str(Path(line.task_file).resolve()),
+        "cwd": os.getcwd(), "down_after": req.down_after, "overrides": dict(req.overrides),
+        "max_cost": line.max_cost, "hours": line.hours, "no_budget": req.no_budget,
+        "state": "running", "started_at": time.time(), "ended_at": None, "exit_code": None,
+        "error": None, "pid": None,
     }
     write(d, rec)
     log = open(d / "controller.log", "a", opener=paths.private_opener)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
@@ -18,14 +19,16 @@ from cloudtrain.cluster import Handle, cluster_uid
 from cloudtrain.context import Env
 from cloudtrain.errors import CloudtrainError
 from cloudtrain.pipeline import bootstrap, outputs
-from cloudtrain.pipeline.lastseen import (RULES, contacted, describe, idle_words, policy_file,
+from cloudtrain.pipeline.lastseen import (View, contacted, describe, idle_words, policy_file,
                                           saved)
+from cloudtrain.pipeline.policy import Policy
 from cloudtrain.pipeline.rules import budget_change, budget_words
 from cloudtrain.provider.contract import Node, SelfStops
-from cloudtrain.remote import Group, Result
+from cloudtrain.remote import Group, GroupResult, Result
 from cloudtrain.state import NodeRow
 
 if TYPE_CHECKING:
+    from cloudtrain.gpuuse import NodeGPUs
     from cloudtrain.spec import Task   # annotations only: no pydantic at import
 
 # The idle stop's default where cloudtrain owns the machines and they bill (the clouds).
@@ -39,12 +42,12 @@ def guard_source() -> bytes:
     return (node / "guard.py").read_bytes() + b"\0" + (node / "sessions.py").read_bytes()
 
 
-def save(env: Env, name: str, pol: dict[str, Any]) -> None:
+def save(env: Env, name: str, pol: Policy) -> None:
     f = policy_file(env, name)
     paths.private_dir(f.parent)
     tmp = f.with_suffix(".tmp")
     with open(tmp, "w", opener=paths.private_opener) as out:
-        json.dump(pol, out, indent=1)
+        json.dump(pol.as_dict(), out, indent=1)
     tmp.replace(f)
 
 
@@ -55,29 +58,29 @@ def autostop_of(task: Task | None, provider: str) -> tuple[float | None, bool]:
     return task.autostop.idle_minutes, task.autostop.down
 
 
-def desired(env: Env, handle: Handle, task: Task | None, *, base: dict[str, Any] | None = None,
-            **changes: Any) -> dict[str, Any]:
+def desired(env: Env, handle: Handle, task: Task | None, **changes: Any) -> Policy:
     """The cluster's policy: what was saved, the task's rules (autostop only when the task
-    sets it, or when nothing was saved yet), then ``changes``."""
+    sets it, or when nothing was saved yet), then ``changes`` (Policy's field names)."""
     from cloudtrain.ledger import cluster_spend
 
     row = handle.row
-    pol = dict(saved(env, row.name) if base is None else base)
-    if not pol or (task is not None and task.autostop is not None):
-        pol["idle_minutes"], pol["down"] = autostop_of(task, row.provider)
+    kept = saved(env, row.name)
+    pol = Policy.from_dict(kept)
+    if not kept or (task is not None and task.autostop is not None):
+        idle, down = autostop_of(task, row.provider)
+        pol = pol.changed(idle_minutes=idle, down=down)
     if task is not None:
-        pol["max_hours"], pol["grace_s"] = task.max_hours, task.stop_grace
-    pol.setdefault("down_on_end", [])
-    pol.update(changes)
+        pol = pol.changed(max_hours=task.max_hours, grace_s=task.stop_grace)
+    pol = pol.changed(**changes)
     poll = os.environ.get("CLOUDTRAIN_GUARD_POLL")     # tests: a faster loop on the nodes
     if poll:
-        pol["poll_s"] = float(poll)
+        pol = pol.changed(poll_s=float(poll))
     now = time.time()
-    pol.update(cluster=row.name, started_at=row.created_at or now, lease_at=now,
-               cluster_hourly_usd=None if row.hourly_price is None
-               else row.hourly_price * row.num_nodes,
-               spent_usd=cluster_spend(env.state, row.name, now=now) or 0.0, spent_at=now)
-    return pol
+    return pol.changed(cluster=row.name, started_at=row.created_at or now, lease_at=now,
+                       cluster_hourly_usd=None if row.hourly_price is None
+                       else row.hourly_price * row.num_nodes,
+                       spent_usd=cluster_spend(env.state, row.name, now=now) or 0.0,
+                       spent_at=now)
 
 
 def as_node(n: NodeRow) -> Node:
@@ -86,13 +89,15 @@ def as_node(n: NodeRow) -> Node:
                 identity_file=n.identity_file)
 
 
-def node_policy(handle: Handle, pol: dict[str, Any], n: NodeRow) -> str:
+def node_policy(handle: Handle, pol: Policy, n: NodeRow) -> str:
+    """Node ``n``'s policy.json: the cluster's, with its rank and its self-stop command."""
     stop = handle.provider.self_stop_command(handle.name, as_node(n)) \
         if isinstance(handle.provider, SelfStops) else None
-    return json.dumps(dict(pol, rank=n.rank, self_stop=stop))
+    return json.dumps(dict(pol.as_dict(), rank=n.rank, self_stop=stop))
 
 
-def command(env: Env, handle: Handle, mode: str, pol: dict[str, Any] | None):  # type: ignore[no-untyped-def]
+def command(env: Env, handle: Handle, mode: str,
+            pol: Policy | None) -> Callable[[NodeRow], str]:
     """ctguard.sh MODE on a node, as a command (it travels inline); in the modes that take it,
     guard.py comes on stdin (guard_source())."""
     python = bootstrap.provider_node_env(handle).get("CLOUDTRAIN_PYTHON", "python3")
@@ -111,17 +116,21 @@ def command(env: Env, handle: Handle, mode: str, pol: dict[str, Any] | None):  #
     return cmd
 
 
-_command = command
+@dataclass(frozen=True)
+class Pushed:
+    """What one ``ctguard.sh`` contact gave back: each node's word ("guard
+    process|systemd|stopped", or "failed: ..."), and the whole session's results (with
+    ``then``: the other command's output is in them)."""
+
+    said: dict[int, str]
+    session: GroupResult
 
 
 def push(env: Env, handle: Handle, group: Group, mode: str,
-         pol: dict[str, Any] | None = None, *, then: Callable[[NodeRow], str] | None = None,
-         raw: dict[int, Result] | None = None, ranks: Iterable[int] | None = None
-         ) -> dict[int, str]:
-    """Run ctguard.sh MODE on every node (guard.py on stdin); save ``pol`` locally. Returns
-    what each node said ("::guard process|systemd|stopped") or the error. ``then``: a command
-    run after it in the same session (one round trip for both), whose result (the whole
-    session's) goes into ``raw``."""
+         pol: Policy | None = None, *, then: Callable[[NodeRow], str] | None = None,
+         ranks: Iterable[int] | None = None) -> Pushed:
+    """Run ctguard.sh MODE on every node (guard.py on stdin); save ``pol`` locally. ``then``:
+    a command run after it in the same session (one round trip for both)."""
     src = guard_source()
     cmd = command(env, handle, mode, pol)
     run = cmd if then is None else (lambda n: f"{cmd(n)}; {then(n)}")
@@ -132,14 +141,12 @@ def push(env: Env, handle: Handle, group: Group, mode: str,
         # "install" with a policy: up or launch (a job may start); "policy" (autostop) and
         # "touch" change nothing the nodes run.
         contacted(env, handle.name, idle=False if mode == "install" else None)
-    if raw is not None:
-        raw.update(res)
     out = {}
     for rank, r in res.items():
         said = [ln for ln in r.stdout.splitlines() if ln.startswith("::guard")]
         ok = r.error is None and (r.ok or then is not None)
         out[rank] = said[-1][2:] if ok and said else f"failed: {(r.stderr or r.stdout).strip()[-300:]}"
-    return out
+    return Pushed(out, res)
 
 
 def install(env: Env, handle: Handle, group: Group, task: Task | None,
@@ -147,15 +154,15 @@ def install(env: Env, handle: Handle, group: Group, task: Task | None,
     """At up: the guard on every node, with the task's policy; ``up`` says what it is.
     ``fresh``: the cluster was created by this up (nothing of the user's runs on it)."""
     pol = desired(env, handle, task)
-    said = push(env, handle, group, "install", pol)
+    said = push(env, handle, group, "install", pol).said
     if fresh:
         contacted(env, handle.name, idle=True)
     bad = {r: s for r, s in said.items() if s.startswith("failed")}
     for rank, s in bad.items():
         env.ui.warn(f"node guard on node {rank} did not start ({s}); the CLI retries at its "
                     "next contact")
-    env.ui.info("Node guard: " + describe(pol) + self_stop_note(handle))
-    env.ui.info(f"Budget in force on '{handle.name}': {budget_words(pol)}")
+    env.ui.info("Node guard: " + describe(pol.as_dict()) + self_stop_note(handle))
+    env.ui.info(f"Budget in force on '{handle.name}': {budget_words(pol.as_dict())}")
 
 
 def self_stop_note(handle: Handle) -> str:
@@ -164,18 +171,27 @@ def self_stop_note(handle: Handle) -> str:
     return f". After a self-stop: {handle.provider.what_still_bills()}"
 
 
+@dataclass(frozen=True)
+class Written:
+    """A policy written on every node: the policy, and the session's results (with
+    ``then``: the other command's output is in them)."""
+
+    policy: Policy
+    session: GroupResult
+
+
 def update(env: Env, handle: Handle, group: Group, task: Task | None = None, *,
            mode: str = "policy", then: Callable[[NodeRow], str] | None = None,
-           raw: dict[int, Result] | None = None, **changes: Any) -> dict[str, Any]:
+           **changes: Any) -> Written:
     """A CLI contact that changes the policy (launch, autostop): write it on every node, renew
     the lease, restart a guard that is gone (``mode`` "install": also clear an old stop).
-    ``then``/``raw``: another command in the same round trip, and its results (see push)."""
+    ``then``: another command in the same round trip (see push)."""
     pol = desired(env, handle, task, **changes)
-    said = push(env, handle, group, mode, pol, then=then, raw=raw)
-    for rank, s in said.items():
+    pushed = push(env, handle, group, mode, pol, then=then)
+    for rank, s in pushed.said.items():
         if s.startswith("failed"):
             env.ui.warn(f"node guard on node {rank}: {s}")
-    return pol
+    return Written(pol, pushed.session)
 
 
 def touch(env: Env, handle: Handle, group: Group, ranks: Iterable[int] | None = None) -> None:
@@ -188,25 +204,35 @@ def touch(env: Env, handle: Handle, group: Group, ranks: Iterable[int] | None = 
         env.ui.warn(f"could not renew the node guard's lease: {exc}")
 
 
-def states(env: Env, handle: Handle, group: Group, gpus: dict[int, Any] | None = None, *,
-           renew: bool = False) -> dict[int, dict[str, Any]]:
+@dataclass(frozen=True)
+class Seen:
+    """What one contact read from the nodes: each node's guard state (state.json,
+    stopped.json, whether the guard runs; {} when the node did not say), and each node's GPUs
+    when they were asked (rank order)."""
+
+    nodes: dict[int, dict[str, Any]]
+    gpus: list[NodeGPUs] | None = None
+
+
+def states(env: Env, handle: Handle, group: Group, *, gpus: bool = False,
+           renew: bool = False) -> Seen:
     """What each node's guard last saw (state.json), stopped.json, and whether it runs. With
-    ``gpus`` (a dict, filled in) the same command also asks nvidia-smi (cloudtrain.gpuuse);
-    with ``renew`` it first renews the lease and restarts a dead guard (a CLI contact, as
-    :func:`touch`): one round trip per node for all of it. What the nodes said is kept
-    (cloudtrain.pipeline.lastseen) for the next plain ``status``."""
+    ``gpus`` the same command also asks nvidia-smi (cloudtrain.gpuuse); with ``renew`` it
+    first renews the lease and restarts a dead guard (a CLI contact, as :func:`touch`): one
+    round trip per node for all of it. What the nodes said is kept (cloudtrain.pipeline.
+    lastseen) for the next plain ``status``."""
     from cloudtrain import gpuuse
     from cloudtrain.pipeline import lastseen
     from cloudtrain.remote import bash
 
-    state_cmd = _command(env, handle, "state", None)
-    touch_cmd = _command(env, handle, "touch", None) if renew else None
+    state_cmd = command(env, handle, "state", None)
+    touch_cmd = command(env, handle, "touch", None) if renew else None
     bins = {n.rank: n.python_bin or os.path.dirname(bootstrap.provider_node_env(handle).get(
         "CLOUDTRAIN_PYTHON", "")) or None for n in handle.nodes}
 
     def run(n: NodeRow) -> str:
         line = state_cmd(n) if touch_cmd is None else f"{touch_cmd(n)}; {state_cmd(n)}"
-        return line if gpus is None else f"{line}; {bash(gpuuse.remote_script(bins.get(n.rank)))}"
+        return line if not gpus else f"{line}; {bash(gpuuse.remote_script(bins.get(n.rank)))}"
     renewed_at = time.time()
     if renew:
         src = guard_source()
@@ -214,39 +240,55 @@ def states(env: Env, handle: Handle, group: Group, gpus: dict[int, Any] | None =
     else:
         res = group.run(run, timeout=30)
     out: dict[int, dict[str, Any]] = {}
+    read: dict[int, NodeGPUs] = {}
     for rank, r in res.items():
         before, block = gpuuse.split_output(r.stdout)
-        ok = r.error is None and "::guard " in before
-        if renew and not ok:
-            env.ui.warn(f"could not renew the node guard's lease on node {rank}: "
-                        f"{(r.error or r.stderr or r.stdout or 'no answer').strip()[-300:]}")
-        try:
-            out[rank] = json.loads(before.strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            out[rank] = {}
-        if not isinstance(out[rank], dict):
-            out[rank] = {}
-        st = out[rank].get("state")
-        if renew and ok and isinstance(st, dict) and not st.get("busy"):
-            # The lease was renewed just now: the guard counts idle from here (its state.json
-            # says so at its next loop).
-            st.update(idle_for_s=0.0, at=renewed_at, lease_at=renewed_at)
-        if gpus is not None:
-            seen = out[rank].get("state")
-            jobs = seen.get("jobs") if isinstance(seen, dict) else 0
-            gpus[rank] = gpuuse.parse(block if r.error is None else None, rank,
-                                      job_running=isinstance(jobs, int) and jobs > 0)
-            if r.error is not None:
-                gpus[rank].detail = f"no answer from the node ({r.error})"[:300]
+        out[rank] = _state_of(env, rank, r, before, renew, renewed_at)
+        if gpus:
+            read[rank] = _gpus_of(r, rank, block, out[rank])
     answered = {rank: s for rank, s in out.items() if s}
     if renew and answered:
         busy = [s.get("state", {}).get("busy") for s in answered.values()
                 if isinstance(s.get("state"), dict)]
         contacted(env, handle.name, idle=None if not busy else not any(busy), at=renewed_at)
+    seen = Seen(out, [read[r] for r in sorted(read)] if gpus else None)
     if answered:
-        lastseen.remember(env, handle.name, answered,
-                          None if gpus is None else [gpus[r] for r in sorted(gpus)])
-    return out
+        lastseen.remember(env, handle.name, answered, seen.gpus)
+    return seen
+
+
+def _state_of(env: Env, rank: int, r: Result, before: str, renew: bool,
+              renewed_at: float) -> dict[str, Any]:
+    """One node's answer to ``states``: its guard's state, {} when it said none."""
+    ok = r.error is None and "::guard " in before
+    if renew and not ok:
+        env.ui.warn(f"could not renew the node guard's lease on node {rank}: "
+                    f"{str(r.error or r.stderr or r.stdout or 'no answer').strip()[-300:]}")
+    try:
+        got = json.loads(before.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        got = {}
+    if not isinstance(got, dict):
+        got = {}
+    st = got.get("state")
+    if renew and ok and isinstance(st, dict) and not st.get("busy"):
+        # The lease was renewed just now: the guard counts idle from here (its state.json
+        # says so at its next loop).
+        st.update(idle_for_s=0.0, at=renewed_at, lease_at=renewed_at)
+    return got
+
+
+def _gpus_of(r: Result, rank: int, block: str | None, seen: dict[str, Any]) -> NodeGPUs:
+    """One node's GPUs from its answer to ``states``."""
+    from cloudtrain import gpuuse
+
+    st = seen.get("state")
+    jobs = st.get("jobs") if isinstance(st, dict) else 0
+    got = gpuuse.parse(block if r.error is None else None, rank,
+                       job_running=isinstance(jobs, int) and jobs > 0)
+    if r.error is not None:
+        got.detail = f"no answer from the node ({r.error})"[:300]
+    return got
 
 
 def reconcile(env: Env, name: str) -> dict[str, Any] | None:
@@ -287,7 +329,7 @@ def reconcile(env: Env, name: str) -> dict[str, Any] | None:
 
 # --- the commands' side -------------------------------------------------------------------------
 
-def _connected(env: Env, name: str, timeout: float = 30):  # type: ignore[no-untyped-def]
+def _connected(env: Env, name: str, timeout: float = 30) -> tuple[Handle, Group]:
     from cloudtrain.cluster import connect, get_handle
 
     handle = get_handle(env, name)
@@ -309,7 +351,7 @@ def set_autostop(env: Env, name: str, idle_minutes: float | None, down: bool | N
     with cluster_lock(env, name):
         handle, group = _connected(env, name)
         try:
-            pol = update(env, handle, group, None, **changes)
+            pol = update(env, handle, group, None, **changes).policy.as_dict()
         finally:
             group.close()
     return pol
@@ -323,7 +365,8 @@ def set_budget(env: Env, name: str, max_cost: float | None) -> dict[str, Any]:
     with cluster_lock(env, name):
         handle, group = _connected(env, name)
         try:
-            pol = update(env, handle, group, None, **budget_change(saved(env, name), max_cost))
+            pol = update(env, handle, group, None,
+                         **budget_change(saved(env, name), max_cost)).policy.as_dict()
         finally:
             group.close()
     env.state.set_budget(name, max_cost)
@@ -363,35 +406,35 @@ def show_log(env: Env, name: str, node: int | None) -> None:
         group.close()
 
 
-def live(env: Env, name: str) -> dict[str, Any]:
+def live(env: Env, name: str) -> View | None:
     """For ``status --refresh`` (a contact): the policy, what the guards see now ("idle for X
     min, stops in Y min") and each node's GPUs, with the lease renewed, in one round trip per
-    node. {} when no guard was installed. A plain ``status`` reads lastseen.view instead."""
+    node. None when no guard was installed. A plain ``status`` reads lastseen.view instead."""
+    from dataclasses import replace
+
     from cloudtrain.pipeline import lastseen
 
     pol = saved(env, name)
     if not pol:
-        return {}
-    out: dict[str, Any] = {"autostop": {k: pol.get(k) for k in RULES}, "policy": describe(pol)}
+        return None
+    out = View.of(pol)
     row = env.state.get_cluster(name)
     if row is None or row.status not in ("UP", "DEGRADED"):
         return out
     try:
         handle, group = _connected(env, name, timeout=10)
     except Exception:  # noqa: BLE001 - status shows the rest, as of the last contact
-        return dict(lastseen.view(env, name), stale=True)
+        last = lastseen.view(env, name) or out
+        return replace(last, stale=True)
     try:
-        gpus: dict[int, Any] = {}
         now = time.time()
-        out["guard"] = dict(idle_words(pol, states(env, handle, group, gpus, renew=True), now),
-                            as_of=now, age_s=0.0, live=True)
-        out["gpus"] = [gpus[r] for r in sorted(gpus)]
-        out["gpus_at"] = now
+        seen = states(env, handle, group, gpus=True, renew=True)
+        return replace(out, guard=dict(idle_words(pol, seen.nodes, now), as_of=now, age_s=0.0,
+                                       live=True), gpus=seen.gpus, gpus_at=now)
     except CloudtrainError:
-        pass
+        return out
     finally:
         group.close()
-    return out
 
 
 def reconcile_all(env: Env, name: str | None) -> list[dict[str, Any]]:
@@ -413,7 +456,7 @@ def reconcile_all(env: Env, name: str | None) -> list[dict[str, Any]]:
     return out
 
 
-def keep_alive(env: Env, name: str):  # type: ignore[no-untyped-def]
+def keep_alive(env: Env, name: str) -> Callable[[], None]:
     """For ``cloudtrain ssh``: a session on one node keeps every node of the cluster alive
     (the other guards see no session of their own): while the session lasts, renew the lease
     on every node at a third of the idle limit (at most every 30 s). Returns a function that

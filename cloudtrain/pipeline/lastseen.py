@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 from cloudtrain import paths
 
@@ -47,7 +48,7 @@ def saved(env: Env, name: str) -> dict[str, Any]:
     return _read(policy_file(env, name))
 
 
-def describe(pol: dict[str, Any]) -> str:
+def describe(pol: Mapping[str, Any]) -> str:
     """The policy in words."""
     parts = []
     idle = pol.get("idle_minutes")
@@ -185,9 +186,44 @@ def ago(seconds: float) -> str:
     return f"{s / 86400:.1f} days ago"
 
 
-def view(env: Env, name: str, now: float | None = None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class View:
+    """What ``status`` shows of a cluster's guards: its policy, the guards' view (idle for,
+    stops in, busy with) and each node's GPUs, as of the last contact (or live, from
+    ``status --refresh``), and when its rules must have stopped it. :meth:`as_dict` is what
+    the status command renders (and ``--json`` writes); a key is there only when known."""
+
+    autostop: Mapping[str, Any]
+    policy: str
+    guard: Mapping[str, Any] | None = None
+    gpus: list[NodeGPUs] | None = None
+    gpus_at: float | None = None
+    expected_stop: Mapping[str, Any] | None = None
+    """When the recorded rules must have stopped the cluster: at, reason, words."""
+    stale: bool = False
+    """Live was asked for, but the nodes did not answer: this is the last contact's."""
+
+    @classmethod
+    def of(cls, pol: Mapping[str, Any]) -> View:
+        """The policy alone, as if nothing was seen."""
+        return cls({k: pol.get(k) for k in RULES}, describe(pol))
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"autostop": dict(self.autostop), "policy": self.policy}
+        if self.guard is not None:
+            out["guard"] = dict(self.guard)
+        if self.gpus is not None:
+            out["gpus"], out["gpus_at"] = list(self.gpus), self.gpus_at
+        if self.expected_stop is not None:
+            out["expected_stop"] = dict(self.expected_stop)
+        if self.stale:
+            out["stale"] = True
+        return out
+
+
+def view(env: Env, name: str, now: float | None = None) -> View | None:
     """For a plain ``status``: the policy, and the guards' view as of the last contact, with
-    its age; the GPUs as of the last query. {} when no guard was installed.
+    its age; the GPUs as of the last query. None when no guard was installed.
 
     The guards' words come from the last states read (status --refresh, top), extrapolated to
     now, unless the CLI wrote the policy since (a later contact: launch, autostop), which
@@ -196,42 +232,39 @@ def view(env: Env, name: str, now: float | None = None) -> dict[str, Any]:
     now = time.time() if now is None else now
     pol = saved(env, name)
     if not pol:
-        return {}
-    out: dict[str, Any] = {"autostop": {k: pol.get(k) for k in RULES}, "policy": describe(pol)}
+        return None
     try:
-        out.update(_seen(pol, last(env, name), now))
+        return _seen(pol, last(env, name), now)
     except (TypeError, ValueError, AttributeError):
-        pass                      # a damaged file: the policy alone, as if nothing was seen
-    return out
+        return View.of(pol)       # a damaged file: the policy alone, as if nothing was seen
 
 
-def _seen(pol: dict[str, Any], seen: dict[str, Any], now: float) -> dict[str, Any]:
+def _seen(pol: dict[str, Any], seen: dict[str, Any], now: float) -> View:
     from cloudtrain.gpuuse import NodeGPUs
 
-    out: dict[str, Any] = {}
+    guard: dict[str, Any] | None = None
     seen_at = _num(seen.get("at"))
     lease_at = _num(pol.get("lease_at"))
     nodes = {int(r): s for r, s in (seen.get("nodes") or {}).items()
              if str(r).isdigit() and isinstance(s, dict)}
     if nodes and seen_at is not None and (lease_at is None or seen_at >= lease_at):
-        g = idle_words(pol, nodes, now)
-        g.update(as_of=seen_at, age_s=round(now - seen_at, 1), live=False)
-        g["words"] += f" (as of {ago(now - seen_at)}; {HINT})"
-        out["guard"] = g
+        guard = idle_words(pol, nodes, now)
+        guard.update(as_of=seen_at, age_s=round(now - seen_at, 1), live=False)
+        guard["words"] += f" (as of {ago(now - seen_at)}; {HINT})"
     elif lease_at is not None:
-        g = idle_words(pol, {0: {"state": {"at": lease_at, "idle_for_s": 0.0}}}, now)
-        g.update(guard_running=None, busy=None, as_of=lease_at,
-                 age_s=round(now - lease_at, 1), live=False)
+        guard = idle_words(pol, {0: {"state": {"at": lease_at, "idle_for_s": 0.0}}}, now)
+        guard.update(guard_running=None, busy=None, as_of=lease_at,
+                     age_s=round(now - lease_at, 1), live=False)
         idle = pol.get("idle_minutes")
-        g["words"] = (f"last contact {ago(now - lease_at)}"
-                      + (f"; stops in {g['stops_in_min']:.1f} min at the earliest" if idle
-                         else " (no idle stop)") + f"; {HINT}")
-        out["guard"] = g
+        guard["words"] = (f"last contact {ago(now - lease_at)}"
+                          + (f"; stops in {guard['stops_in_min']:.1f} min at the earliest"
+                             if idle else " (no idle stop)") + f"; {HINT}")
     gpus_at = _num(seen.get("gpus_at"))
+    gpus = None
     if isinstance(seen.get("gpus"), list) and gpus_at is not None:
-        out["gpus"] = [NodeGPUs.from_json(n) for n in seen["gpus"] if isinstance(n, dict)]
-        out["gpus_at"] = gpus_at
-    return out
+        gpus = [NodeGPUs.from_json(n) for n in seen["gpus"] if isinstance(n, dict)]
+    return replace(View.of(pol), guard=guard, gpus=gpus,
+                   gpus_at=gpus_at if gpus is not None else None)
 
 
 def _num(v: Any) -> float | None:
@@ -250,16 +283,15 @@ PROBABLY_STOPPED = "PROBABLY_STOPPED"
 
 
 def offline_rows(env: Env, rows: list[Any], now: float | None = None
-                 ) -> tuple[list[Any], dict[str, dict[str, Any]], dict[str, float]]:
+                 ) -> tuple[list[Any], dict[str, View | None], dict[str, float]]:
     """For a plain ``status``: the rows, a cluster whose rules must have stopped it shown as
     PROBABLY_STOPPED (never as UP); each cluster's view (with ``expected_stop``: at, reason,
     words); and, for those, when they probably stopped (their spend ends there)."""
-    from dataclasses import replace
-
     now = time.time() if now is None else now
-    views, until, out = {}, {}, []
+    views: dict[str, View | None] = {}
+    until, out = {}, []
     for r in rows:
-        views[r.name] = view(env, r.name, now)
+        views[r.name] = seen = view(env, r.name, now)
         stop = expected_stop(env, r.name, r.provider, r.created_at) \
             if r.status in ("UP", "DEGRADED") else None
         if stop is None:
@@ -270,7 +302,8 @@ def offline_rows(env: Env, rows: list[Any], now: float | None = None
                               time.localtime(at))
         words = (f"probably stopped itself at {clock} ({why}); --refresh to confirm" if at <= now
                  else f"expected to stop itself at {clock} ({why})")
-        views[r.name]["expected_stop"] = {"at": at, "reason": why, "words": words}
+        if seen is not None:
+            views[r.name] = replace(seen, expected_stop={"at": at, "reason": why, "words": words})
         if at <= now:
             until[r.name] = at
             r = replace(r, status=PROBABLY_STOPPED)

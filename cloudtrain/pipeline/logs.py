@@ -10,6 +10,7 @@ from cloudtrain.context import Env
 from cloudtrain.errors import RemoteError, UserError
 from cloudtrain.pipeline.remote_job import LogSink, follow_command, job_dir
 from cloudtrain.remote import bash
+from cloudtrain.state import NodeRow
 
 
 def _latest_job(env: Env, name: str) -> str | None:
@@ -73,7 +74,7 @@ def _stream_from_nodes(env: Env, name: str, job: str, node: int | None, follow: 
     group = connect(env, handle, timeout=30)
     sink = LogSink(env, env.logs_dir(name) / job, "", echo=True)
 
-    def cmd(n) -> str:  # type: ignore[no-untyped-def]
+    def cmd(n: NodeRow) -> str:
         log = str(PurePosixPath(job_dir(n, job)) / "node.log")
         return bash(f"cat {shlex.quote(log)} 2>/dev/null")
 

@@ -19,11 +19,9 @@ if TYPE_CHECKING:
 
 def snapshot(env: Env, handle: Handle, group: Group) -> list[NodeGPUs]:
     """Every node's GPUs now, in rank order (one command per node)."""
-    from cloudtrain.pipeline import guard
+    from cloudtrain.pipeline import guard as node_guard
 
-    gpus: dict[int, Any] = {}
-    guard.states(env, handle, group, gpus)
-    return [gpus[r] for r in sorted(gpus)]
+    return node_guard.states(env, handle, group, gpus=True).gpus or []
 
 
 def _cell(v: float | None, fmt: str) -> str:

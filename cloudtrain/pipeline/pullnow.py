@@ -30,7 +30,7 @@ def _pick(env: Env, name: str, job_id: str | None) -> OutputsRow:
         known = ", ".join(r.job_id for r in rows) or "none"
         raise UserError(f"--job {job_id}: no job of '{name}' with that id declared outputs "
                         f"(jobs with outputs: {known}).",
-                        f"Give one of those ids, or leave --job out for the latest.")
+                        "Give one of those ids, or leave --job out for the latest.")
     return row
 
 

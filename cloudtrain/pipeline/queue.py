@@ -16,7 +16,7 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from cloudtrain.cluster import Handle, cluster_uid
 from cloudtrain.context import Env
@@ -24,7 +24,7 @@ from cloudtrain.errors import JobFailed, RemoteError, UserError
 from cloudtrain.pipeline import bootstrap
 from cloudtrain.pipeline.remote_job import job_dir
 from cloudtrain.pipeline.teardown import stop_processes
-from cloudtrain.remote import Group, GroupResult, Result, bash
+from cloudtrain.remote import Group, Result, bash
 from cloudtrain.state import NodeRow
 
 WAIT_POLL_S = 1.0
@@ -155,7 +155,7 @@ class Turn:
         self.env.ui.info(f"Job {self.job_id} queued behind job {before} (position {pos}): "
                          + ("the nodes start it when its turn comes." if detach else "waiting..."))
 
-    def wait(self, res: GroupResult, detach: bool) -> None:
+    def wait(self, res: Mapping[int, Result], detach: bool) -> None:
         # Each node says "::started PID" or "::queued POSITION FIRST_AHEAD"; the head's word
         # is the one shown, but the launch waits while any node's part is queued.
         said = {rank: ln.split() for rank, x in sorted(res.items(), reverse=True)

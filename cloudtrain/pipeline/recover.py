@@ -13,25 +13,34 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
-from typing import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from cloudtrain import budget
+from cloudtrain.cluster import Handle
 from cloudtrain.context import Env
 from cloudtrain.errors import CloudtrainError, JobFailed, UserError
 from cloudtrain.pipeline import run
+from cloudtrain.pipeline.attempt import Tried, attempt
+from cloudtrain.pipeline.bootstrap import run_bootstrap
 from cloudtrain.pipeline.recover_watch import (HealthWatch, Loss, lost_now,
                                                no_checkpoints_warning, unresponsive_window)
+from cloudtrain.pipeline.request import Launch
 from cloudtrain.provider.contract import Plan, ReportsNodeHealth
-from cloudtrain.remote import NodeLost
-from cloudtrain.spec import Task
-from cloudtrain.taskmodel import Recovery
+from cloudtrain.remote import Group, NodeLost
+
+if TYPE_CHECKING:
+    from cloudtrain.spec import Task   # annotations only: no pydantic at import
+    from cloudtrain.taskmodel import Recovery
 
 
 def check(env: Env, task: Task, plan: Plan, *, warn: bool = True) -> Recovery:
     """The task's recovery settings (defaults for a bare --recover); refuses a provider that
     cannot report node health and a bad CLOUDTRAIN_UNRESPONSIVE_WINDOW (exit 2, before
     anything is created); warns (``warn``) when the task has no ``checkpoints:``."""
+    from cloudtrain.taskmodel import Recovery
+
     provider = env.provider(plan.provider or task.resources.provider or "local")
     if not isinstance(provider, ReportsNodeHealth):
         raise UserError(f"--recover needs a provider that reports node health; "
@@ -40,7 +49,7 @@ def check(env: Env, task: Task, plan: Plan, *, warn: bool = True) -> Recovery:
     unresponsive_window()
     if warn and not task.checkpoints:
         env.ui.warn(no_checkpoints_warning())
-    return task.recovery or Recovery()
+    return task.recovery or Recovery.model_validate({})   # the defaults: a bare --recover
 
 
 def first_line_at(path_of: Callable[[], object], done: threading.Event) -> list[float]:
@@ -60,158 +69,144 @@ def first_line_at(path_of: Callable[[], object], done: threading.Event) -> list[
     return out
 
 
-def launch(env: Env, task: Task, name: str, plan: Plan, *, down_after: bool,
-           overrides: dict[str, str], limit: budget.Budget | None,
-           confirm: Callable[[Plan], None]) -> run.Outcome:
-    """``launch --recover``, attached: the job as ``job.launch`` runs it, with lost nodes
-    replaced and the job restarted, up to ``recovery.max_recoveries`` times."""
-    from cloudtrain.pipeline import guard
-    from cloudtrain.pipeline import job as chain
-    from cloudtrain.pipeline.teardown import down_shielded
-
-    rec = check(env, task, plan)
-    guard.reconcile(env, name)
-    if limit is not None:
-        chain.check_estimate(env, name, plan, limit)
-    if env.state.get_cluster(name) is None:
-        confirm(plan)
-    over: budget.BudgetExceeded | None = None
-    ctl = Controller(env, task, name, plan, rec, overrides, limit, down_after)
-    try:
-        try:
-            outcome = ctl.run()
-        except budget.BudgetExceeded as exc:
-            over = exc
-            env.state.mark_usage_end(name, exc.reason)
-    finally:
-        if down_after or over is not None:
-            down_shielded(env, name, plan.provider or task.resources.provider or "local")
-    if over is not None:
-        raise over
-    if outcome.exit_code != 0:
-        raise chain.job_failed(outcome, name, [])
-    return outcome
+def controlled(env: Env, req: Launch, limit: budget.Budget | None, rec: Recovery) -> Tried:
+    """``launch --recover``: the attempts of ``job.launch``, with lost nodes replaced and the
+    job restarted, up to ``rec.max_recoveries`` times (the chain around them, with its
+    teardown, is job.launch's)."""
+    return Controller(env, req, limit, rec).loop()
 
 
 @dataclass
 class Controller:
+    """The recovery controller: loops :func:`~cloudtrain.pipeline.attempt.attempt` (it is
+    that function's :class:`~cloudtrain.pipeline.attempt.Replacing`), one attempt per loss."""
+
     env: Env
-    task: Task
-    name: str
-    plan: Plan
-    rec: Recovery
-    overrides: dict[str, str]
+    req: Launch
     limit: budget.Budget | None
-    down_after: bool
+    rec: Recovery
     launch_job: str | None = None
     count: int = 0
+    pending: tuple[int, Loss] | None = None      # (recovery id, what was lost)
+    health: HealthWatch | None = None            # this attempt's
+    phases: dict[str, float] = field(default_factory=dict)
+    t_open: float = 0.0
+    t_ready: float = 0.0
 
-    def run(self) -> run.Outcome:
-        pending: tuple[int, Loss] | None = None      # (recovery id, what was lost)
+    @property
+    def name(self) -> str:
+        return self.req.name
+
+    def loop(self) -> Tried:
         while True:
-            outcome, loss, phases = self.once(pending)
-            if pending is not None:
-                self.finish(pending[0], pending[1], outcome.job_id, phases)
+            self.phases, self.health = {}, None
+            tried = attempt(self.env, self.req, self.limit, self)
+            if tried.outcome is None:
+                return tried
+            outcome = tried.outcome
+            self.launch_job = self.launch_job or outcome.job_id
+            loss = None if self.health is None else self.health.loss
+            if self.pending is not None:
+                self.finish(self.pending[0], self.pending[1], outcome.job_id, self.phases)
             if loss is None:
-                return outcome
-            self.env.state.finish_launch(outcome.job_id, "PREEMPTED", None, loss.ranks[0],
-                                         loss.reason)
-            self.count += 1
-            rid = self.env.state.add_recovery(self.name, self.launch_job or outcome.job_id,
-                                              outcome.job_id, loss.last_running_at, loss.ranks,
-                                              loss.reason, loss.resumes_from)
-            if self.count > self.rec.max_recoveries:
-                self.env.state.update_recovery(rid, status="GAVE_UP")
-                raise JobFailed(1, loss.ranks[0],
-                                f"The cloud took node(s) {loss.ranks} ({loss.reason}), and this "
-                                f"launch has already replaced lost nodes "
-                                f"{self.rec.max_recoveries} time(s) (recovery.max_recoveries): "
-                                "giving up.",
-                                "Raise recovery.max_recoveries, or pick on-demand capacity; "
-                                f"'cloudtrain status {self.name}' shows the recoveries.")
-            self.env.ui.step(f"Recovery {self.count} of at most {self.rec.max_recoveries}: "
-                             f"replacing node(s) {loss.ranks}")
-            provider = self.env.provider(self.plan.provider or self.task.resources.provider
-                                         or "local")
-            assert isinstance(provider, ReportsNodeHealth)
-            provider.discard_nodes(self.name, loss.ranks)
-            pending = (rid, loss)
+                return tried
+            self.replace(outcome, loss)
 
-    def once(self, pending: tuple[int, Loss] | None
-             ) -> tuple[run.Outcome, Loss | None, dict[str, float]]:
-        """Provision (replacing what was discarded), bootstrap, run and follow the job once."""
-        from cloudtrain.pipeline import job as chain
-        from cloudtrain.pipeline.bootstrap import run_bootstrap
-        from cloudtrain.pipeline.provision import opened
+    def replace(self, outcome: run.Outcome, loss: Loss) -> None:
+        """The loss recorded (a row of the ledger), the lost nodes discarded: the next
+        attempt provisions them again; past max_recoveries, the launch gives up."""
+        self.env.state.finish_launch(outcome.job_id, "PREEMPTED", None, loss.ranks[0],
+                                     loss.reason)
+        self.count += 1
+        rid = self.env.state.add_recovery(self.name, self.launch_job or outcome.job_id,
+                                          outcome.job_id, loss.last_running_at, loss.ranks,
+                                          loss.reason, loss.resumes_from)
+        if self.count > self.rec.max_recoveries:
+            self.env.state.update_recovery(rid, status="GAVE_UP")
+            raise JobFailed(1, loss.ranks[0],
+                            f"The cloud took node(s) {loss.ranks} ({loss.reason}), and this "
+                            f"launch has already replaced lost nodes "
+                            f"{self.rec.max_recoveries} time(s) (recovery.max_recoveries): "
+                            "giving up.",
+                            "Raise recovery.max_recoveries, or pick on-demand capacity; "
+                            f"'cloudtrain status {self.name}' shows the recoveries.")
+        self.env.ui.step(f"Recovery {self.count} of at most {self.rec.max_recoveries}: "
+                         f"replacing node(s) {loss.ranks}")
+        provider = self.env.provider(self.req.provider)
+        assert isinstance(provider, ReportsNodeHealth)   # check() refused any other
+        provider.discard_nodes(self.name, loss.ranks)
+        self.pending = (rid, loss)
 
-        phases: dict[str, float] = {}
-        with self.provisioned(opened, pending is not None) as (handle, group, fresh):
-            group.patience = unresponsive_window()   # a silent node is waited for, not lost
-            t = time.time()
-            if pending is not None:
-                phases["replace_s"] = t - pending[1].detected_at
-            job_id = chain.on_nodes(self.env, handle, group, self.task,
-                                    down_after=self.down_after, detach=False, limit=self.limit)
-            self.launch_job = self.launch_job or job_id
-            if fresh:
-                chain.bootstrap_or_roll_back(self.env, handle, group, self.task, self.name)
-            elif pending is not None:
-                self.env.ui.step("Bootstrapping the replacement node(s)")
-                run_bootstrap(self.env, handle, group, self.task.bootstrap)
-            t2 = time.time()
-            phases["bootstrap_s"] = t2 - t
-            watch = None if self.limit is None else budget.Watch(
-                self.env.state, self.name, self.limit.max_cost_usd, self.env.ui)
-            head_log = lambda: self.env.logs_dir(self.name) / job_id / "node-0.log"  # noqa: E731
-            health = HealthWatch(self.env, handle, group, self.rec.poll_seconds, self.task,
-                                 watch, head_log)
-            done = threading.Event()
-            first = first_line_at(head_log, done)
-            try:
-                outcome = run.run_task(self.env, handle, group, self.task,
-                                       overrides=self.overrides, guard=health, job_id=job_id)
-            except CloudtrainError as exc:
-                if health.exceeded.is_set():
-                    raise       # the budget, not the loss, ends the launch
-                health.loss = health.loss or lost_now(handle, health)
-                if health.loss is None and isinstance(exc, NodeLost):
-                    health.loss = health.unresponsive(exc, group.patience)
-                if health.loss is None:
-                    raise
-                outcome = run.Outcome(job_id, 1)    # the loss, not the error, is the story
-            finally:
-                done.set()
-            phases["sync_s"] = max(0.0, health.started_at - t2)
-            if first:
-                phases["restart_s"] = max(0.0, first[0] - health.started_at)
-        return outcome, health.loss, phases
+    @contextmanager
+    def opened(self) -> Iterator[tuple[Handle, Group, bool]]:
+        """``opened`` for this attempt; a replacement that finds no capacity where the
+        cluster is moves the whole cluster along the planner's failover order when allowed.
+        A silent node is waited for (the unresponsive window), not lost."""
+        with self._provisioned() as (handle, group, fresh):
+            group.patience = unresponsive_window()
+            self.t_open = time.time()
+            if self.pending is not None:
+                self.phases["replace_s"] = self.t_open - self.pending[1].detected_at
+            yield handle, group, fresh
 
-    def provisioned(self, opened: Callable[..., object], again: bool):  # type: ignore[no-untyped-def]
-        """``opened`` for this launch; a replacement that finds no capacity where the cluster
-        is moves the whole cluster along the planner's failover order when allowed."""
-        from contextlib import contextmanager
-
+    @contextmanager
+    def _provisioned(self) -> Iterator[tuple[Handle, Group, bool]]:
         from cloudtrain import planner
         from cloudtrain.errors import CapacityError, QuotaError
+        from cloudtrain.pipeline.provision import opened
         from cloudtrain.pipeline.teardown import down_shielded
 
-        @contextmanager
-        def cm():  # type: ignore[no-untyped-def]
-            try:
-                with opened(self.env, self.task, self.name,  # type: ignore[operator]
-                            planned=None if again else self.plan) as got:
-                    yield got
-                    return
-            except (CapacityError, QuotaError) as exc:
-                if not (again and self.rec.failover and planner.needs_pick(self.task)):
-                    raise
-                self.env.ui.warn(f"recovery: no replacement where the cluster is ({exc.message}); "
-                                 "moving the cluster along the planner's failover order.")
-                down_shielded(self.env, self.name, self.plan.provider or "local")
-            with opened(self.env, self.task, self.name, planned=self.plan) as got:  # type: ignore[operator]
+        env, task, again = self.env, self.req.task, self.pending is not None
+        try:
+            with opened(env, task, self.name, planned=None if again else self.req.plan) as got:
                 yield got
+                return
+        except (CapacityError, QuotaError) as exc:
+            if not (again and self.rec.failover and planner.needs_pick(task)):
+                raise
+            env.ui.warn(f"recovery: no replacement where the cluster is ({exc.message}); "
+                        "moving the cluster along the planner's failover order.")
+            down_shielded(env, self.name, self.req.plan.provider or "local")
+        with opened(env, task, self.name, planned=self.req.plan) as got:
+            yield got
 
-        return cm()
+    def ready(self, handle: Handle, group: Group, fresh: bool) -> bool:
+        """The replacement nodes bootstrapped (a fresh cluster was, by the attempt)."""
+        replaced = not fresh and self.pending is not None
+        if replaced:
+            self.env.ui.step("Bootstrapping the replacement node(s)")
+            run_bootstrap(self.env, handle, group, self.req.task.bootstrap)
+        self.t_ready = time.time()
+        self.phases["bootstrap_s"] = self.t_ready - self.t_open
+        return replaced
+
+    def run(self, handle: Handle, group: Group, task: Task, start: run.JobStart,
+            watch: budget.Watch | None) -> run.Outcome:
+        """run_task under the health watch; a loss the cloud reports (or a node silent past
+        the window) is the attempt's outcome, not the error it caused."""
+        job_id = start.job_id
+        head_log = lambda: self.env.logs_dir(self.name) / job_id / "node-0.log"  # noqa: E731
+        health = self.health = HealthWatch(self.env, handle, group, self.rec.poll_seconds,
+                                           task, watch, head_log)
+        done = threading.Event()
+        first = first_line_at(head_log, done)
+        try:
+            outcome = run.run_task(self.env, handle, group, task, start, health)
+        except CloudtrainError as exc:
+            if health.exceeded.is_set():
+                raise       # the budget, not the loss, ends the launch
+            health.loss = health.loss or lost_now(handle, health)
+            if health.loss is None and isinstance(exc, NodeLost):
+                health.loss = health.unresponsive(exc, group.patience or unresponsive_window())
+            if health.loss is None:
+                raise
+            outcome = run.Outcome(job_id, 1)    # the loss, not the error, is the story
+        finally:
+            done.set()
+        self.phases["sync_s"] = max(0.0, health.started_at - self.t_ready)
+        if first:
+            self.phases["restart_s"] = max(0.0, first[0] - health.started_at)
+        return outcome
 
     def finish(self, rid: int, loss: Loss, new_job: str, phases: dict[str, float]) -> None:
         """The recovery's row: seconds lost by phase, and the dollars (lost work: node-hours
@@ -219,7 +214,7 @@ class Controller:
         training again) at the cluster's price."""
         row = self.env.state.get_cluster(self.name)
         price = (row.hourly_price or 0.0) if row else 0.0
-        nodes = row.num_nodes if row else self.task.num_nodes
+        nodes = row.num_nodes if row else self.req.task.num_nodes
         detect = loss.detected_at - loss.last_running_at
         total = detect + sum(phases.values())
         self.env.state.update_recovery(
@@ -231,20 +226,14 @@ class Controller:
                            f"{k[:-2]} {v:.1f} s" for k, v in phases.items()) + ")")
 
 
-def detached(env: Env, task: Task, name: str, plan: Plan, *, down_after: bool,
-             overrides: dict[str, str], confirm: Callable[[Plan], None], task_file: str,
-             max_cost: float | None, hours: float | None, no_budget: bool) -> None:
-    """``launch -d --recover``: checked and confirmed here, then the controller runs in the
-    background on this machine (``cloudtrain jobs``)."""
-    from pathlib import Path
-
+def detached(env: Env, req: Launch) -> None:
+    """``launch -d --recover``: confirmed here, then the controller runs in the background
+    on this machine (``cloudtrain jobs``), from the request's command line."""
     from cloudtrain.pipeline import controllers
 
-    check(env, task, plan)
-    if env.state.get_cluster(name) is None:
-        confirm(plan)
-    rec = controllers.spawn(Path(task_file), name, down_after=down_after, overrides=overrides,
-                            max_cost=max_cost, hours=hours, no_budget=no_budget)
+    if env.state.get_cluster(req.name) is None:
+        req.confirm(req.plan)
+    rec = controllers.spawn(req)
     env.ui.ok(f"Recovery controller {rec['id']} started in the background (pid {rec['pid']}) "
-              f"for '{name}'. Follow it: cloudtrain jobs logs {rec['id']} -f; stop it: "
+              f"for '{req.name}'. Follow it: cloudtrain jobs logs {rec['id']} -f; stop it: "
               f"cloudtrain jobs cancel {rec['id']}")

@@ -12,7 +12,7 @@ import shlex
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from cloudtrain import budget
 from cloudtrain.cluster import Handle
@@ -21,7 +21,9 @@ from cloudtrain.context import Env
 from cloudtrain.errors import CloudtrainError, UserError
 from cloudtrain.provider.contract import NodeHealth, ReportsNodeHealth
 from cloudtrain.remote import Group, NodeLost, bash
-from cloudtrain.spec import Task
+
+if TYPE_CHECKING:
+    from cloudtrain.spec import Task   # annotations only: no pydantic at import
 
 UNRESPONSIVE_WINDOW_ENV = "CLOUDTRAIN_UNRESPONSIVE_WINDOW"
 DEFAULT_UNRESPONSIVE_WINDOW = 600.0
@@ -78,7 +80,8 @@ class Loss:
 @dataclass
 class HealthWatch:
     """A thread asking the provider about the nodes every ``poll`` seconds while a job runs;
-    it also carries the launch's budget watch (``run_task`` takes one guard). On a loss it
+    it also carries the launch's budget watch (``run_task`` takes one watch: this one, a
+    :class:`~cloudtrain.budget.JobWatch`). On a loss it
     stops the job (the surviving ranks get SIGTERM and stop_grace) and ends the log follow."""
 
     env: Env

@@ -9,8 +9,9 @@ import secrets
 import shlex
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Callable, Protocol, TextIO
+from typing import Callable, Mapping, Protocol, Sequence, TextIO
 
 from cloudtrain import paths
 from cloudtrain.cluster import Handle
@@ -105,29 +106,43 @@ class Turn(Protocol):
 
     def command(self, node: NodeRow) -> str: ...
     def run_command(self, node: NodeRow, offset: int) -> str: ...
-    def wait(self, res: dict[int, Result], detach: bool) -> None: ...
+    def wait(self, res: Mapping[int, Result], detach: bool) -> None: ...
     def queued_on(self, res: Result) -> bool: ...
     def wait_node(self, res: Result) -> None: ...
     def withdraw(self) -> None: ...
 
 
+@dataclass(frozen=True)
+class JobParts:
+    """What a :class:`RemoteJob` runs: one script per node, where its lines go, on which
+    ranks, and how it is stopped."""
+
+    job_id: str
+    scripts: Mapping[int, str]
+    sink: Callable[[int, str], None]
+    ranks: Sequence[int]
+    stop_on_failure: bool = True
+    """Stop every node's part when one fails (not for exec)."""
+    grace: float = STOP_GRACE
+    turn: Turn | None = None
+    """The job's turn in the cluster's queue (pipeline/queue.py)."""
+    before: Before | None = None
+    """Run first, in the same session as the job's start."""
+
+
 class RemoteJob:
     """One script on every node at once, stopped everywhere when one node fails."""
 
-    def __init__(self, env: Env, handle: Handle, group: Group, job_id: str,
-                 scripts: dict[int, str], sink: Callable[[int, str], None],
-                 ranks: list[int], stop_on_failure: bool = True,
-                 grace: float = STOP_GRACE, turn: Turn | None = None,
-                 before: Before | None = None) -> None:
+    def __init__(self, env: Env, handle: Handle, group: Group, parts: JobParts) -> None:
         self.env, self.handle, self.group = env, handle, group
-        self.before = before  # run first, in the same session as the job's start
-        self.turn = turn    # the job's turn in the cluster's queue (pipeline/queue.py)
-        self.grace = grace
-        self.stop_on_failure = stop_on_failure
-        self.job_id = job_id
-        self.scripts = scripts
-        self.sink = sink
-        self.ranks = ranks
+        self.before = parts.before
+        self.turn = parts.turn
+        self.grace = parts.grace
+        self.stop_on_failure = parts.stop_on_failure
+        self.job_id = parts.job_id
+        self.scripts = parts.scripts
+        self.sink = parts.sink
+        self.ranks = list(parts.ranks)
         self.order: list[tuple[int, int | None, float]] = []
         self.errors: dict[int, BaseException] = {}
         self.stopping = threading.Event()
@@ -183,6 +198,7 @@ class RemoteJob:
         ``detach``, start and follow each node's log in one session per node until the job
         ends there: a dropped connection is resumed, not an exit (nor a second start)."""
         jdirs = self._jdirs()
+        res: dict[int, Result]
         try:
             if detach:
                 res = self.group.run(self.turn.command if self.turn else

@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from cloudtrain.budget import Budget
-    from cloudtrain.context import Env
 
 
 COMPOSED = ("max_cost_usd", "down_on_end", "followed", "set_by")   # the keys compose() writes

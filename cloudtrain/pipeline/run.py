@@ -11,22 +11,23 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Mapping
 
 from cloudtrain import paths
 from cloudtrain.cluster import Handle, cluster_uid
 from cloudtrain.context import Env
 from cloudtrain.errors import Interrupted, JobFailed, RemoteError, UserError
 from cloudtrain.pipeline import bootstrap, outputs, queue, sent, storage, sync, torchrun
-from cloudtrain.pipeline.bootstrap import bootstrap_env, run_bootstrap
-from cloudtrain.pipeline.remote_job import (LogSink, RemoteJob, job_dir, new_job_id,
+from cloudtrain.pipeline.bootstrap import run_bootstrap
+from cloudtrain.pipeline.prep import NodeFacts, prep_command, prep_facts
+from cloudtrain.pipeline.remote_job import (JobParts, LogSink, RemoteJob, job_dir, new_job_id,
                                             read_worker_failures)
-from cloudtrain.remote import Group, GroupResult, Result, bash
+from cloudtrain.remote import Group, Result, bash
 from cloudtrain.state import NodeRow
 
 if TYPE_CHECKING:
+    from cloudtrain.budget import JobWatch
     from cloudtrain.spec import Task   # annotations only: no pydantic at import
-    from cloudtrain.budget import Watch
 
 
 @dataclass
@@ -103,43 +104,6 @@ def run_body(task: Task, node: NodeRow) -> str:
     return storage.wrap_body(task, node, "{\n" + body + "\n}") if task.checkpoints else body
 
 
-@dataclass(frozen=True)
-class NodeFacts:
-    bootstrapped: bool
-    sync_fp: str
-    setup_hash: str
-
-
-def prep_command(handle: Handle, task: Task) -> Callable[[NodeRow], str]:
-    """The prep's command on each node: is it bootstrapped with these scripts, and what was
-    last synced and set up there (folded into the launch's node-guard round trip)."""
-    boot_env = bootstrap_env(handle, task.bootstrap)
-    plan_mounts = list(task.file_mounts)
-
-    def cmd(n: NodeRow) -> str:
-        root = shlex.quote(n.root_dir)
-        stamp = shlex.quote(bootstrap.stamp_path(n, boot_env(n)))
-        mk = " ".join(shlex.quote(str(PurePosixPath(sync.mount_target(n, m)).parent)) for m in plan_mounts)
-        # bash builtins only: no process started on the node unless a folder is missing
-        return bash(f"for d in {root}/workdir {root}/jobs {mk}; do "
-                    "[ -d \"$d\" ] || mkdir -p \"$d\"; done; "
-                    f"if [ -f {stamp} ]; then echo boot=yes; fi; s='' h=''; "
-                    f"{{ read -r s < {root}/.sync-fp; read -r h < {root}/.setup-hash; }} "
-                    "2>/dev/null; echo \"sync=$s\"; echo \"setup=$h\"")
-    return cmd
-
-
-def prep_facts(res: GroupResult) -> dict[int, NodeFacts]:
-    """What prep_command's output says, per node (raises when a node failed it)."""
-    res.raise_on_failure("Preparing the nodes")
-    out = {}
-    for rank, r in res.items():
-        kv = dict(line.split("=", 1) for line in r.stdout.splitlines()
-                  if line.split("=", 1)[0] in ("boot", "sync", "setup"))
-        out[rank] = NodeFacts(kv.get("boot") == "yes", kv.get("sync", ""), kv.get("setup", ""))
-    return out
-
-
 def _mark(group: Group, ranks: list[int], filename: str, value: str) -> None:
     if ranks:
         group.run(lambda n: bash(f"echo {shlex.quote(value)} > {shlex.quote(n.root_dir)}/{filename}"),
@@ -166,83 +130,140 @@ def sync_plan(task: Task) -> sync.SyncPlan:
                          exclude=tuple(exclude))
 
 
-def run_task(env: Env, handle: Handle, group: Group, task: Task, *, detach: bool = False,
-             overrides: dict[str, str] | None = None, job_id: str | None = None,
-             guard: Watch | None = None, now: bool = False,
-             prep: dict[int, NodeFacts] | None = None) -> Outcome:
-    """``prep``: the nodes' facts when the caller already asked (prep_command, folded into
-    its own round trip). ``guard``: a budget watch that runs from here until the job ends (foreground only). When
-    it reaches the budget, the job is stopped on every node, outputs are pulled back, the
-    launch is recorded as BUDGET and :class:`~cloudtrain.budget.BudgetExceeded` is raised (the
-    caller tears the cluster down)."""
-    if guard is None:
-        return _run_task(env, handle, group, task, detach=detach, overrides=overrides,
-                         job_id=job_id, guard=None, now=now, prep=prep)
-    if detach:
+@dataclass(frozen=True)
+class JobStart:
+    """How ``run_task`` starts the job: its id, ``--env``, detached or followed, ``--now``,
+    and the nodes' facts when the caller already asked (prep_command, folded into its own
+    round trip; None: run_task asks)."""
+
+    job_id: str
+    overrides: Mapping[str, str] = field(default_factory=dict)
+    detach: bool = False
+    now: bool = False
+    prep: Mapping[int, NodeFacts] | None = None
+
+
+@dataclass(frozen=True)
+class Running:
+    """What every step of one run_task shares."""
+
+    env: Env
+    handle: Handle
+    group: Group
+    task: Task
+    start: JobStart
+    watch: JobWatch | None
+
+    @property
+    def job_id(self) -> str:
+        return self.start.job_id
+
+    def env_of(self, node: NodeRow, job_id: str, task: Task | None = None) -> dict[str, str]:
+        return job_env(self.env, self.handle, node, self.task.envs, job_id,
+                       dict(self.start.overrides), task)
+
+
+def run_task(env: Env, handle: Handle, group: Group, task: Task, start: JobStart,
+             watch: JobWatch | None = None) -> Outcome:
+    """Sync, setup, run the job on every node, follow it, pull its outputs. ``watch``: what
+    runs beside the job from here until it ends (foreground only): the budget watch, or
+    ``--recover``'s health watch that carries it. When the budget is reached, the job is
+    stopped on every node, outputs are pulled back, the launch is recorded as BUDGET and
+    :class:`~cloudtrain.budget.BudgetExceeded` is raised (the caller tears the cluster down)."""
+    r = Running(env, handle, group, task, start, watch)
+    if watch is None:
+        return _run_task(r)
+    if start.detach:
         raise UserError("A budget cannot be watched on a detached launch.",
                         "Run it in the foreground, or launch with --no-budget.")
-    guard.start()
+    watch.start()
     try:
-        return _run_task(env, handle, group, task, detach=False, overrides=overrides,
-                         job_id=job_id, guard=guard, now=now, prep=prep)
+        return _run_task(r)
     finally:
-        guard.stop()
+        watch.stop()
 
 
-def _run_guarded(job: RemoteJob, guard: Watch | None, detach: bool = False) -> dict[int, Result]:
-    if guard is None:
+def _watched(job: RemoteJob, watch: JobWatch | None, detach: bool = False) -> dict[int, Result]:
+    if watch is None:
         return job.run(detach=detach)
-    guard.attach(job.stop_for_budget)
+    watch.attach(job.stop_for_budget)
     try:
         return job.run(detach=detach)
     finally:
-        guard.detach()
+        watch.detach()
 
 
-def _budget_spent(env: Env, guard: Watch | None, job_id: str | None) -> None:
+def _budget_spent(r: Running, job_id: str | None) -> None:
     """Between steps: raise once the watch has found the budget spent."""
-    if guard is None or not guard.exceeded.is_set():
+    if r.watch is None or not r.watch.exceeded.is_set():
         return
-    err = guard.error()
+    err = r.watch.error()
     if job_id is not None:
-        env.state.finish_launch(job_id, "BUDGET", err.exit_code, None, err.reason)
+        r.env.state.finish_launch(job_id, "BUDGET", err.exit_code, None, err.reason)
     raise err
 
 
-def _run_task(env: Env, handle: Handle, group: Group, task: Task, *, detach: bool,
-              overrides: dict[str, str] | None, job_id: str | None,
-              guard: Watch | None, now: bool = False,
-              prep: dict[int, NodeFacts] | None = None) -> Outcome:
-    overrides = overrides or {}
-    job_id = job_id or new_job_id()
+def _run_task(r: Running) -> Outcome:
+    plan = sync_plan(r.task)
+    prep, fp = _prepared(r, plan)
+    setup_hash = _synced(r, plan, prep, fp)
+    # 1b. bucket file_mounts: every node fetches them itself, before setup
+    storage.check_rclone(r.handle, r.task)
+    storage.fetch_mounts(r.env, r.handle, r.group, r.task, {
+        n.rank: r.env_of(n, r.job_id + "-fetch") for n in r.handle.nodes})
+    _budget_spent(r, None)
+    logs = r.env.logs_dir(r.handle.name) / r.job_id
+    r.env.state.add_launch(r.handle.name, r.job_id, r.task.name, r.start.detach)
+    r.env.state.set_job_envs(r.handle.name, {**r.task.envs, **r.start.overrides})   # for exec
+    if r.task.setup:
+        _set_up(r, prep, setup_hash, logs)
+    job, res, turn = _started(r, logs)
+    if r.start.detach:
+        return _detached(r, job, res, turn)
+    return _ended(r, job, res)
+
+
+def _prepared(r: Running, plan: sync.SyncPlan
+              ) -> tuple[Mapping[int, NodeFacts], Future[str] | None]:
+    """0. What the nodes have (asked here unless the caller did), bootstrapped where they
+    are not; the sync's fingerprint, taken while the nodes answer (None: take it again,
+    after a bootstrap: edits made during it count)."""
     # The fingerprint (a local rsync listing, ~50 ms even for a small tree) is taken while the
     # nodes answer the prep round trip; again after a bootstrap (edits made during it count).
-    plan = sync_plan(task)
     fp_pool = ThreadPoolExecutor(max_workers=1)
     fp_future: Future[str] | None = fp_pool.submit(plan.fingerprint)
     fp_pool.shutdown(wait=False)
+    prep = r.start.prep
     if prep is None:
-        prep = prep_facts(group.run(prep_command(handle, task)))
-    if now:
-        queue.refuse_if_busy(handle, group)   # launch --now on a busy cluster: exit 2
-    if not all(f.bootstrapped and n.python_bin for n, f in zip(handle.nodes, prep.values())):
-        env.ui.step("Bootstrapping")
-        run_bootstrap(env, handle, group, task.bootstrap)
+        prep = prep_facts(r.group.run(prep_command(r.handle, r.task)))
+    if r.start.now:
+        queue.refuse_if_busy(r.handle, r.group)   # launch --now on a busy cluster: exit 2
+    if not all(f.bootstrapped and n.python_bin for n, f in zip(r.handle.nodes, prep.values())):
+        r.env.ui.step("Bootstrapping")
+        run_bootstrap(r.env, r.handle, r.group, r.task.bootstrap)
         fp_future = None
-    _budget_spent(env, guard, None)
-    nodes = handle.nodes
-    ranks = [n.rank for n in nodes]
-    if task.train is not None:
-        missing = [n.rank for n in nodes if (n.python_bin is None)]
-        no_torch = [n.rank for n in nodes
-                    if n.python_bin is not None and n.bootstrap.get("torch", "missing") == "missing"]
-        if missing or no_torch:
-            raise UserError(
-                f"'train:' needs PyTorch on every node; node(s) {missing + no_torch} have none.",
-                "Let bootstrap install it (cloudtrain up), or name a Python environment that has "
-                "it (resources.local.python on the local provider).")
+    _budget_spent(r, None)
+    if r.task.train is not None:
+        _check_torch(r.handle.nodes)
+    return prep, fp_future
 
-    # 1. sync, skipped where the node already has this exact content
+
+def _check_torch(nodes: list[NodeRow]) -> None:
+    missing = [n.rank for n in nodes if (n.python_bin is None)]
+    no_torch = [n.rank for n in nodes
+                if n.python_bin is not None and n.bootstrap.get("torch", "missing") == "missing"]
+    if missing or no_torch:
+        raise UserError(
+            f"'train:' needs PyTorch on every node; node(s) {missing + no_torch} have none.",
+            "Let bootstrap install it (cloudtrain up), or name a Python environment that has "
+            "it (resources.local.python on the local provider).")
+
+
+def _synced(r: Running, plan: sync.SyncPlan, prep: Mapping[int, NodeFacts],
+            fp_future: Future[str] | None) -> str:
+    """1. sync, skipped where the node already has this exact content. Returns the setup's
+    hash (setup, content, envs)."""
+    nodes, task = r.handle.nodes, r.task
     t0 = time.monotonic()
     fp = fp_future.result() if fp_future is not None else plan.fingerprint()
     setup_hash = hashlib.sha256(f"{task.setup or ''}\0{fp}\0{sorted(task.envs.items())}".encode()
@@ -253,76 +274,72 @@ def _run_task(env: Env, handle: Handle, group: Group, task: Task, *, detach: boo
         ("the setup", task.setup and any(prep[n.rank].setup_hash != setup_hash for n in nodes)))
         if yes]
     if changes:   # never under a job that runs or waits: it would see them mid-run
-        queue.refuse_changes_while_busy(handle, group, " and ".join(changes))
+        queue.refuse_changes_while_busy(r.handle, r.group, " and ".join(changes))
     if stale and (plan.workdir is not None or plan.mounts):
-        env.ui.step(f"Syncing {plan.workdir or 'file mounts'} to {len(stale)} node(s)")
-        errors = sent.push_all(env, handle, plan, stale,
+        r.env.ui.step(f"Syncing {plan.workdir or 'file mounts'} to {len(stale)} node(s)")
+        errors = sent.push_all(r.env, r.handle, plan, stale,
                                {n.rank: prep[n.rank].sync_fp for n in stale}, fp)
-        bad = {r: e for r, e in errors.items() if e is not None}
+        bad = {rank: e for rank, e in errors.items() if e is not None}
         if bad:
-            raise RemoteError("Sync failed: " + "; ".join(f"node {r}: {e}" for r, e in bad.items()),
+            raise RemoteError("Sync failed: " + "; ".join(f"node {k}: {e}" for k, e in bad.items()),
                               "Check the nodes with 'cloudtrain status' and run launch again.")
-        env.ui.ok(f"Synced in {time.monotonic() - t0:.2f}s")
-    _mark(group, [n.rank for n in stale], ".sync-fp", fp)
-    _budget_spent(env, guard, None)
+        r.env.ui.ok(f"Synced in {time.monotonic() - t0:.2f}s")
+    _mark(r.group, [n.rank for n in stale], ".sync-fp", fp)
+    _budget_spent(r, None)
+    return setup_hash
 
-    # 1b. bucket file_mounts: every node fetches them itself, before setup
-    storage.check_rclone(handle, task)
-    storage.fetch_mounts(env, handle, group, task, {
-        n.rank: job_env(env, handle, n, task.envs, job_id + "-fetch", overrides) for n in nodes})
-    _budget_spent(env, guard, None)
 
-    logs = env.logs_dir(handle.name) / job_id
-    env.state.add_launch(handle.name, job_id, task.name, detach)
-    env.state.set_job_envs(handle.name, {**task.envs, **overrides})   # for exec
+def _set_up(r: Running, prep: Mapping[int, NodeFacts], setup_hash: str, logs: Path) -> None:
+    """2. setup, once per (setup, workdir content) per node."""
+    env, handle, job_id = r.env, r.handle, r.job_id
+    todo = [n.rank for n in handle.nodes if prep[n.rank].setup_hash != setup_hash]
+    if not todo:
+        env.ui.info("Setup unchanged since the last run on every node: skipped")
+        return
+    env.ui.step(f"Running setup on {len(todo)} node(s)")
+    sink = LogSink(env, logs, ".setup", echo=True)
+    scripts = {n.rank: script(n, r.env_of(n, job_id + "-setup"), str(r.task.setup))
+               for n in handle.nodes}
+    job = RemoteJob(env, handle, r.group, JobParts(job_id + "-setup", scripts, sink, todo,
+                                                   grace=r.task.stop_grace))
+    try:
+        res = _watched(job, r.watch)
+    except Interrupted:
+        env.state.finish_launch(job_id, "INTERRUPTED", 130, None)
+        raise
+    finally:
+        sink.close()
+    _budget_spent(r, job_id)
+    _raise_if_lost(env, job, job_id)
+    first = job.first_failure()
+    if first is not None:
+        rank, code = first
+        env.state.finish_launch(job_id, "FAILED", code or 1, rank)
+        raise JobFailed(code or 1, rank, f"setup failed on node {rank} (exit code {code}).",
+                        f"See the output above, or 'cloudtrain logs {handle.name} --node {rank}'.")
+    _mark(r.group, [k for k in todo if res[k].ok], ".setup-hash", setup_hash)
 
-    # 2. setup, once per (setup, workdir content) per node
-    if task.setup:
-        todo = [n.rank for n in nodes if prep[n.rank].setup_hash != setup_hash]
-        if todo:
-            env.ui.step(f"Running setup on {len(todo)} node(s)")
-            sink = LogSink(env, logs, ".setup", echo=True)
-            scripts = {n.rank: script(n, job_env(env, handle, n, task.envs, job_id + "-setup", overrides),
-                                      task.setup) for n in nodes}
-            job = RemoteJob(env, handle, group, job_id + "-setup", scripts, sink, todo,
-                       grace=task.stop_grace)
-            try:
-                res = _run_guarded(job, guard)
-            except Interrupted:
-                env.state.finish_launch(job_id, "INTERRUPTED", 130, None)
-                raise
-            finally:
-                sink.close()
-            _budget_spent(env, guard, job_id)
-            _raise_if_lost(env, job, job_id)
-            first = job.first_failure()
-            if first is not None:
-                rank, code = first
-                env.state.finish_launch(job_id, "FAILED", code or 1, rank)
-                raise JobFailed(code or 1, rank, f"setup failed on node {rank} (exit code {code}).",
-                                f"See the output above, or 'cloudtrain logs {handle.name} --node {rank}'.")
-            _mark(group, [r for r in todo if res[r].ok], ".setup-hash", setup_hash)
-        else:
-            env.ui.info("Setup unchanged since the last run on every node: skipped")
 
-    # 3. run on every node at once
+def _started(r: Running, logs: Path) -> tuple[RemoteJob, dict[int, Result], queue.Turn]:
+    """3. the job on every node at once, through the cluster's queue; followed unless
+    detached. A budget reached meanwhile is raised (outputs pulled first)."""
+    env, handle, task, job_id = r.env, r.handle, r.task, r.job_id
+    nodes = handle.nodes
     if task.train is not None:
         bodies = {n.rank: train_body(handle, n, task, job_id) for n in nodes}
     else:
         bodies = {n.rank: run_body(task, n) for n in nodes}
-    scripts = {n.rank: script(n, job_env(env, handle, n, task.envs, job_id, overrides, task),
-                              bodies[n.rank])
-               for n in nodes}
+    scripts = {n.rank: script(n, r.env_of(n, job_id, task), bodies[n.rank]) for n in nodes}
     sink = LogSink(env, logs, "", echo=True)
     with open(logs / "job.txt", "w", opener=paths.private_opener) as f:
         f.write(f"job_id={job_id}\ncluster={handle.name}\nnodes={len(nodes)}\n")
     env.ui.step(f"Running job {job_id} on {len(nodes)} node(s)")
     outputs.record(env, handle.name, job_id, task)
-    turn = queue.Turn(env, handle, group, job_id, task.name or "-")
-    job = RemoteJob(env, handle, group, job_id, scripts, sink, ranks, grace=task.stop_grace,
-                    turn=turn)
+    turn = queue.Turn(env, handle, r.group, job_id, task.name or "-")
+    job = RemoteJob(env, handle, r.group, JobParts(job_id, scripts, sink, [n.rank for n in nodes],
+                                                   grace=task.stop_grace, turn=turn))
     try:
-        res = _run_guarded(job, guard, detach=detach)
+        res = _watched(job, r.watch, detach=r.start.detach)
     except Interrupted:
         env.state.finish_launch(job_id, "INTERRUPTED", 130, None)
         # What the job wrote when it was stopped (a checkpoint on SIGTERM) comes back first;
@@ -335,33 +352,42 @@ def _run_task(env: Env, handle: Handle, group: Group, task: Task, *, detach: boo
         raise
     finally:
         sink.close()
-    if guard is not None and guard.exceeded.is_set():
+    if r.watch is not None and r.watch.exceeded.is_set():
         # Stopped for the budget: what the job wrote (a checkpoint on SIGTERM) comes back
         # before the caller tears the cluster down.
         if task.outputs:
             pull_outputs(env, handle, task, job_id)
-        _budget_spent(env, guard, job_id)
-    if detach:
-        not_started = [r for r in res.values() if not r.ok]
-        if not_started:
-            job.stop_everywhere("The job did not start on every node: stopping it")
-            env.state.finish_launch(job_id, "FAILED", 1, not_started[0].rank)
-            raise RemoteError(f"the job did not start on node {not_started[0].rank}: "
-                              f"{not_started[0].error or not_started[0].stdout.strip()}",
-                              "Check the node with 'cloudtrain status'.")
-        if task.outputs:
-            env.ui.info(f"Its outputs ({', '.join(task.outputs)}) stay on the nodes: 'cloudtrain "
-                        f"outputs {handle.name}' pulls them ('down' does too, first).")
-        return Outcome(job_id, 0, detached=True, queued=turn.queued)
+        _budget_spent(r, job_id)
+    return job, res, turn
 
+
+def _detached(r: Running, job: RemoteJob, res: dict[int, Result], turn: queue.Turn) -> Outcome:
+    """A detached job: started (or queued) on every node, or stopped everywhere."""
+    not_started = [x for x in res.values() if not x.ok]
+    if not_started:
+        job.stop_everywhere("The job did not start on every node: stopping it")
+        r.env.state.finish_launch(r.job_id, "FAILED", 1, not_started[0].rank)
+        raise RemoteError(f"the job did not start on node {not_started[0].rank}: "
+                          f"{not_started[0].error or not_started[0].stdout.strip()}",
+                          "Check the node with 'cloudtrain status'.")
+    if r.task.outputs:
+        r.env.ui.info(f"Its outputs ({', '.join(r.task.outputs)}) stay on the nodes: 'cloudtrain "
+                      f"outputs {r.handle.name}' pulls them ('down' does too, first).")
+    return Outcome(r.job_id, 0, detached=True, queued=turn.queued)
+
+
+def _ended(r: Running, job: RemoteJob, res: dict[int, Result]) -> Outcome:
+    """A followed job has ended: its outcome (the first failing node, and worker), 4. its
+    outputs pulled back, its launch row closed."""
+    env, handle, task, job_id = r.env, r.handle, r.task, r.job_id
     _raise_if_lost(env, job, job_id)
-    outcome = Outcome(job_id, 0, node_codes={r: res[r].exit_code for r in ranks})
+    outcome = Outcome(job_id, 0, node_codes={n.rank: res[n.rank].exit_code for n in handle.nodes})
     first = job.first_failure()
     if first is not None:
         rank, code = first
         outcome.exit_code, outcome.failed_node = (code if code else 1), rank
         if task.train is not None:
-            worker = read_worker_failures(group, handle, job_id)
+            worker = read_worker_failures(r.group, handle, job_id)
             if worker is not None:
                 outcome.failed_node, outcome.failed_rank, outcome.exit_code = worker
     # 4. outputs
@@ -370,7 +396,6 @@ def _run_task(env: Env, handle: Handle, group: Group, task: Task, *, detach: boo
     status = "SUCCEEDED" if outcome.exit_code == 0 else "FAILED"
     env.state.finish_launch(job_id, status, outcome.exit_code, outcome.failed_node)
     return outcome
-
 
 def _raise_if_lost(env: Env, job: RemoteJob, job_id: str) -> None:
     """A node lost mid-run is reported as a lost connection to it (the job was already
@@ -406,8 +431,9 @@ def run_command(env: Env, handle: Handle, group: Group, command: str,
     if others:
         beside.start()
     touch, src = node_guard.command(env, handle, "touch", None), node_guard.guard_source()
-    job = RemoteJob(env, handle, group, job_id, scripts, sink, ranks, stop_on_failure=False,
-                    before=lambda n: (touch(n), src))
+    job = RemoteJob(env, handle, group, JobParts(job_id, scripts, sink, ranks,
+                                                 stop_on_failure=False,
+                                                 before=lambda n: (touch(n), src)))
     try:
         res = job.run()
     finally:

@@ -119,7 +119,7 @@ def test_up_json_reports_every_attempt_and_the_error_when_up_fails(
 def test_a_failed_spot_launch_is_named_an_interruption_when_the_provider_says_so() -> None:
     from types import SimpleNamespace
 
-    from cloudtrain.pipeline.job import interruptions
+    from cloudtrain.pipeline.attempt import interruptions
     from cloudtrain.errors import TransientError
 
     class Spot:
