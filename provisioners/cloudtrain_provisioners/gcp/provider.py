@@ -20,15 +20,20 @@ truth is the labels: ``down`` and ``gc`` work without the hint (in the default p
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping
 
 from cloudtrain.errors import AuthError, ProviderError, UserError, code_of
-from cloudtrain.provider import ClusterRequest, NetworkRef, Node, NodeHealth, Plan, SelfStop
-from cloudtrain.provider.cloud import CloudProvider, Existing, Pin, Target, Unavailable, worst
+from cloudtrain.provider import (ClusterRequest, NetworkRef, Node, NodeHealth, Plan, SelfStop,
+                                 Target)
+from cloudtrain.provider.cloud import CloudProvider, Existing
+from cloudtrain.provider.failover import Pin, Unavailable, worst
 
 from . import health, identity, images, instances, network, selfstop, tags, teardown
 from .api import Api, GoogleClients
 from .options import REGION_RE, ZONE_RE, GCPOptions
+
+if TYPE_CHECKING:
+    from cloudtrain.provider import Offer
 
 RECORD = "gcp.json"
 DEFAULT_REGION = "us-central1"
@@ -106,13 +111,14 @@ class GCPProvider(CloudProvider):
                 zones: tuple[str, ...] = ()) -> Target:
         """GPUs are attached to N1 machines; the other GPU machines come with theirs."""
         attach = acc.name if acc and not images.builtin_gpus(machine_type) else None
-        return Target(region, machine_type, price, zones, attach,
+        return Target(self.name, region, machine_type, price, zones, attach,
                       acc.count if attach and acc else 0)
 
-    def target_of(self, offer: Any, price: float | None) -> Target:
+    def target_of(self, offer: Offer, price: float | None) -> Target:
         attach = offer.accelerator if offer.accelerator and not images.builtin_gpus(
             offer.instance_type) else None
-        return Target(offer.region, offer.instance_type, price, tuple(offer.zones), attach,
+        return Target(self.name, offer.region, offer.instance_type, price, tuple(offer.zones),
+                      attach,
                       int(offer.accelerator_count) if attach else 0)
 
     def unpriced_target(self, request: ClusterRequest, region: str) -> Target:
@@ -120,7 +126,7 @@ class GCPProvider(CloudProvider):
         return self._target(region, str(res.instance_type), res.accelerators)
 
     def unlisted_targets(self, request: ClusterRequest, region: str | None,
-                         result: Any) -> list[Target]:
+                         offers: list[Offer]) -> list[Target]:
         if request.resources.instance_type:
             return [self.unpriced_target(request, DEFAULT_REGION)]
         return []
@@ -153,13 +159,14 @@ class GCPProvider(CloudProvider):
         if opts.credentials_file and not Path(opts.credentials_file).expanduser().is_file():
             raise UserError(f"resources.gcp.credentials_file {opts.credentials_file} does not "
                             "exist.", "Give the path of a service-account key file (JSON).")
-        for t in self.targets(request):
-            if t.accelerator:
-                images.accelerator_type(t.accelerator)
+        self.check_shape(request)
 
     def plan(self, request: ClusterRequest) -> Plan:
         res, opts = request.resources, self._opts(request)
         targets = self.targets(request)
+        for t in targets:   # a GPU the cloud does not know is refused before anything runs
+            if t.accelerator:
+                images.accelerator_type(t.accelerator)
         first = targets[0]
         owner = self._owner(request.name)
         base = tags.base_name(request.name, owner)
@@ -242,7 +249,7 @@ class GCPProvider(CloudProvider):
                 dups.append(i)
         return [by_rank[r] for r in sorted(by_rank)], dups
 
-    def _existing(self, request: ClusterRequest) -> Existing:
+    def find_existing(self, request: ClusterRequest) -> Existing:
         name = request.name
         api, project = self._request_api(request)
         live, dups = self._scan(api, project, name)
@@ -270,8 +277,8 @@ class GCPProvider(CloudProvider):
                                                opts.image_family)
         return self._images[key]
 
-    def _try_target(self, request: ClusterRequest, target: Target, pin: Pin | None,
-                    have: dict[int, Any]) -> list[Node]:
+    def launch_target(self, request: ClusterRequest, target: Target, pin: Pin | None,
+                      have: Mapping[int, Any]) -> list[Node]:
         api, project = self._request_api(request)
         zones = self._zones(api, project, request, target, pin)
         if not zones:
