@@ -52,7 +52,8 @@ def provision(env: Env, task: Task, name: str, *, keep_on_failure: bool = False,
 
 def _provision(env: Env, task: Task, name: str, *, keep_on_failure: bool,
                planned: Plan | None) -> tuple[Handle, bool]:
-    registry.require_sdk(task.resources.provider)   # before anything is written here
+    named = str(task.resources.provider)   # decided: named by the task or by the plan
+    registry.require_sdk(named)   # before anything is written here
     existing = env.state.get_cluster(name)
     if existing is not None and existing.provider != task.resources.provider:
         raise UserError(
@@ -63,7 +64,7 @@ def _provision(env: Env, task: Task, name: str, *, keep_on_failure: bool,
         raise UserError(
             f"Cluster '{name}' has {existing.num_nodes} node(s); the task asks for {task.num_nodes}.",
             f"Use another name (-c) or take it down first: cloudtrain down {name}")
-    provider = env.provider(task.resources.provider)
+    provider = env.provider(named)
     check_mounts(task, provider)
     with _nothing_made_leaves_nothing(env, name, new=existing is None) as progress:
         return _make(env, task, name, provider, existing, progress,

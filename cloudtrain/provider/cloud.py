@@ -41,7 +41,7 @@ import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable
 
 from cloudtrain.errors import (AuthError, CapacityError, CloudtrainError, ProviderError,
                                QuotaError, UserError, code_of)
@@ -70,7 +70,7 @@ class Existing:
     """What of a cluster exists: the cloud's record of each live node by rank, and where
     they are (the only target then) when there are any."""
 
-    nodes: Mapping[int, Any] = field(default_factory=dict)
+    nodes: dict[int, Any] = field(default_factory=dict)
     where: Target | None = None
     zone: str | None = None
 
@@ -315,7 +315,7 @@ class CloudProvider:
         raise NotImplementedError
 
     def launch_target(self, request: ClusterRequest, target: Target, pin: Pin | None,
-                      have: Mapping[int, Any]) -> list[Node]:
+                      have: dict[int, Any]) -> list[Node]:
         """Make the missing nodes (ranks not in ``have``) in ``target``'s region, usually
         through :meth:`each_zone`; only ``pin``'s zone when given. Raises
         :class:`Unavailable` when the region cannot run the request at all. Each cloud
@@ -342,6 +342,7 @@ class CloudProvider:
         self._network_began.discard(name)
         self._attempts.setdefault(name, [])
         have = self.find_existing(request)
+        pin: Pin | None
         if have.where is not None:   # the nodes that exist pin the region, type and zone
             targets, pin = [have.where], Pin(have.zone)
         else:
@@ -357,7 +358,7 @@ class CloudProvider:
         raise self.exhausted(request)
 
     def _try(self, request: ClusterRequest, target: Target, pin: Pin | None,
-             have: Mapping[int, Any]) -> list[Node] | None:
+             have: dict[int, Any]) -> list[Node] | None:
         """One target: its nodes, or None (recorded) when the next target is to be tried."""
         name = request.name
         try:

@@ -8,7 +8,8 @@ tests pass fakes in without patching module globals.
 
 Writing one: import from :mod:`cloudtrain.provider` (this contract, the marks, host keys, the
 catalog, and for a cloud the shared base :class:`cloudtrain.provider.cloud.CloudProvider`,
-which brings the failover loop over the request's targets and attempt records) and :mod:`cloudtrain.errors`
+which brings the failover loop over the request's targets and attempt records) and
+:mod:`cloudtrain.errors`
 (raise CapacityError / QuotaError / AuthError / TransientError with ``code=``), nothing
 else of cloudtrain. Implement the class attributes and the six verbs below; add any of the
 optional capabilities at the end of this module (``master_port``, ``node_env``,
@@ -46,7 +47,6 @@ if TYPE_CHECKING:
     from pydantic import BaseModel
 
     from cloudtrain.catalog.model import Offer
-
     from cloudtrain.spec import Resources
     from cloudtrain.storage.url import BucketURL
 

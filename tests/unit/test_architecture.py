@@ -195,3 +195,17 @@ def test_one_guard_and_one_click_context() -> None:
     assert [m for m, s in core.items() if "help_option_names" in s] == ["cloudtrain.commands.base"]
     assert [m for m, s in core.items() if "def _guard(" in s or "def guard(" in s] \
         == ["cloudtrain.commands.base"]
+
+
+def test_no_import_of_the_planner_from_provider() -> None:
+    """Placement is decided once, in the plan (``pipeline/place.py``): the provider layer
+    (``cloudtrain/provider/``, the contract and the cloud base) takes the ranked targets on
+    the request and imports nothing from the planner, the ranking or the pipeline, not even
+    inside a function."""
+    above = ("cloudtrain.planner", "cloudtrain.ranking", "cloudtrain.pipeline")
+    provider = [m for m in MODULES if m == "cloudtrain.provider"
+                or m.startswith("cloudtrain.provider.")]
+    assert "cloudtrain.provider.cloud" in provider, "the provider package was not found"
+    bad = [f"{m}:{line} imports {target}" for m in provider for target, _, line, _ in GRAPH[m]
+           if target in above or target.startswith(tuple(a + "." for a in above))]
+    assert not bad, "provider/ reaches up to the planner: " + "; ".join(bad)

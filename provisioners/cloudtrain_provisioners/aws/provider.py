@@ -20,26 +20,24 @@ import os
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, ClassVar, Mapping
+from typing import Any, ClassVar
 
 from cloudtrain.errors import AuthError, CapacityError, ProviderError, QuotaError, UserError
 from cloudtrain.provider import (ClusterRequest, NetworkRef, Node, NodeHealth, Plan, SelfStop,
                                  Target, generate_host_key, host_key_cloud_config)
-from cloudtrain.provider.cloud import CloudProvider, Existing
+from cloudtrain.provider.cloud import Existing
 from cloudtrain.provider.failover import Pin, Unavailable, worst
 
 from . import health, identity, images, instances, network, selfstop, tags, teardown
 from .api import Api, BotoClients, ClientFactory, IamApi
 from .options import AWSOptions
-
-if TYPE_CHECKING:
-    from cloudtrain.provider import Offer
+from .placement import AWSPlacement
 
 RECORD = "aws.json"
 HOST_KEY_POLL = 5.0
 
 
-class AWSProvider(CloudProvider):
+class AWSProvider(AWSPlacement):
     name: ClassVar[str] = "aws"
     sdk_modules: ClassVar[tuple[str, ...]] = ("boto3", "botocore")
     title: ClassVar[str] = "AWS"
@@ -65,26 +63,6 @@ class AWSProvider(CloudProvider):
         regions = self._record(cluster).get("regions", [])
         if region not in regions:
             self._save(cluster, regions=[*regions, region])
-
-    def _default_region(self) -> str:
-        return self.clients.default_region()
-
-    # --- where to launch -----------------------------------------------------------------
-
-    def wanted_regions(self, request: ClusterRequest, region: str | None) -> list[str]:
-        return []   # the planner ranks the task's region only, when it gives one
-
-    def unlisted_targets(self, request: ClusterRequest, region: str | None,
-                         offers: list[Offer]) -> list[Target]:
-        res = request.resources
-        itype = (res.instance_type or "").lower()
-        known = any(o.instance_type.lower() == itype and region in (None, o.region)
-                    for o in offers)
-        if itype and res.accelerators is None and not known:
-            # a type the catalog does not list (there) still runs; its price is unknown
-            return [Target(self.name, region or self._default_region(), str(res.instance_type),
-                           None)]
-        return []
 
     # --- contract: check and plan ----------------------------------------------------------
 
@@ -215,7 +193,7 @@ class AWSProvider(CloudProvider):
                         live[0].zone)
 
     def launch_target(self, request: ClusterRequest, target: Target, pin: Pin | None,
-                      have: Mapping[int, Any]) -> list[Node]:
+                      have: dict[int, Any]) -> list[Node]:
         res, opts, name = request.resources, self._opts(request), request.name
         region, itype = target.region, target.instance_type
         info = images.type_info(self.api, region, itype)

@@ -23,26 +23,24 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, ClassVar, Mapping
+from typing import Any, ClassVar
 
 from cloudtrain.errors import NotAsked, ProviderError, UserError, code_of
 from cloudtrain.provider import (ClusterRequest, NetworkRef, Node, NodeHealth, Plan, SelfStop,
                                  Target, generate_host_key, host_key_cloud_config)
-from cloudtrain.provider.cloud import CloudProvider, Existing
+from cloudtrain.provider.cloud import Existing
 from cloudtrain.provider.failover import Pin, Unavailable, worst
 
 from . import health, identity, images, instances, network, selfstop, tags, teardown
 from .api import Api, AzureClients
 from .options import ZONES, AzureOptions
-
-if TYPE_CHECKING:
-    from cloudtrain.provider import Offer
+from .placement import AzurePlacement
 
 RECORD = "azure.json"
 MAX_PARALLEL = 16
 
 
-class AzureProvider(CloudProvider):
+class AzureProvider(AzurePlacement):
     name: ClassVar[str] = "azure"
     sdk_modules: ClassVar[tuple[str, ...]] = ("azure.identity", "azure.mgmt.compute",
                                               "azure.mgmt.network", "azure.mgmt.resource")
@@ -83,18 +81,7 @@ class AzureProvider(CloudProvider):
         """The name of the cluster's resource group."""
         return tags.group_name(cluster, self._owner(cluster))
 
-    # --- where to launch ----------------------------------------------------------------------
-
-    def wanted_regions(self, request: ClusterRequest, region: str | None) -> list[str]:
-        return [region] if region else list(self._opts(request).regions)
-
-    def unlisted_targets(self, request: ClusterRequest, region: str | None,
-                         offers: list[Offer]) -> list[Target]:
-        res = request.resources
-        if res.instance_type and res.accelerators is None:
-            raise UserError(f"The catalog prices {res.instance_type} in no region.",
-                            "Give resources.region (or resources.azure.regions).")
-        return []
+    # --- attempts in words -------------------------------------------------------------------
 
     def where(self, region: str, zone: str | None) -> str:
         return f"{region} zone {zone}" if zone else region   # zones are numbered per region
@@ -233,7 +220,7 @@ class AzureProvider(CloudProvider):
         return Existing(have, Target(self.name, first.location, first.size, None), first.zone)
 
     def launch_target(self, request: ClusterRequest, target: Target, pin: Pin | None,
-                      have: Mapping[int, Any]) -> list[Node]:
+                      have: dict[int, Any]) -> list[Node]:
         """Make the missing nodes in ``target``'s region, trying its zones in turn (only
         ``pin``'s zone when given: the task's, or the one the existing nodes are in)."""
         res, opts, name = request.resources, self._opts(request), request.name

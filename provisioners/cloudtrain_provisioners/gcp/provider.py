@@ -20,26 +20,23 @@ truth is the labels: ``down`` and ``gc`` work without the hint (in the default p
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Mapping
+from typing import Any, ClassVar
 
 from cloudtrain.errors import AuthError, ProviderError, UserError, code_of
 from cloudtrain.provider import (ClusterRequest, NetworkRef, Node, NodeHealth, Plan, SelfStop,
                                  Target)
-from cloudtrain.provider.cloud import CloudProvider, Existing
+from cloudtrain.provider.cloud import Existing
 from cloudtrain.provider.failover import Pin, Unavailable, worst
 
 from . import health, identity, images, instances, network, selfstop, tags, teardown
 from .api import Api, GoogleClients
 from .options import REGION_RE, ZONE_RE, GCPOptions
-
-if TYPE_CHECKING:
-    from cloudtrain.provider import Offer
+from .placement import GCPPlacement
 
 RECORD = "gcp.json"
-DEFAULT_REGION = "us-central1"
 
 
-class GCPProvider(CloudProvider):
+class GCPProvider(GCPPlacement):
     name: ClassVar[str] = "gcp"
     sdk_modules: ClassVar[tuple[str, ...]] = ("google.auth", "google.api_core",
                                               "google.cloud.compute_v1")
@@ -99,37 +96,6 @@ class GCPProvider(CloudProvider):
         rec = self._record(cluster)
         api = self._api(rec.get("credentials_file"))
         return api, api.clients.project(rec.get("project"))
-
-    # --- where to launch -----------------------------------------------------------------
-
-    def wanted_regions(self, request: ClusterRequest, region: str | None) -> list[str]:
-        opts = self._opts(request)
-        return [region] if region else list(opts.regions) or list(dict.fromkeys(
-            ZONE_RE.match(z).group(1) for z in opts.zones))  # type: ignore[union-attr]
-
-    def _target(self, region: str, machine_type: str, acc: Any, price: float | None = None,
-                zones: tuple[str, ...] = ()) -> Target:
-        """GPUs are attached to N1 machines; the other GPU machines come with theirs."""
-        attach = acc.name if acc and not images.builtin_gpus(machine_type) else None
-        return Target(self.name, region, machine_type, price, zones, attach,
-                      acc.count if attach and acc else 0)
-
-    def target_of(self, offer: Offer, price: float | None) -> Target:
-        attach = offer.accelerator if offer.accelerator and not images.builtin_gpus(
-            offer.instance_type) else None
-        return Target(self.name, offer.region, offer.instance_type, price, tuple(offer.zones),
-                      attach,
-                      int(offer.accelerator_count) if attach else 0)
-
-    def unpriced_target(self, request: ClusterRequest, region: str) -> Target:
-        res = request.resources
-        return self._target(region, str(res.instance_type), res.accelerators)
-
-    def unlisted_targets(self, request: ClusterRequest, region: str | None,
-                         offers: list[Offer]) -> list[Target]:
-        if request.resources.instance_type:
-            return [self.unpriced_target(request, DEFAULT_REGION)]
-        return []
 
     def _zones(self, api: Api, project: str, request: ClusterRequest, target: Target,
                pin: Pin | None) -> list[str]:
@@ -278,7 +244,7 @@ class GCPProvider(CloudProvider):
         return self._images[key]
 
     def launch_target(self, request: ClusterRequest, target: Target, pin: Pin | None,
-                      have: Mapping[int, Any]) -> list[Node]:
+                      have: dict[int, Any]) -> list[Node]:
         api, project = self._request_api(request)
         zones = self._zones(api, project, request, target, pin)
         if not zones:
