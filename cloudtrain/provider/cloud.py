@@ -288,10 +288,9 @@ class CloudProvider:
 
     def attempts(self, cluster: str) -> list[dict[str, Any]]:
         """Every placement attempt of the last ``up`` and its outcome, in order."""
-        if cluster in self._attempts:
-            return [a.as_dict() for a in self._attempts[cluster]]
-        saved = self._record(cluster).get("attempts", [])
-        return [Attempt.from_dict(a).as_dict() for a in saved if isinstance(a, dict)]
+        tried = self._attempts.get(cluster)
+        return [a.as_dict() for a in (self.records.note(cluster).attempts if tried is None
+                                      else tried)]
 
     def exhausted(self, request: ClusterRequest, why: str = "no region to try"
                   ) -> ProviderError:

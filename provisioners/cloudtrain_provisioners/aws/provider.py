@@ -358,7 +358,7 @@ class AWSProvider(AWSPlacement):
     def node_health(self, cluster: str) -> list[NodeHealth]:
         return health.node_health(self.api, self._regions_to_search(cluster), cluster,
                                   self._owner(cluster),
-                                  int(self._record(cluster).get("num_nodes") or 0))
+                                  self.records.note(cluster).num_nodes)
 
     def discard_nodes(self, cluster: str, ranks: list[int]) -> None:
         ids = health.discard(self.api, self._regions_to_search(cluster), cluster,

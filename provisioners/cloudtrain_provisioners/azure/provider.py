@@ -390,7 +390,7 @@ class AzureProvider(AzurePlacement):
     # --- what Azure says of each node (ReportsNodeHealth; see health.py) --------------------------
 
     def node_health(self, cluster: str) -> list[NodeHealth]:
-        n = int(self._record(cluster).get("num_nodes") or 0)
+        n = self.records.note(cluster).num_nodes
         sub = self._record(cluster).get("subscription_id") or self.clients.default_subscription()
         if not sub:
             return [NodeHealth(r, "", "unknown", "no Azure subscription") for r in range(n)]

@@ -360,7 +360,7 @@ class GCPProvider(GCPPlacement):
     # --- what GCE says of each node (ReportsNodeHealth; see :mod:`.health`) -----------------
 
     def node_health(self, cluster: str) -> list[NodeHealth]:
-        n = int(self._record(cluster).get("num_nodes") or 0)
+        n = self.records.note(cluster).num_nodes
         try:
             api, project = self._cluster_api(cluster)
         except AuthError as exc:
