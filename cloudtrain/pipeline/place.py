@@ -53,15 +53,15 @@ def pick_for(env: Env, task: Task, name: str, *, offers: list[Offer] | None = No
     ranked, notes = planner.pick_ranked(task, offers,
                                         load=lambda: planner.catalog_offers(env.home))
     choices = tuple(planner.choice_of(r, task) for r in ranked)
-    targets = tuple(_target_of(env, r) for r in ranked)
+    providers = {p: env.provider(p) for p in dict.fromkeys(r.offer.provider for r in ranked)}
+    targets = tuple(_target_of(providers[r.offer.provider], r) for r in ranked)
     return Pick(planner.resolved(task, choices[0]), choices, targets, tuple(notes))
 
 
-def _target_of(env: Env, r: RankedOffer) -> Target:
+def _target_of(provider: Provider, r: RankedOffer) -> Target:
     """A ranked offer as its cloud's target (as it is, for a provider without the
     placement protocol)."""
     o = r.offer
-    provider = env.provider(o.provider)
     if isinstance(provider, Places):
         return provider.target_of(o, r.per_node)
     return Target(o.provider, o.region, o.instance_type, r.per_node, tuple(o.zones))
