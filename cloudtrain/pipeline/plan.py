@@ -52,7 +52,8 @@ def plan(env: Env, task: Task, name: str, *, offers: list[Offer] | None = None) 
             "Raise max_hourly_cost, use fewer or smaller nodes, or leave out the provider/region "
             "so the planner can look for a cheaper offer ('cloudtrain cost TASK' lists them).")
     if existing is not None:
-        p.notes.insert(0, f"cluster '{name}' exists ({existing.status}); up adopts its nodes")
+        p = replace(p, notes=[f"cluster '{name}' exists ({existing.status}); up adopts its "
+                              "nodes", *p.notes])
     return p
 
 

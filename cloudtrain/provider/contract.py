@@ -125,9 +125,10 @@ class NetworkRef:
     description: str = ""
 
 
-@dataclass
+@dataclass(frozen=True)
 class Plan:
-    """What ``up`` would do; printed by ``--dry-run``."""
+    """What ``up`` would do; printed by ``--dry-run``. A value: the steps that add to it
+    (the planner's pick, the plan's notes) make a new one with ``dataclasses.replace``."""
 
     provider: str
     num_nodes: int
