@@ -410,12 +410,13 @@ class CloudProvider:
 
     # --- teardown and gc -------------------------------------------------------------------
 
-    def remove_each(self, items: list[Any], remove: Callable[[Any], None], *,
+    def remove_each(self, items: list[Any], remove: Callable[[Any], object], *,
                     label: Callable[[Any], str], failed: str, hint: str,
                     workers: int = 1) -> None:
-        """``remove(item)`` for each item (``workers`` at a time): credentials errors stop at
-        once; other provider errors are gathered into one error (``failed``, then each
-        ``label(item)`` and its message) once every item was tried."""
+        """``remove(item)`` for each item (``workers`` at a time; what it returns is
+        ignored): credentials errors stop at once; other provider errors are gathered into
+        one error (``failed``, then each ``label(item)`` and its message) once every item
+        was tried."""
         def one(item: Any) -> str | None:
             try:
                 remove(item)
