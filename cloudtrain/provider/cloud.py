@@ -1,8 +1,9 @@
 """The base the cloud providers share (AWS, GCP, Azure; a third-party cloud may use it too).
 
 :class:`CloudProvider` holds everything that is the same on every cloud, so that a cloud's
-own ``provider.py`` says only what is its own (how to find a region's zones, how to launch
-nodes in one zone, how its network and teardown work):
+own modules say only what is its own (``placement.py``: its placement rules;
+``provider.py``: how to find a region's zones, how to launch nodes in one zone, how its
+network and teardown work):
 
 - **placement hooks** (the :class:`~cloudtrain.provider.contract.Places` protocol): the
   cloud's offers, the regions its options allow, how an offer becomes a
