@@ -10,6 +10,7 @@ filled from it (``fill``). ``cloudtrain cost`` and ``pipeline.plan.plan`` are it
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
@@ -26,8 +27,9 @@ if TYPE_CHECKING:
 
 # The ranking's names, importable from here as before it moved to ranking.
 __all__ = ["ANY_GPU", "CLOUDS", "CONSTRAINTS", "FREE", "PlanResult", "RankedOffer", "Rejection",
-           "availability", "catalog_offers", "choose", "fill", "needs_pick", "pick_for_up",
-           "priced_json", "rank", "rank_task", "resolved"]
+           "availability", "catalog_offers", "choice_of", "choose", "fill", "kept",
+           "needs_pick", "pick_for_up", "pick_ranked", "priced_json", "rank", "rank_task",
+           "resolved"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -119,7 +121,8 @@ def resolved(task: Task, choice: Plan) -> Task:
     return task.model_copy(update={"resources": res.model_copy(update=update)})
 
 
-def _choice(r: RankedOffer, task: Task) -> Plan:
+def choice_of(r: RankedOffer, task: Task) -> Plan:
+    """A ranked offer as the plan of ``up`` on it (provider, region, type, GPUs, price)."""
     from cloudtrain.provider.contract import Plan
 
     o = r.offer
@@ -130,22 +133,26 @@ def _choice(r: RankedOffer, task: Task) -> Plan:
                 hourly_price_per_node=r.per_node)
 
 
-def pick_for_up(task: Task, offers: Iterable[Offer] | None, existing: ClusterRow | None = None,
-                *, load: Callable[[], Iterable[Offer]] | None = None
-                ) -> tuple[Plan, list[Plan], list[str]]:
-    """For a task without a provider (or a cloud without a region): (the choice, the failover
-    order after it, notes). Without a provider the choice is among the clouds installed with
-    credentials; a named cloud is taken as is (its own check speaks for its credentials). A
-    cluster that exists already keeps its provider, region and instance type."""
+def kept(task: Task, existing: ClusterRow) -> tuple[Plan, list[str]]:
+    """The choice for a cluster that exists: its provider, region and instance type, and
+    the note that says so."""
     from cloudtrain.provider.contract import Plan
 
-    if existing is not None:
-        acc = str(task.resources.accelerators) if task.resources.accelerators else None
-        return (Plan(provider=existing.provider, num_nodes=task.num_nodes, region=existing.region,
-                     zone=existing.zone, instance_type=existing.instance_type,
-                     accelerators=existing.accelerators or acc, use_spot=existing.use_spot,
-                     hourly_price_per_node=existing.hourly_price), [],
-                [f"cluster '{existing.name}' exists on {existing.provider}; up keeps it there"])
+    acc = str(task.resources.accelerators) if task.resources.accelerators else None
+    return (Plan(provider=existing.provider, num_nodes=task.num_nodes, region=existing.region,
+                 zone=existing.zone, instance_type=existing.instance_type,
+                 accelerators=existing.accelerators or acc, use_spot=existing.use_spot,
+                 hourly_price_per_node=existing.hourly_price),
+            [f"cluster '{existing.name}' exists on {existing.provider}; up keeps it there"])
+
+
+def pick_ranked(task: Task, offers: Iterable[Offer] | None, *,
+                load: Callable[[], Iterable[Offer]] | None = None
+                ) -> tuple[list[RankedOffer], list[str]]:
+    """For a task without a provider (or a cloud without a region): the feasible offers in
+    rank order (the first is the pick, the others the failover order) and the notes that
+    say so. Without a provider the pick is among the clouds installed with credentials; a
+    named cloud is taken as is (its own check speaks for its credentials)."""
     named = task.resources.provider
     avail = {named: None} if named else availability(CLOUDS)
     if not any(why is None for why in avail.values()):
@@ -158,33 +165,44 @@ def pick_for_up(task: Task, offers: Iterable[Offer] | None, existing: ClusterRow
     if extra and not named:
         avail = {**avail, **availability(extra)}
     result = choose(task, offers, avail=avail)
-    choices = [_choice(r, task) for r in result.ranked]
     usable = sorted(p for p, why in result.providers.items() if why is None)
     notes = [f"picked by the planner: the cheapest of {len(result.ranked)} feasible offer(s) on "
              + (f"{named} (no region in the task)" if named else
                 f"{', '.join(usable)} (clouds installed with credentials)")]
-    if len(choices) > 1:
-        nxt = ", ".join(f"{c.provider} {c.instance_type} {c.region} "
-                        f"${(c.hourly_price_per_node or 0) * c.num_nodes:.2f}/h"
-                        for c in choices[1:4])
+    if len(result.ranked) > 1:
+        nxt = ", ".join(f"{r.offer.provider} {r.offer.instance_type} {r.offer.region} "
+                        f"${r.cluster:.2f}/h" for r in result.ranked[1:4])
         notes.append(f"failover order if it has no capacity: {nxt}"
-                     + (", ..." if len(choices) > 4 else ""))
+                     + (", ..." if len(result.ranked) > 4 else ""))
+    return list(result.ranked), notes
+
+
+def pick_for_up(task: Task, offers: Iterable[Offer] | None, existing: ClusterRow | None = None,
+                *, load: Callable[[], Iterable[Offer]] | None = None
+                ) -> tuple[Plan, list[Plan], list[str]]:
+    """For a task without a provider (or a cloud without a region): (the choice, the failover
+    order after it, notes), from :func:`pick_ranked`. A cluster that exists already keeps
+    its provider, region and instance type (:func:`kept`)."""
+    if existing is not None:
+        choice, notes = kept(task, existing)
+        return choice, [], notes
+    ranked, notes = pick_ranked(task, offers, load=load)
+    choices = [choice_of(r, task) for r in ranked]
     return choices[0], choices[1:], notes
 
 
 def fill(p: Plan, choice: Plan, alternatives: list[Plan], notes: list[str]) -> Plan:
-    """Write the planner's choice into the provider's plan where the provider left a blank
-    (price, region, instance type, GPUs), with the failover order and the planner's notes."""
-    if p.hourly_price_per_node is None:
-        p.hourly_price_per_node = choice.hourly_price_per_node
-    p.region = p.region or choice.region
-    p.zone = p.zone or choice.zone
-    p.instance_type = p.instance_type or choice.instance_type
-    p.accelerators = p.accelerators or choice.accelerators
-    p.use_spot = p.use_spot or choice.use_spot
-    p.alternatives = list(alternatives)
-    p.notes[:0] = notes
-    return p
+    """The provider's plan with the planner's choice written in where the provider left a
+    blank (price, region, instance type, GPUs), the failover order and the planner's notes
+    first (a new plan; ``p`` is left as it is)."""
+    return replace(p, hourly_price_per_node=(choice.hourly_price_per_node
+                                             if p.hourly_price_per_node is None
+                                             else p.hourly_price_per_node),
+                   region=p.region or choice.region, zone=p.zone or choice.zone,
+                   instance_type=p.instance_type or choice.instance_type,
+                   accelerators=p.accelerators or choice.accelerators,
+                   use_spot=p.use_spot or choice.use_spot, alternatives=list(alternatives),
+                   notes=[*notes, *p.notes])
 
 
 def catalog_offers(home: Path | None) -> list[Offer]:

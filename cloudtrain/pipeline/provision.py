@@ -2,15 +2,18 @@
 the cluster's tag), and record them; roll a cluster this call created back when a later
 step fails. A new cluster whose provider was never reached (no SDK, no credentials, no
 caller address: :func:`cloudtrain.errors.reached_nothing`) leaves nothing behind: no state
-row, no folder, and no rollback to report. When the planner picked the offer, a capacity or
-quota failure walks on to the next offer of the same ranked list (the plan's alternatives,
-across providers)."""
+row, no folder, and no rollback to report.
+
+Where to launch is the plan's (its ranked targets, :mod:`cloudtrain.pipeline.place`); this
+step ranks nothing. When the planner picked the offer, a capacity or quota failure rolls
+back and hops to the next target of the same ranked list (the plan's alternatives, across
+providers); a named cloud is handed all of its targets and walks them itself."""
 
 from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Iterator
 
 from cloudtrain import sshconfig
@@ -20,7 +23,8 @@ from cloudtrain.errors import CapacityError, ProviderError, QuotaError, UserErro
 from cloudtrain.keys import (FIRST_CONTACT, PINNED_AT_CREATION, ensure_keys, is_pinned,
                              pin_host_keys, record_pinning)
 from cloudtrain.pipeline.teardown import forget_files
-from cloudtrain.pipeline.plan import check_mounts, cluster_request, plan
+from cloudtrain.pipeline.place import placed
+from cloudtrain.pipeline.plan import check_mounts, cluster_request, plan, plan_on
 from cloudtrain.pipeline.signals import Shielded
 from cloudtrain.provider import registry
 from cloudtrain.provider.contract import (HasHostKeySource, HasMasterPort, Plan, Provider,
@@ -48,7 +52,8 @@ def provision(env: Env, task: Task, name: str, *, keep_on_failure: bool = False,
 
 def _provision(env: Env, task: Task, name: str, *, keep_on_failure: bool,
                planned: Plan | None) -> tuple[Handle, bool]:
-    registry.require_sdk(task.resources.provider)   # before anything is written here
+    named = str(task.resources.provider)   # decided: named by the task or by the plan
+    registry.require_sdk(named)   # before anything is written here
     existing = env.state.get_cluster(name)
     if existing is not None and existing.provider != task.resources.provider:
         raise UserError(
@@ -59,7 +64,7 @@ def _provision(env: Env, task: Task, name: str, *, keep_on_failure: bool,
         raise UserError(
             f"Cluster '{name}' has {existing.num_nodes} node(s); the task asks for {task.num_nodes}.",
             f"Use another name (-c) or take it down first: cloudtrain down {name}")
-    provider = env.provider(task.resources.provider)
+    provider = env.provider(named)
     check_mounts(task, provider)
     with _nothing_made_leaves_nothing(env, name, new=existing is None) as progress:
         return _make(env, task, name, provider, existing, progress,
@@ -98,6 +103,9 @@ def _make(env: Env, task: Task, name: str, provider: Provider, existing: Cluster
     request = cluster_request(task, name, keys.public_key())
     if planned is None:
         provider.check(request)
+        request = placed(provider, request)   # the cloud's targets, ranked once
+    else:
+        request = replace(request, targets=planned.targets)
 
     with cluster_lock(env, name):
         live = provider.list_nodes(name)
@@ -157,14 +165,18 @@ def _make(env: Env, task: Task, name: str, provider: Provider, existing: Cluster
 def _provision_picked(env: Env, task: Task, name: str, *, keep_on_failure: bool,
                       planned: Plan | None) -> tuple[Handle, bool]:
     """Provision on the planner's pick; when that offer has no capacity or quota, roll back
-    and take the next one of the same ranked list."""
+    and hop to the next target of the same ranked list (planned once: nothing is ranked
+    again)."""
     from cloudtrain import planner
 
     planned = planned or plan(env, task, name)
     choices = [planned, *planned.alternatives]
     for i, choice in enumerate(choices):
         resolved = planner.resolved(task, choice)
-        p = choice if i == 0 else planner.fill(plan(env, resolved, name), choice, [], [])
+        # a pick hands one target per hop; a kept cluster its cloud's targets
+        hop = planned.targets[i:i + 1] if planned.alternatives else planned.targets
+        p = replace(choice if i == 0 else planner.fill(plan_on(env, resolved, name, hop),
+                                                       choice, [], []), targets=hop)
         try:
             return _provision(env, resolved, name, keep_on_failure=keep_on_failure, planned=p)
         except (CapacityError, QuotaError) as exc:
@@ -214,7 +226,7 @@ def opened(env: Env, task: Task, name: str, *, keep_on_failure: bool = False,
 def attempts(env: Env, name: str, planned: Plan) -> list[dict[str, Any]]:
     """Every placement attempt the providers involved remember for ``name``, in order, each
     with its provider (providers without ``attempts`` contribute nothing)."""
-    names = [planned.provider] + [a.provider for a in getattr(planned, "alternatives", [])]
+    names = [planned.provider] + [a.provider for a in planned.alternatives]
     out: list[dict[str, Any]] = []
     for p in dict.fromkeys(n for n in names if n):
         provider = env.provider(p)

@@ -1,18 +1,20 @@
 """The base the cloud providers share (AWS, GCP, Azure; a third-party cloud may use it too).
 
 :class:`CloudProvider` holds everything that is the same on every cloud, so that a cloud's
-own ``provider.py`` says only what is its own (how to find a region's zones, how to launch
-nodes in one zone, how its network and teardown work):
+own modules say only what is its own (``placement.py``: its placement rules;
+``provider.py``: how to find a region's zones, how to launch nodes in one zone, how its
+network and teardown work):
 
-- **targets**: the regions to try, in the planner's price order, each a :class:`Target`
-  (region, instance type, price per node-hour; a cloud that attaches GPUs separately also
-  gives ``accelerator``). ``resources.region`` pins one; a cloud may narrow the list with
-  its own options (:meth:`CloudProvider.wanted_regions`).
-- **the one failover loop**: :meth:`CloudProvider.create_nodes` walks the targets (regions)
-  and :meth:`CloudProvider.each_zone` the zones of one. Capacity errors move to the next
-  zone, quota errors and :class:`Unavailable` to the next region, everything else (auth,
-  throttling that retries did not cure, unexpected errors) stops at once. Nodes that exist
-  pin the region, type and zone.
+- **placement hooks** (the :class:`~cloudtrain.provider.contract.Places` protocol): the
+  cloud's offers, the regions its options allow, how an offer becomes a
+  :class:`~cloudtrain.provider.contract.Target`. The placement step
+  (``cloudtrain/pipeline/place.py``) ranks the offers once per launch and hands the ranked
+  targets in on the request; this base never ranks.
+- **the one failover loop**: :meth:`CloudProvider.create_nodes` walks the targets it was
+  handed (``request.targets``, in order) and :meth:`CloudProvider.each_zone` the zones of
+  one. Capacity errors move to the next zone, quota errors and :class:`Unavailable` to the
+  next target, everything else (auth, throttling that retries did not cure, unexpected
+  errors) stops at once. Nodes that exist pin the region, type and zone.
 - **attempt records**: every attempt is an :class:`Attempt` with the same fields on every
   cloud (region, zone, instance_type, outcome, code, message, at), shown as it happens,
   kept in the cluster's record file and returned by ``attempts(cluster)``.
@@ -24,9 +26,9 @@ A subclass sets the class attributes (``name``, ``title``, ``options_model``,
 ``shape_examples``, ``zone_re``/``region_re`` and their examples, ``exhausted_hint``,
 ``regions_hint``) and implements:
 
-``_existing(request) -> Existing``
+``find_existing(request) -> Existing``
     The cluster's nodes that exist (by rank), and where they are; removes duplicates.
-``_try_target(request, target, pin, have) -> list[Node]``
+``launch_target(request, target, pin, have) -> list[Node]``
     Makes the missing nodes in ``target``'s region, usually by calling :meth:`each_zone`
     with a function that launches in one zone. Raises :class:`Unavailable` when the region
     cannot run the request at all.
@@ -47,15 +49,15 @@ from cloudtrain.errors import (AuthError, CapacityError, CloudtrainError, Provid
 from cloudtrain.ownership import default_owner, now, owner_of_cluster
 from cloudtrain.provider.addrmap import AddressMap
 from cloudtrain.provider.caller import CallerCidr, lookup_public_ip
-from cloudtrain.provider.contract import ClusterRequest, NetworkRef, Node, Plan, ProviderContext
-from cloudtrain.provider.failover import Attempt, Pin, Unavailable, outcome_of, worst
+from cloudtrain.provider.contract import (ClusterRequest, NetworkRef, Node, Plan,
+                                          ProviderContext, Target)
+from cloudtrain.provider.failover import Attempt, Pin, Unavailable, outcome_of
 from cloudtrain.provider.record import ClusterRecord
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
     from cloudtrain.catalog.model import Offer
-    from cloudtrain.planner import PlanResult
     from cloudtrain.ui import UI
 
 FROM_ENV: Any = object()
@@ -65,20 +67,6 @@ CIDR_LATER = "your public IP/32 (looked up when up runs)"
 
 
 @dataclass(frozen=True)
-class Target:
-    """One region to try: the instance type there, its price per node-hour (None: the
-    catalog has none), the zones the catalog lists for it, and the GPUs to attach to the
-    machine where the cloud attaches them separately (GCP's N1; None elsewhere)."""
-
-    region: str
-    instance_type: str
-    price: float | None
-    zones: tuple[str, ...] = ()
-    accelerator: str | None = None
-    accelerator_count: int = 0
-
-
-@dataclass
 class Existing:
     """What of a cluster exists: the cloud's record of each live node by rank, and where
     they are (the only target then) when there are any."""
@@ -176,18 +164,20 @@ class CloudProvider:
     def _save(self, cluster: str, **updates: Any) -> None:
         self.records.update(cluster, self.record_base, **updates)
 
-    def _offers(self) -> list[Offer]:
+    def _cidr_text(self, request: ClusterRequest) -> str:
+        """The SSH rule's source for the plan: known now, or said to be looked up later."""
+        return request.resources.ssh_cidr or self.cidr.cached() or CIDR_LATER
+
+    # --- where to launch (the Places protocol: the placement step asks, and ranks) ---------
+
+    def offers(self) -> list[Offer]:
+        """The catalog's offers of this cloud (the ``offers`` given at construction, else
+        the catalog in use)."""
         if self._offers_fn is not None:
             return list(self._offers_fn())
         from cloudtrain.catalog.load import provider_offers
 
         return provider_offers(self.ctx.home, self.name)
-
-    def _cidr_text(self, request: ClusterRequest) -> str:
-        """The SSH rule's source for the plan: known now, or said to be looked up later."""
-        return request.resources.ssh_cidr or self.cidr.cached() or CIDR_LATER
-
-    # --- where to launch ---------------------------------------------------------------------
 
     def region_of(self, request: ClusterRequest) -> str | None:
         """The task's region: ``resources.region``, else the region of ``resources.zone``."""
@@ -203,48 +193,35 @@ class CloudProvider:
 
     def target_of(self, offer: Offer, price: float | None) -> Target:
         """The target for a catalog offer."""
-        return Target(offer.region, offer.instance_type, price)
+        return Target(self.name, offer.region, offer.instance_type, price)
 
     def unpriced_target(self, request: ClusterRequest, region: str) -> Target:
         """The target for the task's own instance type where the catalog has no price."""
-        return Target(region, str(request.resources.instance_type), None)
+        return Target(self.name, region, str(request.resources.instance_type), None)
 
     def unlisted_targets(self, request: ClusterRequest, region: str | None,
-                         result: PlanResult) -> list[Target]:
+                         offers: list[Offer]) -> list[Target]:
         """Targets when the catalog ranks nothing and the task allows any region."""
         return []
 
-    def targets(self, request: ClusterRequest) -> list[Target]:
-        """The regions to try, in order, each with its instance type and price. Creates
-        nothing and calls nothing (the catalog is local)."""
-        from cloudtrain import planner
-
+    def check_shape(self, request: ClusterRequest) -> None:
+        """The task asks for GPUs or an instance type (a cloud cannot place it otherwise)."""
         res = request.resources
         if res.accelerators is None and not res.instance_type:
             gpus, itype = self.shape_examples
             raise UserError(f"The {self.title} provider needs resources.accelerators (e.g. "
                             f"{gpus}) or resources.instance_type (e.g. {itype}).",
                             "Add one of them to the task's resources.")
-        region = self.region_of(request)
-        wanted = self.wanted_regions(request, region)
-        result = planner.rank(res.model_copy(update={"provider": self.name, "zone": None,
-                                                     "region": region}),
-                              request.num_nodes, self._offers(), spot=res.use_spot,
-                              max_hourly_cost=res.max_hourly_cost)
-        best: dict[str, Target] = {}
-        for r in result.ranked:
-            if r.offer.region not in best and (not wanted or r.offer.region in wanted):
-                best[r.offer.region] = self.target_of(r.offer, r.per_node)
-        if wanted:
-            out = [best[w] for w in wanted if w in best]
-            if res.instance_type:   # types the catalog does not price still run
-                out = [best.get(w) or self.unpriced_target(request, w) for w in wanted]
-        else:
-            out = list(best.values()) or self.unlisted_targets(request, region, result)
-        if not out:
-            raise result.error() if not result.ranked else UserError(
-                f"No offer for {result.want} in {', '.join(wanted)}.", self.regions_hint)
-        return out
+
+    def targets(self, request: ClusterRequest) -> list[Target]:
+        """The targets this cloud was handed on the request, in the plan's order."""
+        self.check_shape(request)
+        mine = [t for t in request.targets if t.provider == self.name]
+        if not mine:
+            raise ProviderError(f"The request for '{request.name}' carries no {self.title} "
+                                "target (the placement step decides them).",
+                                "Plan the request first (cloudtrain.pipeline.place).")
+        return mine
 
     # --- check and plan ----------------------------------------------------------------------
 
@@ -297,8 +274,10 @@ class CloudProvider:
         self._attempts[cluster] = []
         self._network_began.add(cluster)
 
-    def _attempt(self, cluster: str, region: str, zone: str | None, instance_type: str,
-                 outcome: str, err: BaseException | str) -> None:
+    def record_attempt(self, cluster: str, region: str, zone: str | None, instance_type: str,
+                       outcome: str, err: BaseException | str) -> None:
+        """Record one placement attempt (``err``: the error, or the reason in words) and
+        show it when it failed."""
         code = err if isinstance(err, str) else code_of(err)
         msg = err if isinstance(err, str) else (
             err.message if isinstance(err, CloudtrainError) else str(err))
@@ -310,15 +289,14 @@ class CloudProvider:
 
     def attempts(self, cluster: str) -> list[dict[str, Any]]:
         """Every placement attempt of the last ``up`` and its outcome, in order."""
-        if cluster in self._attempts:
-            return [a.as_dict() for a in self._attempts[cluster]]
-        saved = self._record(cluster).get("attempts", [])
-        # records written before the fields were the same everywhere said "size" on Azure
-        return [{("instance_type" if k == "size" else k): v for k, v in a.items()}
-                for a in saved if isinstance(a, dict)]
+        tried = self._attempts.get(cluster)
+        return [a.as_dict() for a in (self.records.note(cluster).attempts if tried is None
+                                      else tried)]
 
-    def _exhausted(self, request: ClusterRequest, why: str = "no region to try"
-                   ) -> ProviderError:
+    def exhausted(self, request: ClusterRequest, why: str = "no region to try"
+                  ) -> ProviderError:
+        """The error when no target could place the request: every failed attempt named;
+        a quota error when all of them were quota or unavailable, else a capacity error."""
         tried = [a for a in self._attempts.get(request.name, []) if a.outcome != "ok"]
         res = request.resources
         what = (f"{request.num_nodes} x {res.instance_type or res.accelerators} "
@@ -331,11 +309,17 @@ class CloudProvider:
 
     # --- the failover loop -------------------------------------------------------------------
 
-    def _existing(self, request: ClusterRequest) -> Existing:
+    def find_existing(self, request: ClusterRequest) -> Existing:
+        """The cluster's nodes that exist (by rank) and where they are; removes duplicates.
+        Each cloud implements it."""
         raise NotImplementedError
 
-    def _try_target(self, request: ClusterRequest, target: Target, pin: Pin | None,
-                    have: dict[int, Any]) -> list[Node]:
+    def launch_target(self, request: ClusterRequest, target: Target, pin: Pin | None,
+                      have: dict[int, Any]) -> list[Node]:
+        """Make the missing nodes (ranks not in ``have``) in ``target``'s region, usually
+        through :meth:`each_zone`; only ``pin``'s zone when given. Raises
+        :class:`Unavailable` when the region cannot run the request at all. Each cloud
+        implements it."""
         raise NotImplementedError
 
     def check_ranks(self, request: ClusterRequest, ranks: Iterable[int]) -> None:
@@ -349,14 +333,16 @@ class CloudProvider:
                             "name.")
 
     def create_nodes(self, request: ClusterRequest, network: NetworkRef) -> list[Node]:
-        """Adopt what exists, then make what is missing: the targets (regions) in turn, the
-        zones of each in turn (:meth:`each_zone`), every attempt recorded."""
+        """Adopt what exists, then make what is missing: the targets handed in on the
+        request in turn, the zones of each in turn (:meth:`each_zone`), every attempt
+        recorded. Nodes that exist pin their target and zone."""
         name = request.name
         if name not in self._network_began:
             self._attempts[name] = []
         self._network_began.discard(name)
         self._attempts.setdefault(name, [])
-        have = self._existing(request)
+        have = self.find_existing(request)
+        pin: Pin | None
         if have.where is not None:   # the nodes that exist pin the region, type and zone
             targets, pin = [have.where], Pin(have.zone)
         else:
@@ -366,21 +352,28 @@ class CloudProvider:
             if any(a.region == target.region and a.outcome in ("quota", "unavailable")
                    for a in self._attempts[name]):
                 continue
-            try:
-                nodes = self._try_target(request, target, pin, have.nodes)
-            except Unavailable as exc:
-                self._attempt(name, target.region, None, target.instance_type, "unavailable",
-                              str(exc))
-                continue
-            except QuotaError as exc:
-                self._attempt(name, target.region, exc.zone, target.instance_type, "quota", exc)
-                continue
-            except CapacityError:
-                continue   # each zone's attempt is recorded already
-            finally:
-                self._save(name, attempts=[a.as_dict() for a in self._attempts[name]])
-            return nodes
-        raise self._exhausted(request)
+            nodes = self._try(request, target, pin, have.nodes)
+            if nodes is not None:
+                return nodes
+        raise self.exhausted(request)
+
+    def _try(self, request: ClusterRequest, target: Target, pin: Pin | None,
+             have: dict[int, Any]) -> list[Node] | None:
+        """One target: its nodes, or None (recorded) when the next target is to be tried."""
+        name = request.name
+        try:
+            return self.launch_target(request, target, pin, have)
+        except Unavailable as exc:
+            self.record_attempt(name, target.region, None, target.instance_type,
+                                "unavailable", str(exc))
+        except QuotaError as exc:
+            self.record_attempt(name, target.region, exc.zone, target.instance_type, "quota",
+                                exc)
+        except CapacityError:
+            pass   # each zone's attempt is recorded already
+        finally:
+            self._save(name, attempts=[a.as_dict() for a in self._attempts[name]])
+        return None
 
     def each_zone(self, request: ClusterRequest, target: Target, zones: list[Any],
                   launch: Callable[[Any], list[Node]], *,
@@ -395,12 +388,12 @@ class CloudProvider:
         for zone in zones:
             why = skip(zone) if skip is not None else None
             if why:
-                self._attempt(name, region, zone, itype, "unavailable", why)
+                self.record_attempt(name, region, zone, itype, "unavailable", why)
                 continue
             try:
                 nodes = launch(zone)
             except CapacityError as exc:
-                self._attempt(name, region, zone, itype, "capacity", exc)
+                self.record_attempt(name, region, zone, itype, "capacity", exc)
                 last = exc
                 continue
             except QuotaError as exc:
@@ -408,9 +401,9 @@ class CloudProvider:
                     raise
                 raise QuotaError(exc.message, exc.hint, code=exc.code, zone=zone) from exc
             except ProviderError as exc:
-                self._attempt(name, region, zone, itype, outcome_of(exc), exc)
+                self.record_attempt(name, region, zone, itype, outcome_of(exc), exc)
                 raise
-            self._attempt(name, region, zone, itype, "ok", "launched")
+            self.record_attempt(name, region, zone, itype, "ok", "launched")
             return nodes
         if last is not None:
             raise last
@@ -418,12 +411,13 @@ class CloudProvider:
 
     # --- teardown and gc -------------------------------------------------------------------
 
-    def remove_each(self, items: list[Any], remove: Callable[[Any], None], *,
+    def remove_each(self, items: list[Any], remove: Callable[[Any], object], *,
                     label: Callable[[Any], str], failed: str, hint: str,
                     workers: int = 1) -> None:
-        """``remove(item)`` for each item (``workers`` at a time): credentials errors stop at
-        once; other provider errors are gathered into one error (``failed``, then each
-        ``label(item)`` and its message) once every item was tried."""
+        """``remove(item)`` for each item (``workers`` at a time; what it returns is
+        ignored): credentials errors stop at once; other provider errors are gathered into
+        one error (``failed``, then each ``label(item)`` and its message) once every item
+        was tried."""
         def one(item: Any) -> str | None:
             try:
                 remove(item)
@@ -495,5 +489,4 @@ class CloudProvider:
         return {}
 
 
-__all__ = ["FROM_ENV", "Attempt", "CloudProvider", "Existing", "Pin", "Target", "Unavailable",
-           "outcome_of", "worst"]
+__all__ = ["FROM_ENV", "CloudProvider", "Existing"]

@@ -8,7 +8,8 @@ tests pass fakes in without patching module globals.
 
 Writing one: import from :mod:`cloudtrain.provider` (this contract, the marks, host keys, the
 catalog, and for a cloud the shared base :class:`cloudtrain.provider.cloud.CloudProvider`,
-which brings targets, the failover loop and attempt records) and :mod:`cloudtrain.errors`
+which brings the failover loop over the request's targets and attempt records) and
+:mod:`cloudtrain.errors`
 (raise CapacityError / QuotaError / AuthError / TransientError with ``code=``), nothing
 else of cloudtrain. Implement the class attributes and the six verbs below; add any of the
 optional capabilities at the end of this module (``master_port``, ``node_env``,
@@ -45,6 +46,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, runtime_chec
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
+    from cloudtrain.catalog.model import Offer
     from cloudtrain.spec import Resources
     from cloudtrain.storage.url import BucketURL
 
@@ -79,6 +81,23 @@ class Node:
 
 
 @dataclass(frozen=True)
+class Target:
+    """One place to launch a cluster, decided by the plan (``pipeline/place.py``): the
+    provider, the region, the zones the catalog lists there (tried in turn; () : the cloud
+    asks for them), the instance type, its price per node-hour (None: the catalog has none),
+    and the GPUs the cloud attaches to the machine separately (GCP's N1: the model and the
+    count; None and 0 where the machine comes with its GPUs)."""
+
+    provider: str
+    region: str
+    instance_type: str
+    price: float | None
+    zones: tuple[str, ...] = ()
+    accelerator: str | None = None
+    accelerator_count: int = 0
+
+
+@dataclass(frozen=True)
 class ClusterRequest:
     """What ``up`` asks a provider for."""
 
@@ -94,6 +113,10 @@ class ClusterRequest:
     """Buckets the nodes read and write (bucket file_mounts, ``checkpoints:``). A cloud gives
     its nodes an identity the cloud mints (instance profile / service account / managed
     identity) allowed on exactly these, never the user's own keys; see docs/storage.md."""
+    targets: tuple[Target, ...] = ()
+    """Where to launch, in the plan's order (ranked once, by ``pipeline/place.py``): a cloud
+    tries them in turn (each one's zones in turn) and never ranks offers itself. Empty for
+    providers that place nothing (local, ssh)."""
 
 
 @dataclass(frozen=True)
@@ -102,9 +125,10 @@ class NetworkRef:
     description: str = ""
 
 
-@dataclass
+@dataclass(frozen=True)
 class Plan:
-    """What ``up`` would do; printed by ``--dry-run``."""
+    """What ``up`` would do; printed by ``--dry-run``. A value: the steps that add to it
+    (the planner's pick, the plan's notes) make a new one with ``dataclasses.replace``."""
 
     provider: str
     num_nodes: int
@@ -119,6 +143,10 @@ class Plan:
     alternatives: list[Plan] = field(default_factory=list)
     """When the planner chose the offer (no provider in the task): the next offers in rank
     order, which ``up`` fails over to when this one has no capacity or quota."""
+    targets: tuple[Target, ...] = ()
+    """The ranked targets ``up`` walks, the first one this plan's: with a planner's pick,
+    one per offer (``alternatives`` are the plans of the others), across providers; else the
+    named cloud's regions in order. Empty for providers that place nothing."""
 
 
 @dataclass(frozen=True)
@@ -158,6 +186,46 @@ class Provider(Protocol):
     def terminate(self, cluster: str) -> None: ...
 
 
+@runtime_checkable
+class Places(Protocol):
+    """What a cloud tells the placement step (``pipeline/place.py``) so that it can turn the
+    ranked catalog offers into the cloud's :class:`Target` s; the ranking itself is the
+    step's, done once per launch. The cloud base implements all of it; a cloud overrides
+    what is its own (e.g. GCP: which machines get their GPUs attached)."""
+
+    name: ClassVar[str]
+    regions_hint: ClassVar[str]
+    """The hint when the regions the task allows have no offer."""
+
+    def offers(self) -> list[Offer]:
+        """The catalog's offers of this cloud (what is ranked)."""
+        ...
+
+    def region_of(self, request: ClusterRequest) -> str | None:
+        """The task's region (``resources.region``, or the region of ``resources.zone``)."""
+        ...
+
+    def wanted_regions(self, request: ClusterRequest, region: str | None) -> list[str]:
+        """The regions the task and the cloud's options allow, in their order ([]: any, in
+        price order)."""
+        ...
+
+    def target_of(self, offer: Offer, price: float | None) -> Target:
+        """The target for one ranked offer."""
+        ...
+
+    def unpriced_target(self, request: ClusterRequest, region: str) -> Target:
+        """The target for the task's own instance type in ``region``, where the catalog has
+        no price for it."""
+        ...
+
+    def unlisted_targets(self, request: ClusterRequest, region: str | None,
+                         offers: list[Offer]) -> list[Target]:
+        """The targets when the ranking finds no offer and the task allows any region ([]:
+        none; the ranking's error is then the answer)."""
+        ...
+
+
 # --- optional capabilities ---------------------------------------------------------------
 # A provider declares one by having its method (or attribute); core code asks with
 # ``isinstance(provider, HasMasterPort)``, never by probing with getattr. The cloud base
@@ -192,7 +260,7 @@ class ReportsAttempts(Protocol):
     """Every placement attempt of the cluster's last ``up`` and its outcome, in order, as
     JSON objects with the same keys on every provider: region, zone, instance_type,
     outcome (ok, capacity, quota, unavailable, auth, throttled, error), code, message, at
-    (see :class:`cloudtrain.provider.cloud.Attempt`). ``up --json`` prints them."""
+    (see :class:`cloudtrain.provider.failover.Attempt`). ``up --json`` prints them."""
 
     def attempts(self, cluster: str) -> list[dict[str, Any]]: ...
 

@@ -25,7 +25,16 @@ class Attempt:
     at: str
 
     def as_dict(self) -> dict[str, Any]:
+        """The attempt as the record file and ``up --json`` hold it."""
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Attempt:
+        """An attempt read back from a record file (records written before the fields were
+        the same on every cloud said ``size`` on Azure)."""
+        return cls(str(d.get("region", "")), d.get("zone"),
+                   str(d.get("instance_type", d.get("size", ""))), str(d.get("outcome", "")),
+                   str(d.get("code", "")), str(d.get("message", "")), str(d.get("at", "")))
 
 
 @dataclass(frozen=True)

@@ -5,10 +5,50 @@ and explains what happened, never the truth: the cloud, searched by tag, is."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from cloudtrain.provider.contract import ProviderContext
+from cloudtrain.provider.failover import Attempt
+
+COMMON = ("attempts", "user", "public_ip", "num_nodes", "region", "zone", "instance_type")
+"""The keys every cloud writes with the same meaning; the others are the cloud's own."""
+
+
+@dataclass(frozen=True)
+class CloudRecord:
+    """One cluster's record file, read: what every cloud writes (typed; ``instance_type`` is
+    the size on Azure, which older records called ``size``) and the cloud's own keys as it
+    wrote them (``own``: AWS's regions, GCP's project and network, Azure's subscription and
+    group, host keys, ...). A hint, never the truth."""
+
+    attempts: tuple[Attempt, ...] = ()
+    user: str | None = None
+    public_ip: bool = True
+    num_nodes: int = 0
+    region: str | None = None
+    zone: str | None = None
+    instance_type: str | None = None
+    own: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> CloudRecord:
+        """The record of a file's JSON object (keys it lacks take their defaults)."""
+        return cls(tuple(Attempt.from_dict(a) for a in d.get("attempts") or []
+                         if isinstance(a, dict)),
+                   str(d["user"]) if d.get("user") else None, bool(d.get("public_ip", True)),
+                   int(d.get("num_nodes") or 0), d.get("region"), d.get("zone"),
+                   d.get("instance_type") or d.get("size"),
+                   {k: v for k, v in d.items() if k not in COMMON})
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON object the file holds (the common keys only where they are set)."""
+        common = {"attempts": [a.as_dict() for a in self.attempts], "user": self.user,
+                  "public_ip": self.public_ip, "num_nodes": self.num_nodes or None,
+                  "region": self.region, "zone": self.zone,
+                  "instance_type": self.instance_type}
+        return {**self.own, **{k: v for k, v in common.items() if v not in (None, [])}}
 
 
 class ClusterRecord:
@@ -19,8 +59,13 @@ class ClusterRecord:
     def path(self, cluster: str) -> Path:
         return self.ctx.cluster_dir(cluster) / f"{self.provider}.json"
 
+    def note(self, cluster: str) -> CloudRecord:
+        """The note, typed (an empty one when there is none or it cannot be read)."""
+        return CloudRecord.from_dict(self.read(cluster) or {})
+
     def read(self, cluster: str) -> dict[str, Any] | None:
-        """The note, or None when there is none (or it cannot be read)."""
+        """The note as the file holds it, or None when there is none (or it cannot be
+        read)."""
         try:
             data = json.loads(self.path(cluster).read_text())
         except (OSError, ValueError):

@@ -1407,10 +1407,12 @@ class Harness:
         return self.err.getvalue()
 
     def request(self, name: str = "demo", num_nodes: int = 2, azure: dict[str, Any] | None = None,
-                region: str | None = "eastus", **resources: Any) -> Any:
+                region: str | None = "eastus", offers: Any = None, **resources: Any) -> Any:
         """A ClusterRequest for ``num_nodes`` x A100:8 (by default) in ``region`` (None: no
-        region, the provider chooses), with the cluster's real SSH key."""
+        region, the targets in price order), with the cluster's real SSH key and the
+        targets the placement step gives it (from ``offers``, else the catalog's)."""
         from cloudtrain.keys import ensure_keys
+        from cloudtrain.pipeline.place import placed
         from cloudtrain.provider import ClusterRequest
         from cloudtrain.spec import Resources
         from cloudtrain_provisioners.azure import AzureOptions
@@ -1420,8 +1422,9 @@ class Harness:
         if "accelerators" not in resources and "instance_type" not in resources:
             resources["accelerators"] = "A100:8"
         keys = ensure_keys(self.home / "clusters" / name, comment=f"cloudtrain-{name}")
-        return ClusterRequest(name=name, num_nodes=num_nodes, resources=Resources(**resources),
-                              options=AzureOptions(**(azure or {})), public_key=keys.public_key())
+        req = ClusterRequest(name=name, num_nodes=num_nodes, resources=Resources(**resources),
+                             options=AzureOptions(**(azure or {})), public_key=keys.public_key())
+        return placed(self.provider(**({"offers": offers} if offers else {})), req)
 
     def up(self, req: Any, p: Any = None) -> tuple[Any, list[Any]]:
         p = p or self.provider()

@@ -452,10 +452,12 @@ class Harness:
         return self.err.getvalue()
 
     def request(self, name: str = "demo", num_nodes: int = 2, aws: dict[str, Any] | None = None,
-                region: str | None = "us-east-1", **resources: Any) -> Any:
+                region: str | None = "us-east-1", offers: Any = None, **resources: Any) -> Any:
         """A ClusterRequest for ``num_nodes`` x A100:8 (by default) in ``region`` (None: no
-        region, the provider chooses), with the cluster's real SSH key."""
+        region, the targets in price order), with the cluster's real SSH key and the
+        targets the placement step gives it (from ``offers``, else the catalog's)."""
         from cloudtrain.keys import ensure_keys
+        from cloudtrain.pipeline.place import placed
         from cloudtrain.provider import ClusterRequest
         from cloudtrain.spec import Resources
 
@@ -467,8 +469,9 @@ class Harness:
             resources["accelerators"] = "A100:8"
         opts = {"host_key_wait": 0, **(aws or {})}
         keys = ensure_keys(self.home / "clusters" / name, comment=f"cloudtrain-{name}")
-        return ClusterRequest(name=name, num_nodes=num_nodes, resources=Resources(**resources),
-                              options=AWSOptions(**opts), public_key=keys.public_key())
+        req = ClusterRequest(name=name, num_nodes=num_nodes, resources=Resources(**resources),
+                             options=AWSOptions(**opts), public_key=keys.public_key())
+        return placed(self.provider(**({"offers": offers} if offers else {})), req)
 
     def tagged(self, region: str = "us-east-1", cluster: str | None = None) -> dict[str, list[Any]]:
         """What the emulator holds with cloudtrain's tags (instances not terminated)."""

@@ -1495,10 +1495,13 @@ class Harness:
         return self.err.getvalue()
 
     def request(self, name: str = "demo", num_nodes: int = 2, gcp: dict[str, Any] | None = None,
-                region: str | None = "us-central1", **resources: Any) -> Any:
+                region: str | None = "us-central1", offers: Any = None,
+                **resources: Any) -> Any:
         """A ClusterRequest for ``num_nodes`` x T4:1 (by default) in ``region`` (None: the
-        provider chooses), with the cluster's real SSH key."""
+        targets in price order), with the cluster's real SSH key and the targets the
+        placement step gives it (from ``offers``, else the fake catalog's)."""
         from cloudtrain.keys import ensure_keys
+        from cloudtrain.pipeline.place import placed
         from cloudtrain.provider import ClusterRequest
         from cloudtrain.spec import Resources
         from cloudtrain_provisioners.gcp import GCPOptions
@@ -1508,9 +1511,10 @@ class Harness:
         if "accelerators" not in resources and "instance_type" not in resources:
             resources["accelerators"] = "T4:1"
         keys = ensure_keys(self.home / "clusters" / name, comment=f"cloudtrain-{name}")
-        return ClusterRequest(name=name, num_nodes=num_nodes, resources=Resources(**resources),
-                              options=GCPOptions(**{"host_key_wait": 0, **(gcp or {})}),
-                              public_key=keys.public_key())
+        req = ClusterRequest(name=name, num_nodes=num_nodes, resources=Resources(**resources),
+                             options=GCPOptions(**{"host_key_wait": 0, **(gcp or {})}),
+                             public_key=keys.public_key())
+        return placed(self.provider(**({"offers": offers} if offers else {})), req)
 
     def up(self, request: Any, provider: Any = None) -> tuple[Any, list[Any]]:
         p = provider or self.provider()

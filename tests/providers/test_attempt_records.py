@@ -148,3 +148,30 @@ def test_every_cloud_has_the_same_attempt_fields(docs: dict[str, dict[str, Any]]
         pytest.skip(f"only {sorted(docs)} ran")
     shapes = {cloud: {tuple(a) for a in doc["attempts"]} for cloud, doc in docs.items()}
     assert len({frozenset(s) for s in shapes.values()}) == 1, shapes
+
+
+def test_the_record_file_reads_back_as_a_frozen_record(tmp_path: Path) -> None:
+    """The cloud record file crosses a boundary (written by one run, read by the next): it is
+    read as a frozen CloudRecord, attempts as Attempt records, the cloud's own keys kept as
+    written, and ``as_dict()`` is the JSON the file holds; an Azure record written before the
+    fields were the same everywhere (``size``) reads with ``instance_type``."""
+    import dataclasses
+
+    from cloudtrain.provider import ProviderContext
+    from cloudtrain.provider.failover import Attempt
+    from cloudtrain.provider.record import CloudRecord, ClusterRecord
+
+    records = ClusterRecord(ProviderContext(tmp_path), "azure")
+    tried = Attempt("eastus", "1", "Standard_NC24ads_A100_v4", "capacity",
+                    "ZonalAllocationFailed", "no room", "2026-01-01T00:00:00Z")
+    records.update("c", {"subscription_id": "sub"}, attempts=[tried.as_dict()], num_nodes=2,
+                   size="Standard_NC24ads_A100_v4", user="azureuser", public_ip=False)
+    note = records.note("c")
+    assert note.attempts == (tried,) and note.num_nodes == 2 and note.user == "azureuser"
+    assert note.instance_type == "Standard_NC24ads_A100_v4" and note.public_ip is False
+    assert note.own["subscription_id"] == "sub" and "attempts" not in note.own
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        note.user = "root"  # type: ignore[misc]
+    again = CloudRecord.from_dict(json.loads(json.dumps(note.as_dict())))
+    assert again == note
+    assert records.note("missing") == CloudRecord()

@@ -47,7 +47,7 @@ def _provider(h: Harness):  # type: ignore[no-untyped-def]
 
 def _req(h: Harness, **kw):  # type: ignore[no-untyped-def]
     """A request that names no region: the provider picks them in price order."""
-    return h.request(region=None, **kw)
+    return h.request(region=None, offers=lambda: OFFERS, **kw)
 
 
 def _up(h: Harness, req, p=None):  # type: ignore[no-untyped-def]
@@ -239,7 +239,7 @@ def test_throttling_that_does_not_stop_is_reported_not_failed_over(aws: Harness)
 def test_given_zone_is_the_only_one_tried(aws: Harness) -> None:
     aws.faults.fail("RunInstances", CAPACITY, zone="us-east-1b")
     with pytest.raises(CapacityError, match="us-east-1b"):
-        _up(aws, aws.request(region="us-east-1", zone="us-east-1b"))
+        _up(aws, aws.request(region="us-east-1", zone="us-east-1b", offers=lambda: OFFERS))
     assert set(_run_zones(aws)) == {"us-east-1b"}
 
 

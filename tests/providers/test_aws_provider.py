@@ -324,9 +324,11 @@ def test_efa_interface_where_supported(aws: Harness) -> None:
 def test_accelerators_pick_the_catalog_instance_type(aws: Harness) -> None:
     offers = [Offer("aws", "g5.xlarge", "A10G", 1, 24, 4, 16, REGION, price=1.0),
               Offer("aws", "g6.xlarge", "L4", 1, 24, 4, 16, REGION, price=0.8)]
-    p, nodes = _up(aws, aws.request(num_nodes=1, accelerators="L4:1"), offers=lambda: offers)
+    p, nodes = _up(aws, aws.request(num_nodes=1, accelerators="L4:1", offers=lambda: offers),
+                   offers=lambda: offers)
     assert aws.tagged()["instances"][0]["InstanceType"] == "g6.xlarge"
-    plan = aws.provider(offers=lambda: offers).plan(aws.request(num_nodes=1, accelerators="L4:1"))
+    plan = aws.provider(offers=lambda: offers).plan(aws.request(num_nodes=1, accelerators="L4:1",
+                                                                offers=lambda: offers))
     assert plan.instance_type == "g6.xlarge" and plan.hourly_price_per_node == 0.8
 
 

@@ -46,7 +46,7 @@ def _provider(az: Harness):  # type: ignore[no-untyped-def]
 
 def _req(az: Harness, **kw):  # type: ignore[no-untyped-def]
     """A request that names no region: the provider picks them in price order."""
-    return az.request(region=None, **kw)
+    return az.request(region=None, offers=lambda: OFFERS, **kw)
 
 
 def _up(az: Harness, req, p=None):  # type: ignore[no-untyped-def]
@@ -249,7 +249,7 @@ def test_throttling_is_retried_with_backoff_in_place(az: Harness) -> None:
 def test_given_zone_is_the_only_one_tried(az: Harness) -> None:
     az.fake.fail("PUT", "virtualmachines", "ZonalAllocationFailed", mode="async", times=None)
     with pytest.raises(CapacityError):
-        _up(az, az.request(zone="2"))
+        _up(az, az.request(zone="2", offers=lambda: OFFERS))
     assert {z for _, z, _ in _vm_puts(az)} == {"2"}
 
 
@@ -261,5 +261,5 @@ def test_regions_option_orders_the_regions(az: Harness) -> None:
 
 
 def test_zones_option_orders_the_zones(az: Harness) -> None:
-    p, _ = _up(az, az.request(num_nodes=1, azure={"zones": ["2", "1"]}))
+    p, _ = _up(az, az.request(num_nodes=1, azure={"zones": ["2", "1"]}, offers=lambda: OFFERS))
     assert _where(az) == {("eastus", "2")}

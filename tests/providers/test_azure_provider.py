@@ -243,7 +243,7 @@ def test_accelerators_pick_the_catalog_size_and_price(az: Harness) -> None:
     offers = [Offer("azure", "Standard_NC24ads_A100_v4", "A100-80GB", 1, 80, 24, 220, "eastus",
                     price=3.67)]
     p = az.provider(offers=lambda: offers)
-    req = az.request(num_nodes=1, accelerators="A100-80GB:1")
+    req = az.request(num_nodes=1, accelerators="A100-80GB:1", offers=lambda: offers)
     plan = p.plan(req)
     assert plan.instance_type == "Standard_NC24ads_A100_v4" and plan.hourly_price_per_node == 3.67
     az.up(req, p)

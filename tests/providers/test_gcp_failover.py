@@ -222,6 +222,6 @@ def test_catalog_without_zones_asks_gce_for_the_region_zones(gcp: Harness) -> No
 
     offers = [Offer("gcp", "n1-standard-8", "T4", 1, 16, 8, 30, "asia-east1", (), price=0.9)]
     gcp.fake.fail_operation(EXHAUSTED, zone="asia-east1-a")
-    p, _ = gcp.up(_req(gcp), gcp.provider(offers=lambda: offers))
+    p, _ = gcp.up(_req(gcp, offers=lambda: offers), gcp.provider(offers=lambda: offers))
     assert _tried(p)[-1][:2] == ("asia-east1-b", "ok")
     assert gcp.fake.calls("GET", "/regions/asia-east1$")

@@ -281,11 +281,12 @@ def test_the_provider_module_and_plan_import_no_google(tmp_path: Path) -> None:
             "from cloudtrain.provider import ProviderContext, ClusterRequest\n"
             "from cloudtrain.spec import Resources\n"
             "from cloudtrain_provisioners.gcp import GCPProvider, GCPOptions\n"
+            "from cloudtrain.pipeline.place import placed\n"
             "from pathlib import Path\n"
             f"p = GCPProvider(ProviderContext(Path({str(tmp_path)!r})), caller_ip=lambda: '1.2.3.4')\n"
             "r = ClusterRequest('demo', 2, Resources(provider='gcp', accelerators='T4:1'), "
             "GCPOptions(), '')\n"
-            "p.check(r); p.plan(r)\n"
+            "p.check(r); p.plan(placed(p, r))\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'google'))\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr

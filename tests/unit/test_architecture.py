@@ -235,3 +235,17 @@ def test_no_function_takes_over_8_parameters_or_runs_over_80_lines() -> None:
     assert not many and not long, (
         f"functions over {MAX_PARAMETERS} parameters: {'; '.join(many) or 'none'}. "
         f"Functions over {MAX_FUNCTION_LINES} lines: {'; '.join(long) or 'none'}")
+
+
+def test_no_import_of_the_planner_from_provider() -> None:
+    """Placement is decided once, in the plan (``pipeline/place.py``): the provider layer
+    (``cloudtrain/provider/``, the contract and the cloud base) takes the ranked targets on
+    the request and imports nothing from the planner, the ranking or the pipeline, not even
+    inside a function."""
+    above = ("cloudtrain.planner", "cloudtrain.ranking", "cloudtrain.pipeline")
+    provider = [m for m in MODULES if m == "cloudtrain.provider"
+                or m.startswith("cloudtrain.provider.")]
+    assert "cloudtrain.provider.cloud" in provider, "the provider package was not found"
+    bad = [f"{m}:{line} imports {target}" for m in provider for target, _, line, _ in GRAPH[m]
+           if target in above or target.startswith(tuple(a + "." for a in above))]
+    assert not bad, "provider/ reaches up to the planner: " + "; ".join(bad)

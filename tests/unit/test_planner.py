@@ -599,3 +599,90 @@ def test_a_named_cloud_without_region_gets_its_cheapest_region(clouds: dict[str,
                         "run: x\n")
     assert not planner.needs_pick(pinned)
     assert plan(env, pinned, "job2", offers=OFFERS).region == "eu-west-1"
+
+
+# --- placement is decided once, in the plan ---------------------------------------------------
+
+class PlacingCloud(FakeCloud):
+    """A fake cloud with the placement protocol (``Places``): the placement step turns its
+    offers into its targets; ``create_nodes`` records the targets it was handed."""
+
+    title: ClassVar[str] = "Fake"
+    regions_hint: ClassVar[str] = ""
+
+    def __init__(self, name: str, fail_with: Exception | None = None) -> None:
+        super().__init__(name, fail_with)
+        self.handed: list[tuple[Any, ...]] = []
+
+    def offers(self) -> list[Offer]:
+        return [o for o in OFFERS if o.provider == self.name]
+
+    def region_of(self, request: ClusterRequest) -> str | None:
+        return request.resources.region
+
+    def wanted_regions(self, request: ClusterRequest, region: str | None) -> list[str]:
+        return [region] if region else []
+
+    def target_of(self, offer: Offer, price: float | None) -> Any:
+        from cloudtrain.provider import Target
+
+        return Target(self.name, offer.region, offer.instance_type, price, tuple(offer.zones))
+
+    def unpriced_target(self, request: ClusterRequest, region: str) -> Any:
+        raise AssertionError("every type here has a price")
+
+    def unlisted_targets(self, request: ClusterRequest, region: str | None,
+                         offers: list[Offer]) -> list[Any]:
+        return []
+
+    def create_nodes(self, request: ClusterRequest, network: NetworkRef) -> list[Node]:
+        self.handed.append(request.targets)
+        return super().create_nodes(request, network)
+
+
+def test_the_offers_are_ranked_once_and_the_request_carries_the_targets(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from cloudtrain import ranking
+    from cloudtrain.pipeline.place import placed
+    from cloudtrain.pipeline.plan import plan
+    from cloudtrain.pipeline.provision import provision
+    from cloudtrain.provider import Places
+
+    ranked: list[int] = []
+    real = ranking.rank
+    monkeypatch.setattr(ranking, "rank", lambda *a, **k: ranked.append(1) or real(*a, **k))
+    monkeypatch.setattr(planner, "rank", ranking.rank)
+    cloud = PlacingCloud("aws")
+    assert isinstance(cloud, Places) and not isinstance(FakeCloud("aws"), Places)
+    registry.register_instance("aws", cloud)  # type: ignore[arg-type]
+    try:
+        env = _env(tmp_path)
+        # a named cloud without a region: the planner ranks the offers once, across regions
+        task = parse_task("name: job\nresources: {provider: aws, accelerators: A100:8}\n"
+                          "run: x\n")
+        p = plan(env, task, "job", offers=OFFERS)
+        assert [(t.provider, t.region, t.price) for t in p.targets] == [
+            ("aws", "us-east-1", 32.77), ("aws", "eu-west-1", 35.40)]
+        assert p.targets[0].zones == ("use1-az1", "use1-az2")
+        cloud.fail_with = CapacityError("no p4d.24xlarge in us-east-1")
+        with pytest.raises(CapacityError):
+            provision(env, task, "job", planned=p)
+        assert len(ranked) == 1, "provision ranked the offers again"
+        # each hop is handed its own target, in the plan's order
+        assert cloud.handed == [p.targets[:1], p.targets[1:2]]
+        # a task naming its cloud and region: the cloud's own offers, ranked once, carried
+        pinned = parse_task("name: job2\nresources: {provider: aws, region: eu-west-1, "
+                            "accelerators: A100:8}\nrun: x\n")
+        ranked.clear()
+        cloud.fail_with, cloud.handed = None, []
+        q = plan(env, pinned, "job2")
+        handle, _ = provision(env, pinned, "job2", planned=q)
+        assert len(ranked) == 1 and handle.row.region == "eu-west-1"
+        assert cloud.handed == [q.targets] and [t.region for t in q.targets] == ["eu-west-1"]
+        # a request the pipeline did not place: placed() ranks the cloud's offers for it
+        from cloudtrain.pipeline.plan import cluster_request
+
+        req = placed(cloud, cluster_request(pinned, "job3", ""))
+        assert req.targets == q.targets
+    finally:
+        registry.unregister_instance("aws")

@@ -24,18 +24,20 @@ from typing import Any, ClassVar
 
 from cloudtrain.errors import AuthError, CapacityError, ProviderError, QuotaError, UserError
 from cloudtrain.provider import (ClusterRequest, NetworkRef, Node, NodeHealth, Plan, SelfStop,
-                                 generate_host_key, host_key_cloud_config)
-from cloudtrain.provider.cloud import CloudProvider, Existing, Pin, Target, Unavailable, worst
+                                 Target, generate_host_key, host_key_cloud_config)
+from cloudtrain.provider.cloud import Existing
+from cloudtrain.provider.failover import Pin, Unavailable, worst
 
 from . import health, identity, images, instances, network, selfstop, tags, teardown
 from .api import Api, BotoClients, ClientFactory, IamApi
 from .options import AWSOptions
+from .placement import AWSPlacement
 
 RECORD = "aws.json"
 HOST_KEY_POLL = 5.0
 
 
-class AWSProvider(CloudProvider):
+class AWSProvider(AWSPlacement):
     name: ClassVar[str] = "aws"
     sdk_modules: ClassVar[tuple[str, ...]] = ("boto3", "botocore")
     title: ClassVar[str] = "AWS"
@@ -62,25 +64,6 @@ class AWSProvider(CloudProvider):
         if region not in regions:
             self._save(cluster, regions=[*regions, region])
 
-    def _default_region(self) -> str:
-        return self.clients.default_region()
-
-    # --- where to launch -----------------------------------------------------------------
-
-    def wanted_regions(self, request: ClusterRequest, region: str | None) -> list[str]:
-        return []   # the planner ranks the task's region only, when it gives one
-
-    def unlisted_targets(self, request: ClusterRequest, region: str | None,
-                         result: Any) -> list[Target]:
-        res = request.resources
-        itype = (res.instance_type or "").lower()
-        known = any(o.instance_type.lower() == itype and region in (None, o.region)
-                    for o in self._offers())
-        if itype and res.accelerators is None and not known:
-            # a type the catalog does not list (there) still runs; its price is unknown
-            return [Target(region or self._default_region(), str(res.instance_type), None)]
-        return []
-
     # --- contract: check and plan ----------------------------------------------------------
 
     def check(self, request: ClusterRequest) -> None:
@@ -91,7 +74,7 @@ class AWSProvider(CloudProvider):
                             "List the subnets (one per zone to try) in resources.aws.subnet_ids.")
         if opts.efa and request.num_nodes < 2:
             self.ui.warn("resources.aws.efa on a single node gives no benefit.")
-        self.targets(request)
+        self.check_shape(request)
 
     def plan(self, request: ClusterRequest) -> Plan:
         res, opts = request.resources, self._opts(request)
@@ -152,11 +135,11 @@ class AWSProvider(CloudProvider):
             try:
                 net = self._region_net(request, region)
             except QuotaError as exc:
-                self._attempt(request.name, region, None, "-", "quota", exc)
+                self.record_attempt(request.name, region, None, "-", "quota", exc)
                 continue
             return NetworkRef(f"{region}/{net.group_id}",
                               f"security group {net.group_id} in {net.vpc_id} ({region}): {rules}")
-        raise self._exhausted(request, "no region had room for the cluster's network")
+        raise self.exhausted(request, "no region had room for the cluster's network")
 
     # --- contract: nodes -------------------------------------------------------------------
 
@@ -190,7 +173,7 @@ class AWSProvider(CloudProvider):
                 dups.append(i)
         return [by_rank[r] for r in sorted(by_rank)], dups, ended
 
-    def _existing(self, request: ClusterRequest) -> Existing:
+    def find_existing(self, request: ClusterRequest) -> Existing:
         name = request.name
         live, dups, ended = self._scan(name)
         self._save(name, num_nodes=request.num_nodes)
@@ -206,10 +189,11 @@ class AWSProvider(CloudProvider):
         have = {int(i.rank): i for i in live if i.rank is not None}
         if not live:
             return Existing(have)
-        return Existing(have, Target(live[0].region, live[0].instance_type, None), live[0].zone)
+        return Existing(have, Target(self.name, live[0].region, live[0].instance_type, None),
+                        live[0].zone)
 
-    def _try_target(self, request: ClusterRequest, target: Target, pin: Pin | None,
-                    have: dict[int, Any]) -> list[Node]:
+    def launch_target(self, request: ClusterRequest, target: Target, pin: Pin | None,
+                      have: dict[int, Any]) -> list[Node]:
         res, opts, name = request.resources, self._opts(request), request.name
         region, itype = target.region, target.instance_type
         info = images.type_info(self.api, region, itype)
@@ -374,7 +358,7 @@ class AWSProvider(CloudProvider):
     def node_health(self, cluster: str) -> list[NodeHealth]:
         return health.node_health(self.api, self._regions_to_search(cluster), cluster,
                                   self._owner(cluster),
-                                  int(self._record(cluster).get("num_nodes") or 0))
+                                  self.records.note(cluster).num_nodes)
 
     def discard_nodes(self, cluster: str, ranks: list[int]) -> None:
         ids = health.discard(self.api, self._regions_to_search(cluster), cluster,

@@ -27,18 +27,20 @@ from typing import Any, ClassVar
 
 from cloudtrain.errors import NotAsked, ProviderError, UserError, code_of
 from cloudtrain.provider import (ClusterRequest, NetworkRef, Node, NodeHealth, Plan, SelfStop,
-                                 generate_host_key, host_key_cloud_config)
-from cloudtrain.provider.cloud import CloudProvider, Existing, Pin, Target, Unavailable, worst
+                                 Target, generate_host_key, host_key_cloud_config)
+from cloudtrain.provider.cloud import Existing
+from cloudtrain.provider.failover import Pin, Unavailable, worst
 
 from . import health, identity, images, instances, network, selfstop, tags, teardown
 from .api import Api, AzureClients
 from .options import ZONES, AzureOptions
+from .placement import AzurePlacement
 
 RECORD = "azure.json"
 MAX_PARALLEL = 16
 
 
-class AzureProvider(CloudProvider):
+class AzureProvider(AzurePlacement):
     name: ClassVar[str] = "azure"
     sdk_modules: ClassVar[tuple[str, ...]] = ("azure.identity", "azure.mgmt.compute",
                                               "azure.mgmt.network", "azure.mgmt.resource")
@@ -79,18 +81,7 @@ class AzureProvider(CloudProvider):
         """The name of the cluster's resource group."""
         return tags.group_name(cluster, self._owner(cluster))
 
-    # --- where to launch ----------------------------------------------------------------------
-
-    def wanted_regions(self, request: ClusterRequest, region: str | None) -> list[str]:
-        return [region] if region else list(self._opts(request).regions)
-
-    def unlisted_targets(self, request: ClusterRequest, region: str | None,
-                         result: Any) -> list[Target]:
-        res = request.resources
-        if res.instance_type and res.accelerators is None:
-            raise UserError(f"The catalog prices {res.instance_type} in no region.",
-                            "Give resources.region (or resources.azure.regions).")
-        return []
+    # --- attempts in words -------------------------------------------------------------------
 
     def where(self, region: str, zone: str | None) -> str:
         return f"{region} zone {zone}" if zone else region   # zones are numbered per region
@@ -110,7 +101,7 @@ class AzureProvider(CloudProvider):
         if request.num_nodes > 1000:
             raise UserError("The Azure provider creates at most 1000 nodes per cluster.",
                             "Use fewer nodes.")
-        self.targets(request)
+        self.check_shape(request)
 
     def plan(self, request: ClusterRequest) -> Plan:
         res, opts = request.resources, self._opts(request)
@@ -209,7 +200,7 @@ class AzureProvider(CloudProvider):
             self._sizes[key] = images.size_info(api, region, size)
         return self._sizes[key]
 
-    def _existing(self, request: ClusterRequest) -> Existing:
+    def find_existing(self, request: ClusterRequest) -> Existing:
         name = request.name
         api = self._api(self._subscription(name, request))
         group = self.group(name)
@@ -226,10 +217,10 @@ class AzureProvider(CloudProvider):
         if not have:   # the nodes that exist pin the region, size and zone (or no zone)
             return Existing(have)
         first = min(have.values(), key=lambda v: v.rank or 0)
-        return Existing(have, Target(first.location, first.size, None), first.zone)
+        return Existing(have, Target(self.name, first.location, first.size, None), first.zone)
 
-    def _try_target(self, request: ClusterRequest, target: Target, pin: Pin | None,
-                    have: dict[int, Any]) -> list[Node]:
+    def launch_target(self, request: ClusterRequest, target: Target, pin: Pin | None,
+                      have: dict[int, Any]) -> list[Node]:
         """Make the missing nodes in ``target``'s region, trying its zones in turn (only
         ``pin``'s zone when given: the task's, or the one the existing nodes are in)."""
         res, opts, name = request.resources, self._opts(request), request.name
@@ -399,7 +390,7 @@ class AzureProvider(CloudProvider):
     # --- what Azure says of each node (ReportsNodeHealth; see health.py) --------------------------
 
     def node_health(self, cluster: str) -> list[NodeHealth]:
-        n = int(self._record(cluster).get("num_nodes") or 0)
+        n = self.records.note(cluster).num_nodes
         sub = self._record(cluster).get("subscription_id") or self.clients.default_subscription()
         if not sub:
             return [NodeHealth(r, "", "unknown", "no Azure subscription") for r in range(n)]

@@ -23,18 +23,20 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from cloudtrain.errors import AuthError, ProviderError, UserError, code_of
-from cloudtrain.provider import ClusterRequest, NetworkRef, Node, NodeHealth, Plan, SelfStop
-from cloudtrain.provider.cloud import CloudProvider, Existing, Pin, Target, Unavailable, worst
+from cloudtrain.provider import (ClusterRequest, NetworkRef, Node, NodeHealth, Plan, SelfStop,
+                                 Target)
+from cloudtrain.provider.cloud import Existing
+from cloudtrain.provider.failover import Pin, Unavailable, worst
 
 from . import health, identity, images, instances, network, selfstop, tags, teardown
 from .api import Api, GoogleClients
 from .options import REGION_RE, ZONE_RE, GCPOptions
+from .placement import GCPPlacement
 
 RECORD = "gcp.json"
-DEFAULT_REGION = "us-central1"
 
 
-class GCPProvider(CloudProvider):
+class GCPProvider(GCPPlacement):
     name: ClassVar[str] = "gcp"
     sdk_modules: ClassVar[tuple[str, ...]] = ("google.auth", "google.api_core",
                                               "google.cloud.compute_v1")
@@ -95,36 +97,6 @@ class GCPProvider(CloudProvider):
         api = self._api(rec.get("credentials_file"))
         return api, api.clients.project(rec.get("project"))
 
-    # --- where to launch -----------------------------------------------------------------
-
-    def wanted_regions(self, request: ClusterRequest, region: str | None) -> list[str]:
-        opts = self._opts(request)
-        return [region] if region else list(opts.regions) or list(dict.fromkeys(
-            ZONE_RE.match(z).group(1) for z in opts.zones))  # type: ignore[union-attr]
-
-    def _target(self, region: str, machine_type: str, acc: Any, price: float | None = None,
-                zones: tuple[str, ...] = ()) -> Target:
-        """GPUs are attached to N1 machines; the other GPU machines come with theirs."""
-        attach = acc.name if acc and not images.builtin_gpus(machine_type) else None
-        return Target(region, machine_type, price, zones, attach,
-                      acc.count if attach and acc else 0)
-
-    def target_of(self, offer: Any, price: float | None) -> Target:
-        attach = offer.accelerator if offer.accelerator and not images.builtin_gpus(
-            offer.instance_type) else None
-        return Target(offer.region, offer.instance_type, price, tuple(offer.zones), attach,
-                      int(offer.accelerator_count) if attach else 0)
-
-    def unpriced_target(self, request: ClusterRequest, region: str) -> Target:
-        res = request.resources
-        return self._target(region, str(res.instance_type), res.accelerators)
-
-    def unlisted_targets(self, request: ClusterRequest, region: str | None,
-                         result: Any) -> list[Target]:
-        if request.resources.instance_type:
-            return [self.unpriced_target(request, DEFAULT_REGION)]
-        return []
-
     def _zones(self, api: Api, project: str, request: ClusterRequest, target: Target,
                pin: Pin | None) -> list[str]:
         if pin is not None and pin.zone:
@@ -153,13 +125,14 @@ class GCPProvider(CloudProvider):
         if opts.credentials_file and not Path(opts.credentials_file).expanduser().is_file():
             raise UserError(f"resources.gcp.credentials_file {opts.credentials_file} does not "
                             "exist.", "Give the path of a service-account key file (JSON).")
-        for t in self.targets(request):
-            if t.accelerator:
-                images.accelerator_type(t.accelerator)
+        self.check_shape(request)
 
     def plan(self, request: ClusterRequest) -> Plan:
         res, opts = request.resources, self._opts(request)
         targets = self.targets(request)
+        for t in targets:   # a GPU the cloud does not know is refused before anything runs
+            if t.accelerator:
+                images.accelerator_type(t.accelerator)
         first = targets[0]
         owner = self._owner(request.name)
         base = tags.base_name(request.name, owner)
@@ -242,7 +215,7 @@ class GCPProvider(CloudProvider):
                 dups.append(i)
         return [by_rank[r] for r in sorted(by_rank)], dups
 
-    def _existing(self, request: ClusterRequest) -> Existing:
+    def find_existing(self, request: ClusterRequest) -> Existing:
         name = request.name
         api, project = self._request_api(request)
         live, dups = self._scan(api, project, name)
@@ -270,8 +243,8 @@ class GCPProvider(CloudProvider):
                                                opts.image_family)
         return self._images[key]
 
-    def _try_target(self, request: ClusterRequest, target: Target, pin: Pin | None,
-                    have: dict[int, Any]) -> list[Node]:
+    def launch_target(self, request: ClusterRequest, target: Target, pin: Pin | None,
+                      have: dict[int, Any]) -> list[Node]:
         api, project = self._request_api(request)
         zones = self._zones(api, project, request, target, pin)
         if not zones:
@@ -387,7 +360,7 @@ class GCPProvider(CloudProvider):
     # --- what GCE says of each node (ReportsNodeHealth; see :mod:`.health`) -----------------
 
     def node_health(self, cluster: str) -> list[NodeHealth]:
-        n = int(self._record(cluster).get("num_nodes") or 0)
+        n = self.records.note(cluster).num_nodes
         try:
             api, project = self._cluster_api(cluster)
         except AuthError as exc:
