@@ -22,7 +22,7 @@ from cloudtrain.remote import Group, bash
 from cloudtrain.state import NodeRow
 
 if TYPE_CHECKING:
-    from cloudtrain.spec import BootstrapSpec   # annotations only: no pydantic at import
+    from cloudtrain.taskmodel import BootstrapSpec   # annotations only: no pydantic at import
     from cloudtrain.cluster import Handle
     from cloudtrain.context import Env
 

@@ -103,11 +103,11 @@ def provider_options(task: Task) -> BaseModel | None:
     cls = registry.provider_class(name)
     model = getattr(cls, "options_model", None)
     raw = task.resources.provider_options_raw().get(name, {})
-    where = {"source": task.source, "line": task.line_of("resources", name)}
+    source, line = task.source, task.line_of("resources", name)
     if model is None:
         if raw:
-            raise SpecError(f"provider '{name}' takes no options",
-                            field=f"resources.{name}", hint="Remove the section.", **where)
+            raise SpecError(f"provider '{name}' takes no options", field=f"resources.{name}",
+                            hint="Remove the section.", line=line, source=source)
         return None
     if raw is None:
         raw = {}
@@ -118,14 +118,16 @@ def provider_options(task: Task) -> BaseModel | None:
         clean = clean_loc(tuple(e["loc"]))
         loc = ".".join(str(p) for p in clean)
         field = f"resources.{name}" + (f".{loc}" if loc else "")
-        where["line"] = task.line_of("resources", name, *clean)
+        line = task.line_of("resources", name, *clean)
         msg = one_line(e["msg"].removeprefix("Value error, "))
         if e["type"] == "extra_forbidden":
             known = list(model.model_fields)
             close = get_close_matches(str(e["loc"][-1]), known, n=1)
             hint = f"Did you mean '{close[0]}'?" if close else f"Known fields: {', '.join(known)}."
-            raise SpecError("unknown field", field=field, hint=hint, **where) from None
-        raise SpecError(msg, field=field, hint="Fix it and run again.", **where) from None
+            raise SpecError("unknown field", field=field, hint=hint, line=line,
+                            source=source) from None
+        raise SpecError(msg, field=field, hint="Fix it and run again.", line=line,
+                        source=source) from None
     bad = non_finite_path(opts.model_dump())    # "1.0e400" or "nan" read by a float field
     if bad is not None:
         raise non_finite_error(("resources", name, *bad), task.line_of("resources", name, *bad),
