@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import os
-import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -351,7 +350,7 @@ class Connection(Transport):
                     if chunk:
                         got = True
                         on_data(chunk)
-                except socket.timeout:
+                except TimeoutError:
                     pass
                 while chan.recv_stderr_ready():
                     got = True

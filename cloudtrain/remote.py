@@ -48,7 +48,8 @@ class GroupResult(dict[int, Result]):
                 parts.append(f"node {r.rank}: {r.error}")
             else:
                 tail = (r.stderr or r.stdout).strip().splitlines()[-3:]
-                parts.append(f"node {r.rank}: exit {r.exit_code}" + (f" ({' | '.join(tail)})" if tail else ""))
+                parts.append(f"node {r.rank}: exit {r.exit_code}"
+                             + (f" ({' | '.join(tail)})" if tail else ""))
         raise RemoteError(f"{what} failed on {len(bad)} of {len(self)} node(s): " + "; ".join(parts) + ".",
                           hint)
 

@@ -252,7 +252,8 @@ class Train(_Strict):
         return self
 
 
-_REQ_RE = re.compile(r"^torch(\s*(==|>=|<=|~=|<|>|!=)\s*[0-9][0-9A-Za-z.+*]*)?(\s*,\s*(==|>=|<=|~=|<|>|!=)\s*[0-9][0-9A-Za-z.+*]*)*$")
+_REQ_CLAUSE = r"\s*(==|>=|<=|~=|<|>|!=)\s*[0-9][0-9A-Za-z.+*]*"
+_REQ_RE = re.compile(rf"^torch({_REQ_CLAUSE})?(\s*,{_REQ_CLAUSE})*$")
 
 
 class BootstrapSpec(_Strict):

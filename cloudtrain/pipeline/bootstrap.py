@@ -12,7 +12,7 @@ import tarfile
 import threading
 import time
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import lru_cache, cache
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Callable
 
@@ -52,7 +52,7 @@ def _bundle() -> tuple[str, bytes]:
     return h.hexdigest()[:12], buf.getvalue()
 
 
-@lru_cache(maxsize=None)
+@cache
 def _script_text(name: str) -> str:
     return (bootstrap_dir() / name).read_text()
 

@@ -160,9 +160,9 @@ def expected_stop(env: Env, name: str, provider: str,
     tells (a job may be running, or no rule is set)."""
     from cloudtrain.pipeline.stopwhen import expected
 
-    launches = [l for l in env.state.launches(name) if l.started_at >= created_at - 1]
-    waiting = any(l.status in ("RUNNING", "QUEUED") for l in launches)
-    ended = {} if waiting else {l.job_id: l.ended_at for l in launches if l.ended_at is not None}
+    launches = [r for r in env.state.launches(name) if r.started_at >= created_at - 1]
+    waiting = any(r.status in ("RUNNING", "QUEUED") for r in launches)
+    ended = {} if waiting else {r.job_id: r.ended_at for r in launches if r.ended_at is not None}
     return expected(saved(env, name), _read(env.cluster_dir(name) / CONTACT), ended,
                     powers_off=provider != "ssh")
 

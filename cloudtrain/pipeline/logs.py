@@ -14,7 +14,7 @@ from cloudtrain.state import NodeRow
 
 
 def _latest_job(env: Env, name: str) -> str | None:
-    launches = [l for l in env.state.launches(name) if not l.job_id.startswith("exec-")]
+    launches = [r for r in env.state.launches(name) if not r.job_id.startswith("exec-")]
     if launches:
         return launches[-1].job_id
     folder = env.logs_dir(name)
@@ -49,8 +49,9 @@ def show(env: Env, name: str, *, node: int | None, follow: bool, job_id: str | N
             from cloudtrain.errors import ClusterNotFound
 
             raise ClusterNotFound(name, [c.name for c in env.state.list_clusters()])
-        raise UserError(f"Cluster '{name}' has run no job yet.", f"Start one: cloudtrain launch TASK -c {name}")
-    launch = next((l for l in env.state.launches(name) if l.job_id == job), None)
+        raise UserError(f"Cluster '{name}' has run no job yet.",
+                        f"Start one: cloudtrain launch TASK -c {name}")
+    launch = next((r for r in env.state.launches(name) if r.job_id == job), None)
     folder = env.logs_dir(name) / job
     running = launch is not None and launch.status == "RUNNING" and known is not None
     if (follow and running) or (known is not None and not _node_files(folder, node)):

@@ -68,8 +68,9 @@ def _target_of(provider: Provider, r: RankedOffer) -> Target:
 
 
 def cloud_targets(places: Places, request: ClusterRequest) -> list[Target]:
-    """The named cloud's targets for ``request``, in order: its offers ranked once, the best per region, in the regions its options allow (the
-    task's own instance type in each of them even where the catalog has no price). Creates
+    """The named cloud's targets for ``request``, in order: its offers ranked once, the best
+    per region, in the regions its options allow (the task's own instance type in each of
+    them even where the catalog has no price). Creates
     nothing and calls nothing (the catalog is local). [] when the task asks for no GPU or
     instance type (the cloud's check says so)."""
     from cloudtrain.ranking import rank

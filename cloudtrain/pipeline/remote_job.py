@@ -187,7 +187,8 @@ class RemoteJob:
             if r.error is not None:
                 self.errors[r.rank] = r.error
         if code != 0 and self.stop_on_failure and not self.stopping.is_set():
-            what = f"exit code {code}" if code is not None else f"lost: {getattr(r.error, 'message', r.error)}"
+            what = (f"exit code {code}" if code is not None
+                    else f"lost: {getattr(r.error, 'message', r.error)}")
             t = threading.Thread(target=self.stop_everywhere, daemon=True,
                                  args=(f"node {r.rank} failed ({what}): stopping the job on every node",))
             self._stopper = t
@@ -291,7 +292,8 @@ class RemoteJob:
 
 def read_worker_failures(group: Group, handle: Handle, job_id: str) -> tuple[int, int, int] | None:
     """The worker that failed first, across nodes: (node, global rank, exit code)."""
-    res = group.run(lambda n: bash(f"cat {shlex.quote(job_dir(n, job_id))}/worker-failures 2>/dev/null; true"))
+    res = group.run(lambda n: bash(
+        f"cat {shlex.quote(job_dir(n, job_id))}/worker-failures 2>/dev/null; true"))
     best: tuple[float, int, int, int] | None = None
     for rank, r in res.items():
         for line in r.stdout.splitlines():

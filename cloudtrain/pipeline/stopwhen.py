@@ -11,8 +11,8 @@ node guard (cloudtrain/node/guard.py) applies the same rules on the nodes:
 - idle: ``idle_minutes`` after the later of the last contact and the last moment the CLI knew
   nothing was running (``idle_at``: a fresh up, or guards seen idle; a launch since clears
   it: work may have started), or the end of the last launch when none is running or queued
-  (an attached launch that returned, a ``-d`` job followed to its end). A session the user opened outside cloudtrain
-  (plain ssh, VS Code) is not known here: the words say "probably".
+  (an attached launch that returned, a ``-d`` job followed to its end). A session the user
+  opened outside cloudtrain (plain ssh, VS Code) is not known here: the words say "probably".
 
 Only the standard library."""
 

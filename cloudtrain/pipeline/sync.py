@@ -98,7 +98,7 @@ def _escaped(name: bytes) -> str:
     return "".join(out)
 
 
-def _hash_entry(h: "hashlib._Hash", rel: bytes, path: bytes) -> None:
+def _hash_entry(h: hashlib._Hash, rel: bytes, path: bytes) -> None:
     try:
         st = os.lstat(path)
     except OSError:
@@ -116,7 +116,7 @@ def _hash_entry(h: "hashlib._Hash", rel: bytes, path: bytes) -> None:
 _LIST_LINE = re.compile(rb"^(\S{10}) +[\d,.]+ \S+ \S+ (.*?)\n?$", re.DOTALL)
 
 
-def _hash_listing(h: "hashlib._Hash", root: Path, filters: list[str]) -> None:
+def _hash_listing(h: hashlib._Hash, root: Path, filters: list[str]) -> None:
     """Hash what ``rsync -a FILTERS root/ DEST`` would send (rsync's listing, or the one of
     the last launch when the folder has not changed since: :mod:`treestamp`)."""
     h.update(treestamp.digest(root, filters, lambda: _listing_digest(root, filters)).encode())

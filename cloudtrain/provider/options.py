@@ -54,7 +54,7 @@ def check_task(task: Task, known_providers: tuple[str, ...] = ()) -> Task:
         registry.provider_class(task.resources.provider)
     except SpecError:
         raise
-    except Exception as exc:  # UserError from the registry (unknown, or not loadable)
+    except Exception as exc:  # noqa: BLE001 - UserError from the registry (unknown, or not loadable)
         raise SpecError(getattr(exc, "message", str(exc)), hint=getattr(exc, "hint", ""),
                         field="resources.provider",
                         line=task.line_of("resources", "provider"), source=task.source) from None
