@@ -654,35 +654,31 @@ def test_the_offers_are_ranked_once_and_the_request_carries_the_targets(
     monkeypatch.setattr(planner, "rank", ranking.rank)
     cloud = PlacingCloud("aws")
     assert isinstance(cloud, Places) and not isinstance(FakeCloud("aws"), Places)
-    registry.register_instance("aws", cloud)  # type: ignore[arg-type]
-    try:
-        env = _env(tmp_path)
-        # a named cloud without a region: the planner ranks the offers once, across regions
-        task = parse_task("name: job\nresources: {provider: aws, accelerators: A100:8}\n"
-                          "run: x\n")
-        p = plan(env, task, "job", offers=OFFERS)
-        assert [(t.provider, t.region, t.price) for t in p.targets] == [
-            ("aws", "us-east-1", 32.77), ("aws", "eu-west-1", 35.40)]
-        assert p.targets[0].zones == ("use1-az1", "use1-az2")
-        cloud.fail_with = CapacityError("no p4d.24xlarge in us-east-1")
-        with pytest.raises(CapacityError):
-            provision(env, task, "job", planned=p)
-        assert len(ranked) == 1, "provision ranked the offers again"
-        # each hop is handed its own target, in the plan's order
-        assert cloud.handed == [p.targets[:1], p.targets[1:2]]
-        # a task naming its cloud and region: the cloud's own offers, ranked once, carried
-        pinned = parse_task("name: job2\nresources: {provider: aws, region: eu-west-1, "
-                            "accelerators: A100:8}\nrun: x\n")
-        ranked.clear()
-        cloud.fail_with, cloud.handed = None, []
-        q = plan(env, pinned, "job2")
-        handle, _ = provision(env, pinned, "job2", planned=q)
-        assert len(ranked) == 1 and handle.row.region == "eu-west-1"
-        assert cloud.handed == [q.targets] and [t.region for t in q.targets] == ["eu-west-1"]
-        # a request the pipeline did not place: placed() ranks the cloud's offers for it
-        from cloudtrain.pipeline.plan import cluster_request
+    env = _env(tmp_path, {"aws": cloud})
+    # a named cloud without a region: the planner ranks the offers once, across regions
+    task = parse_task("name: job\nresources: {provider: aws, accelerators: A100:8}\n"
+                      "run: x\n")
+    p = plan(env, task, "job", offers=OFFERS)
+    assert [(t.provider, t.region, t.price) for t in p.targets] == [
+        ("aws", "us-east-1", 32.77), ("aws", "eu-west-1", 35.40)]
+    assert p.targets[0].zones == ("use1-az1", "use1-az2")
+    cloud.fail_with = CapacityError("no p4d.24xlarge in us-east-1")
+    with pytest.raises(CapacityError):
+        provision(env, task, "job", planned=p)
+    assert len(ranked) == 1, "provision ranked the offers again"
+    # each hop is handed its own target, in the plan's order
+    assert cloud.handed == [p.targets[:1], p.targets[1:2]]
+    # a task naming its cloud and region: the cloud's own offers, ranked once, carried
+    pinned = parse_task("name: job2\nresources: {provider: aws, region: eu-west-1, "
+                        "accelerators: A100:8}\nrun: x\n")
+    ranked.clear()
+    cloud.fail_with, cloud.handed = None, []
+    q = plan(env, pinned, "job2")
+    handle, _ = provision(env, pinned, "job2", planned=q)
+    assert len(ranked) == 1 and handle.row.region == "eu-west-1"
+    assert cloud.handed == [q.targets] and [t.region for t in q.targets] == ["eu-west-1"]
+    # a request the pipeline did not place: placed() ranks the cloud's offers for it
+    from cloudtrain.pipeline.plan import cluster_request
 
-        req = placed(cloud, cluster_request(pinned, "job3", ""))
-        assert req.targets == q.targets
-    finally:
-        registry.unregister_instance("aws")
+    req = placed(cloud, cluster_request(pinned, "job3", ""))
+    assert req.targets == q.targets
