@@ -44,11 +44,17 @@ def proxy_command(mapfile: Path, wait: float = 60.0) -> str:
         f" %h %p {wait:g}"
 
 
-def task_resources(mapfile: Path, cloud: str, user: str, wait: float = 60.0) -> str:
-    """The YAML lines (under ``resources:``, two spaces in) that send a task's SSH to the
-    stand-ins as ``user``; ``cloud``: the task's provider (its ``ssh_user`` option)."""
-    return (f"  ssh_proxy: {json.dumps(proxy_command(mapfile, wait))}\n"
-            f"  {cloud}:\n    ssh_user: {json.dumps(user)}\n")
+def use_proxy(task: Path, mapfile: Path, cloud: str, user: str, wait: float = 60.0) -> Path:
+    """Rewrite the task file so that its SSH reaches the stand-ins mapped in ``mapfile``, as
+    ``user`` (``resources.ssh_proxy`` and ``resources.<cloud>.ssh_user``)."""
+    import yaml
+
+    data = yaml.safe_load(task.read_text())
+    res = data.setdefault("resources", {})
+    res["ssh_proxy"] = proxy_command(mapfile, wait)
+    res.setdefault(cloud, {})["ssh_user"] = user
+    task.write_text(yaml.safe_dump(data, sort_keys=False))
+    return task
 
 
 class ProxyMap:
@@ -174,5 +180,5 @@ def environ_of(node_dir: Path) -> dict[str, str]:
 
 
 __all__ = ["GUEST", "POWER", "PROXY", "ProxyMap", "bind", "check_shadowed", "environ_of",
-           "node_path", "prepare", "proxy_command", "start", "task_resources",
+           "node_path", "prepare", "proxy_command", "start", "use_proxy",
            "write_emulations"]
