@@ -418,7 +418,7 @@ def hermetic_env(mp: Any = None) -> None:
                  "MOTO_EC2_LOAD_DEFAULT_AMIS": "false"}.items():
         mp.setenv(k, v)
     for k in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "CLOUDTRAIN_AWS_PROFILE", "AWS_ENDPOINT_URL",
-              "AWS_ENDPOINT_URL_EC2", "CLOUDTRAIN_AWS_ADDRESS_MAP"):
+              "AWS_ENDPOINT_URL_EC2"):
         mp.delenv(k, raising=False)
 
 

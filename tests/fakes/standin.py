@@ -44,15 +44,20 @@ def proxy_command(mapfile: Path, wait: float = 60.0) -> str:
         f" %h %p {wait:g}"
 
 
-def use_proxy(task: Path, mapfile: Path, cloud: str, user: str, wait: float = 60.0) -> Path:
+def use_proxy(task: Path, mapfile: Path, cloud: str, user: str, *,
+              master_port: int | None = None, wait: float = 60.0) -> Path:
     """Rewrite the task file so that its SSH reaches the stand-ins mapped in ``mapfile``, as
-    ``user`` (``resources.ssh_proxy`` and ``resources.<cloud>.ssh_user``)."""
+    ``user`` (``resources.ssh_proxy`` and ``resources.<cloud>.ssh_user``), and, when it
+    trains, torch's rendezvous uses ``master_port`` (``train.master_port``: a port free on
+    the head stand-in's address)."""
     import yaml
 
     data = yaml.safe_load(task.read_text())
     res = data.setdefault("resources", {})
     res["ssh_proxy"] = proxy_command(mapfile, wait)
-    res.setdefault(cloud, {})["ssh_user"] = user
+    res[cloud] = {**(res.get(cloud) or {}), "ssh_user": user}
+    if master_port and isinstance(data.get("train"), dict):
+        data["train"].setdefault("master_port", master_port)
     task.write_text(yaml.safe_dump(data, sort_keys=False))
     return task
 

@@ -362,11 +362,11 @@ def _map_when_running(ec2, nodes: LocalNodes, cluster: str, map_file: Path,  # t
         time.sleep(0.2)
 
 
-def aws_task(task: Path, map_file: Path, user: str) -> Path:
-    """``task`` reaching its nodes through the stand-ins' proxy (standin.use_proxy)."""
+def aws_task(task: Path, map_file: Path, nodes: LocalNodes) -> Path:
+    """``task`` reaching ``nodes`` through the stand-ins' proxy (standin.use_proxy)."""
     import standin
 
-    return standin.use_proxy(task, map_file, "aws", user)
+    return standin.use_proxy(task, map_file, "aws", nodes.user, master_port=nodes.master_port)
 
 
 def relayed_only_to_loopback(map_file: Path, invented: list[str]) -> None:
@@ -397,7 +397,7 @@ def test_launch_down_two_nodes_through_the_cli_against_moto(
            "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
     ec2 = _moto(moto_server)
     nodes = LocalNodes(tmp_path / "nodes")
-    aws_task(task, map_file, nodes.user)
+    aws_task(task, map_file, nodes)
     nodes.start()
     seen: dict[str, object] = {}
     stop = threading.Event()
