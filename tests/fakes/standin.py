@@ -14,6 +14,10 @@ product that knows it is being tested.
   ``shutdown``, ``poweroff``, ``halt``, ``reboot``, ``systemctl``, ``init`` and ``telinit``;
   ``CLOUDTRAIN_PYTHON`` (bootstrap uses the test's environment); plus what a test adds (e.g.
   Azure's managed-identity endpoint variables).
+- **Their login user**: this machine's user, except where the cloud refuses it as a login
+  (Azure refuses ``root``): then ``azureuser``, an alias of this machine's user that exists
+  only in the stand-in's own view of ``/etc/passwd`` (its sshd runs in a mount namespace of
+  its own with a copy that adds the line; :func:`login_user`, :func:`start`).
 - **Their guest shutdown**: the product runs its real command (``sudo -n shutdown -P now ||
   ...``); the emulations run tests/fakes/guest_shutdown.py, which tells the fake cloud about
   the instance the test bound to the node (:func:`bind`) and stops the node. SAFETY (the test
@@ -23,8 +27,12 @@ product that knows it is being tested.
 
 from __future__ import annotations
 
+import getpass
 import json
+import os
+import pwd
 import shlex
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -141,27 +149,81 @@ def check_shadowed(node_dir: Path) -> None:
                                " not the emulation: refusing to start it")
 
 
+def login_user(cloud: str) -> str:
+    """The user a task of ``cloud`` logs in to the stand-ins as (its ``ssh_user``)."""
+    me = getpass.getuser()
+    return "azureuser" if cloud == "azure" and me in ("root", "admin", "administrator") else me
+
+
+def _exists(user: str) -> bool:
+    try:
+        pwd.getpwnam(user)
+    except KeyError:
+        return False
+    return True
+
+
 def prepare(node_dir: Path, *, address: str, port: int, user: str, marker: str,
             env: dict[str, str] | None = None) -> None:
     """The stand-in's sshd config (HOME ``<node>/root``, the PATH and variables above) and
-    its emulations; checked with :func:`check_shadowed`."""
-    from cloudtrain_provisioners.local import sshd
-
+    its emulations; checked with :func:`check_shadowed`. A ``user`` this machine does not
+    have is an alias of this machine's user in the stand-in's own passwd file."""
     write_emulations(node_dir)
     (node_dir / "root").mkdir(parents=True, exist_ok=True)
-    sshd.write_config(node_dir, address=address, port=port, user=user, marker=marker,
-                      home=node_dir / "root",
-                      env={"PATH": node_path(node_dir), "CLOUDTRAIN_PYTHON": sys.executable,
-                           **(env or {})})
+    if not _exists(user):
+        line = f"{user}:x:{os.getuid()}:{os.getgid()}:stand-in login:{node_dir / 'root'}:/bin/sh"
+        (node_dir / "passwd").write_text(Path("/etc/passwd").read_text().rstrip("\n") + "\n"
+                                         + line + "\n")
+    settings = {"address": address, "port": port, "user": user, "marker": marker,
+                "env": env or {}}
+    (node_dir / "standin.json").write_text(json.dumps(settings))
+    _write_config(node_dir)
     check_shadowed(node_dir)
+
+
+def _write_config(node_dir: Path) -> None:
+    from cloudtrain_provisioners.local import sshd
+
+    st = json.loads((node_dir / "standin.json").read_text())
+    sshd.write_config(node_dir, address=st["address"], port=st["port"], user=st["user"],
+                      marker=st["marker"], home=node_dir / "root",
+                      env={"PATH": node_path(node_dir), "CLOUDTRAIN_PYTHON": sys.executable,
+                           **st["env"]})
+
+
+def set_env(node_dir: Path, env: dict[str, str]) -> None:
+    """More variables for the node's new sessions (e.g. what its cloud's metadata service
+    tells it once its instance exists): its sshd rereads its config (SIGHUP)."""
+    from cloudtrain_provisioners.local import sshd
+
+    st = json.loads((node_dir / "standin.json").read_text())
+    st["env"] = {**st["env"], **env}
+    (node_dir / "standin.json").write_text(json.dumps(st))
+    _write_config(node_dir)
+    pid = sshd.pid(node_dir)
+    if pid is not None:
+        os.kill(pid, signal.SIGHUP)
 
 
 def start(node_dir: Path) -> None:
-    """Start the stand-in's sshd, once its power commands are checked to be emulations."""
+    """Start the stand-in's sshd, once its power commands are checked to be emulations; with
+    its own passwd file (a login alias), in a mount namespace that shows it as /etc/passwd."""
+    from cloudtrain.errors import ProviderError
     from cloudtrain_provisioners.local import sshd
 
     check_shadowed(node_dir)
-    sshd.start(node_dir)
+    alias = node_dir / "passwd"
+    if not alias.exists():
+        sshd.start(node_dir)
+        return
+    script = 'mount --bind "$1" /etc/passwd && exec "$2" -f "$3" -E "$4"'
+    proc = subprocess.run(["unshare", "-m", "sh", "-c", script, "standin", str(alias),
+                           sshd.find_sshd(), str(node_dir / "sshd_config"),
+                           str(node_dir / "sshd.log")],
+                          capture_output=True, text=True, timeout=30, check=False)
+    if proc.returncode != 0:
+        raise ProviderError(f"stand-in {node_dir.name}: sshd did not start with its own "
+                            f"passwd: {proc.stderr.strip()[-500:]}")
 
 
 def bind(node_dir: Path, *argv: str) -> None:
@@ -185,5 +247,6 @@ def environ_of(node_dir: Path) -> dict[str, str]:
 
 
 __all__ = ["GUEST", "POWER", "PROXY", "ProxyMap", "bind", "check_shadowed", "environ_of",
-           "node_path", "prepare", "proxy_command", "start", "use_proxy",
+           "login_user", "node_path", "prepare", "proxy_command", "set_env", "start",
+           "use_proxy",
            "write_emulations"]
