@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from cloudtrain import sshproxy
 from cloudtrain.errors import HostKeyMismatch, RemoteError, SSHTimeout, UserError
 from cloudtrain.keys import ClusterKeys, host_entry_name, pin_host_keys
 
@@ -138,7 +139,7 @@ class LineBuffer:
             self._emit(bytes(self.pending[:MAX_LINE_BYTES]))
             del self.pending[:MAX_LINE_BYTES]
 
-    def _emit(self, line: bytes) -> None:
+    def _emit(self, line: bytes | bytearray) -> None:
         self.sink(self.rank, line.decode(errors="replace").rstrip("\r"))
 
     def flush(self) -> None:
@@ -181,6 +182,25 @@ class _LearnOnce:
                 port = int(p)
             pin_host_keys(self.known_hosts, host, port, (f"{key.get_name()} {key.get_base64()}",))
         client.get_host_keys().add(hostname, key.get_name(), key)
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """How one command is run (:meth:`Transport.exchange`): ``stdin`` fed to it and then
+    closed, or kept open until the session ends with ``hold_stdin`` (a follower on the node
+    ends when its session does); ``combine``: its stderr merged into stdout; cut short by
+    ``timeout`` (s) or ``stop``; a node silent for ``limit`` s is lost."""
+
+    stdin: bytes | None = None
+    hold_stdin: bool = False
+    combine: bool = False
+    timeout: float | None = None
+    stop: threading.Event | None = None
+    limit: float = DEFAULT_NODE_TIMEOUT
+
+
+PLAIN = Exchange()
+"""A command with no stdin, its own stderr, no time limit but the default node timeout."""
 
 
 class Watch:
@@ -235,10 +255,8 @@ class Transport:
         raise NotImplementedError
 
     def exchange(self, command: str, *, on_data: Callable[[bytes], None],
-                 on_err: Callable[[bytes], None], stdin: bytes | None = None,
-                 hold_stdin: bool = False, combine: bool = False, timeout: float | None = None,
-                 stop: threading.Event | None = None,
-                 limit: float = DEFAULT_NODE_TIMEOUT) -> tuple[int | None, str]:
+                 on_err: Callable[[bytes], None],
+                 how: Exchange = PLAIN) -> tuple[int | None, str]:
         raise NotImplementedError
 
     def close(self) -> None:
@@ -261,8 +279,9 @@ class Transport:
 
         limit = node_timeout()
         try:
-            code, why = self.exchange(command, stdin=stdin, on_data=data, on_err=err.add,
-                                      combine=combine, timeout=timeout, stop=stop, limit=limit)
+            code, why = self.exchange(command, on_data=data, on_err=err.add,
+                                      how=Exchange(stdin=stdin, combine=combine, timeout=timeout,
+                                                   stop=stop, limit=limit))
         except ChannelLost as exc:
             if lines is not None:
                 lines.flush()
@@ -301,30 +320,27 @@ class Connection(Transport):
         return True
 
     def exchange(self, command: str, *, on_data: Callable[[bytes], None],
-                 on_err: Callable[[bytes], None], stdin: bytes | None = None,
-                 hold_stdin: bool = False, combine: bool = False, timeout: float | None = None,
-                 stop: threading.Event | None = None,
-                 limit: float = DEFAULT_NODE_TIMEOUT) -> tuple[int | None, str]:
-        """The core of one command: returns (exit code, "") or (None, why it was cut short:
-        stopped or timed out); raises ChannelLost(why, seconds silent) when the node is gone.
-        ``hold_stdin``: keep the command's stdin open until the channel closes (a follower
-        on the node ends when its session does)."""
+                 on_err: Callable[[bytes], None],
+                 how: Exchange = PLAIN) -> tuple[int | None, str]:
+        """The core of one command, run as ``how`` says: returns (exit code, "") or (None, why
+        it was cut short: stopped or timed out); raises ChannelLost(why, seconds silent) when
+        the node is gone."""
         transport = self.client.get_transport()
         if transport is None or not transport.is_active():
             raise ChannelLost("the SSH connection was closed", 0.0)
         try:
-            chan = transport.open_session(timeout=limit)
+            chan = transport.open_session(timeout=how.limit)
         except Exception as exc:  # noqa: BLE001 - no channel: the connection is gone
-            raise ChannelLost(f"no channel ({exc or type(exc).__name__})", limit) from None
+            raise ChannelLost(f"no channel ({exc or type(exc).__name__})", how.limit) from None
         try:
-            chan.set_combine_stderr(combine)
+            chan.set_combine_stderr(how.combine)
             chan.exec_command(controlled(command))
-            if stdin is not None:
-                chan.sendall(stdin)
-            if not hold_stdin:
+            if how.stdin is not None:
+                chan.sendall(how.stdin)
+            if not how.hold_stdin:
                 chan.shutdown_write()
             chan.settimeout(0.2)
-            watch = Watch(timeout, stop, limit, self.probe)
+            watch = Watch(how.timeout, how.stop, how.limit, self.probe)
             while True:
                 why = watch.cut_short()
                 if why:
@@ -367,6 +383,20 @@ def _load_key(path: Path) -> paramiko.PKey:
                           "(or load it into a key file without one).") from None
 
 
+def proxy_sock(keys: ClusterKeys, node: NodeRow) -> paramiko.ProxyCommand | None:
+    """The cluster's proxy (``resources.ssh_proxy``) as paramiko's socket for one connection
+    to ``node``, run as OpenSSH runs a ProxyCommand; None when it has none."""
+    import shlex
+
+    import paramiko
+
+    proxy = keys.proxy
+    if not proxy:
+        return None
+    return paramiko.ProxyCommand(shlex.join(sshproxy.shell_argv(
+        proxy, host=node.host, port=node.port, user=node.user)))
+
+
 def connect(node: NodeRow, keys: ClusterKeys, *, deadline: float, learn: bool = False,
             stop: threading.Event | None = None) -> Connection:
     """Connect to one node, retrying until ``deadline`` (time.monotonic) while sshd comes up."""
@@ -389,6 +419,7 @@ def connect(node: NodeRow, keys: ClusterKeys, *, deadline: float, learn: bool = 
         left = deadline - time.monotonic()
         try:
             client.connect(node.host, port=node.port, username=node.user, pkey=pkey,
+                           sock=proxy_sock(keys, node),
                            look_for_keys=False, allow_agent=False, timeout=max(1.0, min(left, 10)),
                            banner_timeout=max(1.0, min(left, 15)), auth_timeout=max(1.0, min(left, 15)))
             return Connection(node, client)

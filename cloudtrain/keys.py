@@ -18,6 +18,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from cloudtrain import sshproxy
+
 
 @dataclass(frozen=True)
 class ClusterKeys:
@@ -35,15 +37,31 @@ class ClusterKeys:
     def known_hosts(self) -> Path:
         return self.dir / "known_hosts"
 
+    @property
+    def proxy_file(self) -> Path:
+        return self.dir / "ssh_proxy"
+
+    @property
+    def proxy(self) -> str | None:
+        """The cluster's ``resources.ssh_proxy`` (None: its nodes are reached directly), kept
+        beside its key and pinned host keys so every later command reaches the nodes the
+        same way (:func:`record_proxy`)."""
+        try:
+            return self.proxy_file.read_text().strip() or None
+        except FileNotFoundError:
+            return None
+
     def public_key(self) -> str:
         return self.public_key_path.read_text().strip()
 
 
-def ensure_keys(cluster_dir: Path, comment: str) -> ClusterKeys:
-    """Create the cluster's key pair once; later calls return the same one."""
+def ensure_keys(cluster_dir: Path, comment: str, proxy: str | None = None) -> ClusterKeys:
+    """Create the cluster's key pair once; later calls return the same one. ``proxy``: the
+    task's ``resources.ssh_proxy``, recorded for every connection to the nodes from now on."""
     keys = ClusterKeys(cluster_dir / "ssh")
     keys.dir.mkdir(parents=True, exist_ok=True)
     os.chmod(keys.dir, 0o700)
+    record_proxy(keys, proxy)
     if keys.private_key.exists() and keys.public_key_path.exists():
         return keys
     from cryptography.hazmat.primitives import serialization   # only to make a key (~20 ms)
@@ -62,6 +80,19 @@ def ensure_keys(cluster_dir: Path, comment: str) -> ClusterKeys:
     keys.public_key_path.write_text(pub.decode() + f" {comment}\n")
     keys.known_hosts.touch(mode=0o600, exist_ok=True)
     return keys
+
+
+def record_proxy(keys: ClusterKeys, proxy: str | None) -> None:
+    """Remember how the cluster's nodes are reached (the task's ``resources.ssh_proxy``; None
+    forgets it: the nodes are reached directly)."""
+    if proxy is None:
+        keys.proxy_file.unlink(missing_ok=True)
+        return
+    if keys.proxy == proxy:
+        return
+    tmp = keys.proxy_file.with_suffix(".tmp")
+    tmp.write_text(proxy + "\n")
+    os.replace(tmp, keys.proxy_file)
 
 
 PINNED_AT_CREATION = "pinned at creation"
@@ -160,10 +191,12 @@ def is_pinned(known_hosts: Path, host: str, port: int) -> bool:
 def ssh_command_options(keys: ClusterKeys, port: int, identity_file: str | None = None,
                         connect_timeout: int = 10, learn: bool = False) -> list[str]:
     """Options for the system ``ssh`` (the node connections, rsync, ``cloudtrain ssh``): our
-    key, our known_hosts, strict checking, and nothing from the user's ssh config. ``learn``:
-    a node with no pinned key yet may have its key learned (``accept-new``; a different key
-    than one already pinned is still refused)."""
+    key, our known_hosts, strict checking, the cluster's proxy when it has one
+    (``resources.ssh_proxy``), and nothing from the user's ssh config. ``learn``: a node with
+    no pinned key yet may have its key learned (``accept-new``; a different key than one
+    already pinned is still refused)."""
     return [
+        *sshproxy.ssh_options(keys.proxy),
         "-F", "/dev/null",
         "-i", identity_file or str(keys.private_key),
         "-p", str(port),

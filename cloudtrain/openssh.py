@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from cloudtrain import sshmux
-from cloudtrain.connection import DEFAULT_NODE_TIMEOUT, ChannelLost, Transport, Watch, controlled
+from cloudtrain.connection import PLAIN, ChannelLost, Exchange, Transport, Watch, controlled
 from cloudtrain.connection import connect as connect_paramiko
 from cloudtrain.keys import ClusterKeys
 
@@ -79,26 +79,25 @@ class MuxConnection(Transport):
             self._reap(proc)
 
     def exchange(self, command: str, *, on_data: Callable[[bytes], None],
-                 on_err: Callable[[bytes], None], stdin: bytes | None = None,
-                 hold_stdin: bool = False, combine: bool = False, timeout: float | None = None,
-                 stop: threading.Event | None = None,
-                 limit: float = DEFAULT_NODE_TIMEOUT) -> tuple[int | None, str]:
-        """As :meth:`cloudtrain.connection.Connection.exchange`. ``combine``: the node merges
-        stderr into stdout (``exec 2>&1`` before the command), so ssh's own messages stay
-        apart and tell a lost connection from the command's exit code 255."""
+                 on_err: Callable[[bytes], None],
+                 how: Exchange = PLAIN) -> tuple[int | None, str]:
+        """As :meth:`cloudtrain.connection.Connection.exchange`. ``how.combine``: the node
+        merges stderr into stdout (``exec 2>&1`` before the command), so ssh's own messages
+        stay apart and tell a lost connection from the command's exit code 255."""
         if not sshmux.listening(self.path):
             self._broken = True
             raise ChannelLost("the SSH connection was closed", 0.0)
+        combine, limit = how.combine, how.limit
         proc = self._spawn(("exec 2>&1; " + command) if combine else command, subprocess.PIPE)
         ssh_err = bytearray()
         try:
-            writer = _feed(proc, stdin, hold_stdin)
+            writer = _feed(proc, how.stdin, how.hold_stdin)
             sel = selectors.DefaultSelector()
             assert proc.stdout is not None and proc.stderr is not None
             for f in (proc.stdout, proc.stderr):
                 os.set_blocking(f.fileno(), False)
                 sel.register(f, selectors.EVENT_READ)
-            watch = Watch(timeout, stop, limit, self.probe)
+            watch = Watch(how.timeout, how.stop, limit, self.probe)
             while sel.get_map():
                 why = watch.cut_short()
                 if why:

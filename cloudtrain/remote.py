@@ -15,8 +15,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Callable, Iterable
 
-from cloudtrain.connection import (TAIL_BYTES, ChannelLost, LineBuffer, LineSink, NodeLost,
-                                   Result, Tail, Transport, node_address, node_timeout)
+from cloudtrain.connection import (TAIL_BYTES, ChannelLost, Exchange, LineBuffer, LineSink,
+                                   NodeLost, Result, Tail, Transport, node_address, node_timeout)
 from cloudtrain.errors import HostKeyMismatch, RemoteError, SSHTimeout
 from cloudtrain.keys import ClusterKeys
 from cloudtrain.openssh import connect
@@ -207,7 +207,8 @@ class Group:
                     raise ChannelLost("the SSH connection was closed", 0.0)
                 err.buf.clear()
                 code, why = conn.exchange(command(offset), on_data=data, on_err=err.add,
-                                          stdin=stdin, hold_stdin=True, stop=self.stop, limit=limit)
+                                          how=Exchange(stdin=stdin, hold_stdin=True,
+                                                       stop=self.stop, limit=limit))
                 if why:
                     return done(None, RemoteError(why))
                 if code in (254, 255) and b"::ctjob " in err.buf:

@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from cloudtrain import sshproxy
 from cloudtrain.errors import CloudtrainError, UserError
 from cloudtrain.names import check, inside
 
@@ -69,6 +70,16 @@ def safe_value(value: object, what: str) -> str:
     return text
 
 
+def proxy_lines(proxy: str | None) -> list[str]:
+    """The ``ProxyCommand`` line of a cluster with ``resources.ssh_proxy`` (none without):
+    ``ssh NAME`` and VS Code go through the same jump host as cloudtrain; a jump host is
+    reached as the user's own ``ssh HOP`` reaches it (their config, agent and keys), and may
+    prompt (no BatchMode: a person is at the terminal)."""
+    if not proxy:
+        return []
+    return [f"    ProxyCommand {sshproxy.proxy_command(proxy, batch=False)}"]
+
+
 def render(handle: Handle) -> str:
     """The cluster's config file: one Host entry for the head (the cluster's name) and one per
     rank (``<cluster>-<rank>``)."""
@@ -87,6 +98,7 @@ def render(handle: Handle) -> str:
                   "    GlobalKnownHostsFile /dev/null",
                   "    StrictHostKeyChecking yes",
                   "    ServerAliveInterval 15",
+                  *proxy_lines(handle.keys.proxy),
                   ""]
     return "\n".join(lines)
 

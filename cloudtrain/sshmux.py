@@ -8,8 +8,8 @@ Unix socket, ``/tmp/cloudtrain-mux-UID/<hash of the home>`` (0700, owned by this
 
 A socket's name says which connection it is: ``<cluster>-<rank>-<node>`` where ``cluster``
 hashes the cluster's key folder (its home and name) and ``node`` hashes everything that makes
-the connection trustworthy: user, address, port, instance id, the identity file and the host
-key(s) pinned for that address. A node replaced (new instance or new pinned key) gets a new
+the connection trustworthy: user, address, port, instance id, the identity file, the proxy
+it goes through (``resources.ssh_proxy``) and the host key(s) pinned for that address. A node replaced (new instance or new pinned key) gets a new
 name, so an old master is never reused for it; the old one is ended when the new one starts.
 
 ``CLOUDTRAIN_SSH_PERSIST``: seconds an idle master stays (default 300; 0 turns multiplexing
@@ -104,7 +104,8 @@ def pinned_lines(keys: ClusterKeys, host: str, port: int) -> list[str]:
 def socket_path(d: Path, keys: ClusterKeys, node: NodeRow) -> Path:
     ident = node.identity_file or str(keys.private_key)
     h = hashlib.sha256("\0".join([node.user, node.host, str(node.port), node.instance_id or "",
-                                  ident, *pinned_lines(keys, node.host, node.port)]).encode())
+                                  ident, keys.proxy or "",
+                                  *pinned_lines(keys, node.host, node.port)]).encode())
     return d / f"{cluster_tag(keys)}-{node.rank}-{h.hexdigest()[:12]}"
 
 

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
+from cloudtrain import sshproxy
 from cloudtrain.names import NAME_RE
 from cloudtrain.storage import url as bucket_url
 from cloudtrain.yamlsrc import LocatedYaml
@@ -129,6 +130,7 @@ class Resources(BaseModel):
     image: str | None = None
     ports: list[int] = Field(default_factory=list)
     ssh_cidr: str | None = None
+    ssh_proxy: str | None = None        # a jump host or a proxy command: cloudtrain.sshproxy
     max_hourly_cost: float | None = Field(None, gt=0, le=MAX_USD_PER_HOUR,   # whole cluster
                                           allow_inf_nan=False)
 
@@ -189,6 +191,11 @@ class Resources(BaseModel):
             return str(ipaddress.ip_network(v, strict=False))
         except ValueError:
             raise ValueError(f"'{v}' is not an address range; write e.g. 203.0.113.7/32") from None
+
+    @field_validator("ssh_proxy", mode="before")
+    @classmethod
+    def _proxy(cls, v: Any) -> Any:
+        return v if v is None else sshproxy.check(v)
 
     def provider_options_raw(self) -> dict[str, Any]:
         return dict(self.model_extra or {})

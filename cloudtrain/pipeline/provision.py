@@ -93,7 +93,8 @@ def _nothing_made_leaves_nothing(env: Env, name: str, *, new: bool) -> Iterator[
 def _make(env: Env, task: Task, name: str, provider: Provider, existing: ClusterRow | None,
           progress: Progress, *, keep_on_failure: bool, planned: Plan | None
           ) -> tuple[Handle, bool]:
-    keys = ensure_keys(env.pctx.cluster_dir(name), comment=f"cloudtrain-{name}")
+    keys = ensure_keys(env.pctx.cluster_dir(name), comment=f"cloudtrain-{name}",
+                       proxy=task.resources.ssh_proxy)
     request = cluster_request(task, name, keys.public_key())
     if planned is None:
         provider.check(request)

@@ -230,6 +230,13 @@ BAD_VALUES.update({
     "resources.ports": ["[22]", "[0]", "[70000]", "[-1]", "[.nan]", "[.inf]", "8080",
                         "[http]", "[[1]]", "[1.5]"],
     "resources.ssh_cidr": ["not-a-cidr", "'10.0.0.0/33'", "[1]", "5", "'-oX'", "''"],
+    "resources.ssh_proxy": [_j(w) for w in HOSTILE_WORDS]
+                           + [_j(w) for w in ("bastion:0", "bastion:70000", "u@", "@bastion",
+                                              "a@b@c", "bastion,", ",bastion", "[::1", "[x]:22",
+                                              "nc host port", "nc %h 22", "-W %h:%p bastion",
+                                              "ssh -W %h:%p b\x07", "b;rm -rf ~", "-oProxyCommand",
+                                              "bastion:22:22", "x" * 1100 + " %h %p")]
+                           + ["5", "[bastion]", "{host: b}", "true"],
     "resources.max_hourly_cost": ["0", "-1", "1.0e9", "'cheap'", "[1]", *NON_FINITE],
     "resources.local.network": ["netns2", "[loopback]", "5", "''"],
     "resources.local.python": ["relative/python", "5", _j("/" + "p/" * 2500),
