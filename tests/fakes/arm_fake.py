@@ -1428,7 +1428,6 @@ class Harness:
         kw.setdefault("sleep", self.sleeps.append)
         kw.setdefault("poll", 0.0)
         kw.setdefault("ui", UI(err=self.err))
-        kw.setdefault("address_map", None)
         return AzureProvider(ProviderContext(self.home), **kw)
 
     def messages(self) -> str:

@@ -445,7 +445,6 @@ class Harness:
         kw.setdefault("sleep", self.sleeps.append)
         kw.setdefault("poll", 0.0)
         kw.setdefault("ui", UI(err=self.err))
-        kw.setdefault("address_map", None)
         return AWSProvider(ProviderContext(self.home), clients=self.clients, **kw)
 
     def messages(self) -> str:

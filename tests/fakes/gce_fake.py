@@ -1486,7 +1486,6 @@ class Harness:
         kw.setdefault("sleep", self.sleeps.append)
         kw.setdefault("poll", 0.0)
         kw.setdefault("ui", UI(err=self.err))
-        kw.setdefault("address_map", None)
         kw.setdefault("offers", fake_offers)
         kw.setdefault("owner", "alice@laptop.example")
         return GCPProvider(ProviderContext(self.home), **kw)
