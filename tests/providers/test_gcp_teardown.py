@@ -5,7 +5,6 @@ half-built cluster; it leaves other clusters alone; and after a failure at each 
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
