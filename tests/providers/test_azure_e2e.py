@@ -188,11 +188,16 @@ class Booter:
     def __call__(self, vm: dict[str, Any], public: str, private: str) -> None:
         rank = int(vm["tags"]["cloudtrain:node-rank"])
         node = self.nodes.nodes[rank]
+        assert private == node["address"], (private, node["address"])
+        self.boot(node, rank, vm, public, private)
+
+    def boot(self, node: dict[str, Any], rank: int, vm: dict[str, Any], public: str,
+             private: str) -> None:
+        """VM ``vm`` (of ``rank``) boots on the local ``node``."""
         lin = vm["properties"]["osProfile"]["linuxConfiguration"]
         keys = [k["keyData"] for k in lin["ssh"]["publicKeys"]]
         self.keys += keys
         (node["dir"] / "authorized_keys").write_text("\n".join(keys) + "\n")
-        assert private == node["address"], (private, node["address"])
         imds = self.fake.imds_of(vm["id"].split("/")[4], vm["name"])
         standin.set_env(node["dir"], {"AZURE_POD_IDENTITY_AUTHORITY_HOST": imds,
                                       "REQUESTS_CA_BUNDLE": str(self.fake.cert_file)})
