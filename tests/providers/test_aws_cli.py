@@ -1,10 +1,12 @@
 """The AWS provider through the real command line: ``up --dry-run`` (prints the plan, calls
 nothing), and ``launch --down`` of a 2-node job against a moto server on loopback whose
-instances are mapped to local sshd nodes (CLOUDTRAIN_AWS_ADDRESS_MAP).
+instances are local sshd nodes (tests/fakes/standin.py), reached through the task's
+``resources.ssh_proxy`` (the tests' relay, which maps moto's public addresses to the nodes).
 
 Every cloudtrain process here runs under a guard (a sitecustomize on PYTHONPATH) that refuses
 and records any connection to a non-loopback address, and with an ``ssh`` on PATH that records
-where rsync's ssh connects: the test checks that no address moto invented was ever used."""
+every ssh call: the test checks that nothing connected to an address moto invented (the relay
+connected only to the nodes on loopback)."""
 
 from __future__ import annotations
 
