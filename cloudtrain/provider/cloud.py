@@ -40,7 +40,7 @@ import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, cast, get_args
 
 from cloudtrain.errors import (AuthError, CapacityError, CloudtrainError, ProviderError,
                                QuotaError, UserError, code_of)
@@ -440,13 +440,14 @@ class CloudProvider:
 
     @staticmethod
     def node_at(*, rank: int, instance_id: str, address: str, private: str, user: str,
-                status: NodeStatus, spot: bool, host_keys: tuple[str, ...] = ()) -> Node:
+                status: str, spot: bool, host_keys: tuple[str, ...] = ()) -> Node:
         """A node as cloudtrain reaches it: at ``address`` (its public or private one, as
         the task says; through ``resources.ssh_proxy`` when the task names one), port 22,
         as ``user``, its files under ``~/cloudtrain``; the other nodes reach it at
-        ``private``."""
+        ``private``. A ``status`` that is not a :data:`NodeStatus` is ``unknown``."""
+        known = cast(NodeStatus, status) if status in get_args(NodeStatus) else "unknown"
         return Node(rank=rank, instance_id=instance_id, host=address, port=22, user=user,
-                    internal_ip=private, status=status, host_keys=host_keys,
+                    internal_ip=private, status=known, host_keys=host_keys,
                     root_dir="cloudtrain", spot=spot)
 
     def _login(self, cluster: str, default_user: str) -> tuple[str, bool]:
