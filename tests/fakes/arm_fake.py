@@ -315,7 +315,8 @@ class ArmFake:
         """What the identity endpoint (``{imds}/msi/token``, as App Service's) wants in
         ``X-IDENTITY-HEADER``."""
         self.imds_requests: list[tuple[str, str, dict[str, str]]] = []
-        """(method, path with query, headers) of every request to the IMDS server."""
+        """(method, path with query, headers by lower-case name) of every request to the IMDS
+        server."""
         self.role_assignments: dict[str, dict[str, Any]] = {}
         self.storage_accounts: dict[str, dict[str, Any]] = {}
         self.deny_role_assignments = False
@@ -1344,7 +1345,8 @@ class _ImdsHandler(BaseHTTPRequestHandler):
         if n:
             self.rfile.read(n)
         parts = urlsplit(self.path)
-        self.arm.imds_requests.append((self.command, self.path, dict(self.headers.items())))
+        self.arm.imds_requests.append((self.command, self.path,
+                                       {k.lower(): v for k, v in self.headers.items()}))
         m = re.fullmatch(r"/vm/([^/]+)/([^/]+)(/.*)", parts.path)
         status, payload = 404, {"error": "not_found"}
         try:

@@ -185,7 +185,7 @@ def test_self_stop_deallocates_guest_shutdown_alone_keeps_billing(world, tmp_pat
     assert _until(lambda: fake.power_of("azstop-1") == "deallocated")
     (tok,) = [q for q in fake.imds_requests if q[1].startswith("/vm/" + group + "/azstop-1/")
               and "oauth2/token" in q[1]]
-    assert tok[0] == "GET" and tok[2].get("Metadata") == "true" and "api-version=2018-02-01" in tok[1]
+    assert tok[0] == "GET" and tok[2].get("metadata") == "true" and "api-version=2018-02-01" in tok[1]
     print(f"\nself-stop: ssh + token + tag + deallocate took {time.time() - t0:.2f} s; "
           f"command {len(cmd)} bytes; up made {len(fake.ops_of('GET', 'permissions'))} "
           f"permission read(s) and {len(fake.ops_of('PUT', 'roleassignments'))} role "
@@ -242,7 +242,7 @@ def test_self_stop_takes_its_token_where_the_identity_variables_say(world, tmp_p
     asked = [q for q in fake.imds_requests if "/azstop-1/" in q[1]]
     assert asked and all(q[1].startswith(f"/vm/{group}/azstop-1/msi/token?") for q in asked)
     assert "api-version=2019-08-01" in asked[0][1] and "resource=" in asked[0][1]
-    assert asked[0][2].get("X-IDENTITY-HEADER") == fake.identity_header
+    assert asked[0][2].get("x-identity-header") == fake.identity_header
     assert not [q for q in fake.imds_requests if "oauth2/token" in q[1]]   # IMDS not asked
     (s,) = p.self_stopped("azstop")
     assert (s.rank, s.reason) == (1, "lifetime")
