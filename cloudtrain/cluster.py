@@ -165,28 +165,24 @@ PROBE_TIMEOUT = 5.0
 def probe_hosts(env: Env, rows: list[ClusterRow]) -> None:
     """Nodes of providers that never power anything off (the ``ssh`` provider: the user's own
     machines, with no API to ask) are checked live: does each answer with an SSH banner within
-    PROBE_TIMEOUT s? All at once, so the wait is bounded whatever the number of hosts. A node
-    that does not is shown as 'unreachable' and its cluster as DEGRADED (UNREACHABLE when no
-    node answers)."""
-    import socket
+    PROBE_TIMEOUT s (through the cluster's ``resources.ssh_proxy`` when it has one)? All at
+    once, so the wait is bounded whatever the number of hosts. A node that does not is shown
+    as 'unreachable' and its cluster as DEGRADED (UNREACHABLE when no node answers)."""
     from concurrent.futures import ThreadPoolExecutor
 
+    from cloudtrain.keys import ClusterKeys
     from cloudtrain.provider import registry
-
-    def probe(host: str, port: int) -> str:
-        try:
-            with socket.create_connection((host, port), timeout=PROBE_TIMEOUT) as s:
-                s.settimeout(PROBE_TIMEOUT)
-                return "running" if s.recv(64).startswith(b"SSH-") else "unreachable"
-        except OSError:
-            return "unreachable"
+    from cloudtrain.sshproxy import ssh_answers
 
     live = [r for r in rows if not getattr(registry.provider_class(r.provider), "powers_off", True)]
     nodes = [n for r in live for n in r.nodes]
     if not nodes:
         return
+    proxies = {r.name: ClusterKeys(env.pctx.cluster_dir(r.name) / "ssh").proxy for r in live}
     with ThreadPoolExecutor(max_workers=min(32, len(nodes))) as pool:
-        found = list(pool.map(lambda n: probe(n.host, n.port), nodes))
+        found = list(pool.map(lambda n: "running" if ssh_answers(n, proxies[n.cluster],
+                                                                 PROBE_TIMEOUT)
+                              else "unreachable", nodes))
     for n, st in zip(nodes, found):
         n.status = st
     for r in live:

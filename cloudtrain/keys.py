@@ -47,7 +47,7 @@ class ClusterKeys:
         beside its key and pinned host keys so every later command reaches the nodes the
         same way (:func:`record_proxy`)."""
         try:
-            return self.proxy_file.read_text().strip() or None
+            return self.proxy_file.read_text().rstrip("\n") or None
         except FileNotFoundError:
             return None
 

@@ -9,8 +9,9 @@ Unix socket, ``/tmp/cloudtrain-mux-UID/<hash of the home>`` (0700, owned by this
 A socket's name says which connection it is: ``<cluster>-<rank>-<node>`` where ``cluster``
 hashes the cluster's key folder (its home and name) and ``node`` hashes everything that makes
 the connection trustworthy: user, address, port, instance id, the identity file, the proxy
-it goes through (``resources.ssh_proxy``) and the host key(s) pinned for that address. A node replaced (new instance or new pinned key) gets a new
-name, so an old master is never reused for it; the old one is ended when the new one starts.
+it goes through (``resources.ssh_proxy``) and the host key(s) pinned for that address. A node
+replaced (new instance or new pinned key) gets a new name, so an old master is never reused
+for it; the old one is ended when the new one starts.
 
 ``CLOUDTRAIN_SSH_PERSIST``: seconds an idle master stays (default 300; 0 turns multiplexing
 off: every command connects on its own with paramiko, as before).

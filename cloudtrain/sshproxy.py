@@ -16,14 +16,26 @@ would run (``ssh [-l USER] [-p PORT] [-J EARLIER,HOPS] -W '[%h]:%p' LAST_HOP``) 
 the ``-F`` of the node connection: the jump host is reached as the user's own ``ssh HOP``
 reaches it (their ~/.ssh/config, agent, keys and known_hosts), and the cluster's key and
 pinned known_hosts are never offered to it.
+
+:func:`ssh_answers` is the one check that reaches a node without logging in (``status``'s
+live check of the ssh provider's hosts): directly, or through the proxy.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
+import selectors
 import shlex
+import socket
+import subprocess
+import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from cloudtrain.state import NodeRow
 
 FIELD = "resources.ssh_proxy"
 MAX_LENGTH = 1024
@@ -130,7 +142,39 @@ def expanded(command: str, *, host: str, port: int, user: str) -> str:
 
 
 def shell_argv(value: str, *, host: str, port: int, user: str) -> list[str]:
-    """The proxy as a process for one connection, run the way OpenSSH runs a ProxyCommand
-    (``/bin/sh -c 'exec COMMAND'``)."""
+    """The proxy as a process for one connection, run the way OpenSSH runs a ProxyCommand:
+    ``$SHELL -c 'exec COMMAND'`` (``/bin/sh`` without $SHELL)."""
     cmd = expanded(proxy_command(value, batch=True), host=host, port=port, user=user)
-    return ["/bin/sh", "-c", "exec " + cmd]
+    return [os.environ.get("SHELL") or "/bin/sh", "-c", "exec " + cmd]
+
+
+def ssh_answers(node: NodeRow, proxy: str | None, timeout: float) -> bool:
+    """Does the node's sshd greet (an SSH banner within ``timeout`` s), reached directly or
+    through the cluster's proxy (``resources.ssh_proxy``)? No login, no key."""
+    if not proxy:
+        try:
+            with socket.create_connection((node.host, node.port), timeout=timeout) as s:
+                s.settimeout(timeout)
+                return s.recv(64).startswith(b"SSH-")
+        except OSError:
+            return False
+    proc = subprocess.Popen(shell_argv(proxy, host=node.host, port=node.port, user=node.user),
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    assert proc.stdout is not None
+    got, end = b"", time.monotonic() + timeout
+    try:
+        with selectors.DefaultSelector() as sel:
+            sel.register(proc.stdout, selectors.EVENT_READ)
+            while len(got) < 4 and sel.select(max(0.0, end - time.monotonic())):
+                chunk = os.read(proc.stdout.fileno(), 4 - len(got))
+                if not chunk:
+                    break
+                got += chunk
+        return got == b"SSH-"
+    finally:
+        proc.kill()
+        proc.wait()
+        for f in (proc.stdin, proc.stdout):
+            if f is not None:
+                f.close()

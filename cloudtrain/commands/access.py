@@ -7,11 +7,15 @@ Only click is imported at module level; each command imports what it needs when 
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import click
 
 from cloudtrain.commands.base import CONTEXT, check_name, guard, open_env
+
+if TYPE_CHECKING:
+    from cloudtrain.cluster import Handle
+    from cloudtrain.context import Env
 
 
 def ssh_config_choice(ask: bool) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -75,31 +79,33 @@ def forward(cluster_name: str | None, port: str | None, more: tuple[str, ...], n
     if list_ or stop:
         manage(cluster_name, list_, all_)
         return
-    pairs = wanted_ports(cluster_name, port, more)
-    handle, env = cluster_handle(cluster_name)
+    name, pairs = wanted_ports(cluster_name, port, more)
+    handle, env = cluster_handle(name)
     rank = node_rank(handle, node)
     if background:
         rec = tunnels.background(env, handle, rank, pairs)
         for p in pairs:
             env.ui.ok(f"http://127.0.0.1:{p[1]}/ -> '{handle.name}' node {rank} port {p[0]} "
-                      f"(pid {rec['pid']}; stop: cloudtrain forward --stop {handle.name})")
+                      f"(pid {rec.pid}; stop: cloudtrain forward --stop {handle.name})")
         return
     tunnels.foreground(env, handle, rank, pairs, kept_alive(env, handle.name))
 
 
 def wanted_ports(cluster_name: str | None, port: str | None,
-                 more: tuple[str, ...]) -> list[tuple[int, int]]:
-    """(node port, local port) for PORT[:LOCAL] and every -p, checked before anything runs."""
+                 more: tuple[str, ...]) -> tuple[str, list[tuple[int, int]]]:
+    """The cluster's name and (node port, local port) for PORT[:LOCAL] and every -p, checked
+    before anything runs."""
     from cloudtrain.errors import UserError
     from cloudtrain.pipeline import forward as tunnels
 
     if cluster_name is None or port is None:
         raise UserError("Give the cluster and the port: cloudtrain forward NAME PORT[:LOCAL].",
                         "Or --list / --stop NAME. See 'cloudtrain forward --help'.")
-    return [tunnels.parse_port(s, w) for s, w in [(port, "PORT"), *[(m, "-p") for m in more]]]
+    return cluster_name, [tunnels.parse_port(s, w)
+                          for s, w in [(port, "PORT"), *[(m, "-p") for m in more]]]
 
 
-def cluster_handle(cluster_name: str) -> tuple[Any, Any]:
+def cluster_handle(cluster_name: str) -> tuple[Handle, Env]:
     from cloudtrain.cluster import get_handle
 
     check_name(cluster_name)
@@ -107,14 +113,14 @@ def cluster_handle(cluster_name: str) -> tuple[Any, Any]:
     return get_handle(env, cluster_name), env
 
 
-def kept_alive(env: Any, name: str) -> Callable[[], None]:
+def kept_alive(env: Env, name: str) -> Callable[[], None]:
     """While a forward lasts, the cluster's idle stop waits (as for 'cloudtrain ssh')."""
     from cloudtrain.pipeline import guard as node_guard
 
-    return node_guard.keep_alive(env, name)  # type: ignore[no-any-return]
+    return node_guard.keep_alive(env, name)
 
 
-def node_rank(handle: Any, node: int) -> int:
+def node_rank(handle: Handle, node: int) -> int:
     from cloudtrain.errors import UserError
 
     if node not in [n.rank for n in handle.nodes]:
@@ -134,9 +140,8 @@ def manage(cluster_name: str | None, list_: bool, all_: bool) -> None:
     if list_:
         recs = tunnels.listed(home(), cluster_name)
         for r in recs:
-            ports = ", ".join(f"127.0.0.1:{p['local']} -> {p['remote']}"
-                              for p in r["ports"])  # type: ignore[attr-defined]
-            click.echo(f"{r['cluster']}  node {r['node']}  pid {r['pid']}  {ports}")
+            ports = ", ".join(f"127.0.0.1:{local} -> {remote}" for remote, local in r.ports)
+            click.echo(f"{r.cluster}  node {r.node}  pid {r.pid}  {ports}")
         if not recs:
             click.echo("No background forwards.", err=True)
         return

@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -134,7 +135,41 @@ def forwards_dir(home: Path) -> Path:
     return d
 
 
-def background(env: Env, handle: Handle, rank: int, pairs: list[Pair]) -> dict[str, object]:
+@dataclass(frozen=True)
+class Forward:
+    """One background forward, as recorded in ``$CLOUDTRAIN_HOME/forwards/<...>.json``:
+    the cluster and node, the ssh's pid, when it started, its (node port, local port) pairs,
+    the cluster file its command line names, its log, and the record's own path."""
+
+    cluster: str
+    node: int
+    pid: int
+    started_at: float
+    ports: tuple[Pair, ...]
+    conf: str
+    log: str
+    record: str = ""
+
+    def as_dict(self) -> dict[str, object]:
+        return {"cluster": self.cluster, "node": self.node, "pid": self.pid,
+                "started_at": self.started_at,
+                "ports": [{"remote": r, "local": loc} for r, loc in self.ports],
+                "conf": self.conf, "log": self.log}
+
+    @classmethod
+    def read(cls, path: Path) -> Forward | None:
+        """The record at ``path``; None when it cannot be read as one."""
+        try:
+            raw = json.loads(path.read_text())
+            return cls(str(raw["cluster"]), int(raw["node"]), int(raw["pid"]),
+                       float(raw["started_at"]),
+                       tuple((int(p["remote"]), int(p["local"])) for p in raw["ports"]),
+                       str(raw["conf"]), str(raw["log"]), str(path))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+
+def background(env: Env, handle: Handle, rank: int, pairs: list[Pair]) -> Forward:
     """Start the forward detached (its own session, no ControlMaster); record and return it."""
     check_free(pairs)
     args = ssh_args(env.home, handle, rank, pairs)
@@ -152,40 +187,40 @@ def background(env: Env, handle: Handle, rank: int, pairs: list[Pair]) -> dict[s
         raise RemoteError(f"The forward to '{handle.name}' node {rank} did not start"
                           + (f": {tail}" if tail else "."),
                           f"Check the node: cloudtrain ssh {handle.name} --node {rank}")
-    rec = {"cluster": handle.name, "node": rank, "pid": proc.pid, "started_at": time.time(),
-           "ports": [{"remote": r, "local": loc} for r, loc in pairs],
-           "conf": args[2], "log": str(log)}
-    sshconfig.write_private(log.with_suffix(".json"), json.dumps(rec))
+    record = log.with_suffix(".json")
+    rec = Forward(handle.name, rank, proc.pid, time.time(), tuple(pairs), args[2], str(log),
+                  str(record))
+    sshconfig.write_private(record, json.dumps(rec.as_dict()))
     return rec
 
 
-def alive(rec: dict[str, object]) -> bool:
+def alive(rec: Forward) -> bool:
     """The recorded ssh still runs (and is ours: its command line names the cluster's file)."""
     try:
-        cmd = Path(f"/proc/{int(rec['pid'])}/cmdline").read_bytes()   # type: ignore[call-overload]
-    except (OSError, ValueError, KeyError, TypeError):
+        cmd = Path(f"/proc/{rec.pid}/cmdline").read_bytes()
+    except OSError:
         try:
-            os.kill(int(rec["pid"]), 0)   # type: ignore[call-overload]
+            os.kill(rec.pid, 0)
             return True
-        except (OSError, ValueError, KeyError, TypeError):
+        except OSError:
             return False
-    return str(rec.get("conf", "")).encode() in cmd
+    return rec.conf.encode() in cmd
 
 
-def listed(home: Path, name: str | None = None) -> list[dict[str, object]]:
-    """The background forwards (of ``name``), oldest first; records of dead ones are removed."""
+def listed(home: Path, name: str | None = None) -> list[Forward]:
+    """The background forwards (of ``name``), oldest first; records of dead ones are
+    removed (one that cannot be read is left alone)."""
     out = []
     for path in sorted(forwards_dir(home).glob("*.json")):
-        try:
-            rec = json.loads(path.read_text())
-        except (OSError, ValueError):
+        rec = Forward.read(path)
+        if rec is None:
             continue
         if not alive(rec):
             forget(path)
             continue
-        if name is None or rec.get("cluster") == name:
-            out.append({**rec, "record": str(path)})
-    return sorted(out, key=lambda r: float(r.get("started_at", 0)))   # type: ignore[arg-type]
+        if name is None or rec.cluster == name:
+            out.append(rec)
+    return sorted(out, key=lambda r: r.started_at)
 
 
 def forget(record: Path) -> None:
@@ -198,10 +233,10 @@ def stop(home: Path, name: str | None) -> int:
     recs = listed(home, name)
     for rec in recs:
         try:
-            os.kill(int(rec["pid"]), signal.SIGTERM)   # type: ignore[call-overload]
+            os.kill(rec.pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
-        forget(Path(str(rec["record"])))
+        forget(Path(rec.record))
     return len(recs)
 
 

@@ -154,12 +154,12 @@ def listed(root: Path, filters: list[str]) -> Iterator[bytes]:
                 continue
             perms, shown_b = m.group(1), m.group(2)
             kind = perms[:1]
-            if b"\\#" not in shown_b and kind != b"l":
-                rel: bytes | None = shown_b
-            else:
-                rel = _real_name(rootb, real, shown_b.decode("ascii", "replace"), kind == b"l")
-                if rel is None:
+            rel = shown_b
+            if b"\\#" in shown_b or kind == b"l":
+                found = _real_name(rootb, real, shown_b.decode("ascii", "replace"), kind == b"l")
+                if found is None:
                     continue
+                rel = found
             if kind == b"d" and b"\\#" in shown_b:  # its entries are looked up through it
                 real[shown_b.decode("ascii", "replace")] = rel
             yield rel
