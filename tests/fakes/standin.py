@@ -95,7 +95,7 @@ class ProxyMap:
         """(asked ``HOST:PORT``, connected ``ADDR:PORT``) of every relay so far."""
         log = Path(str(self.path) + ".log")
         lines = log.read_text().splitlines() if log.exists() else []
-        return [tuple(line.split(" -> ", 1)) for line in lines]  # type: ignore[misc]
+        return [(asked, to) for asked, _, to in (line.partition(" -> ") for line in lines)]
 
     def only_loopback(self) -> bool:
         import ipaddress
