@@ -2,7 +2,7 @@
 reads a bucket file_mount and writes checkpoints, the emulator checks (who fetched, what
 manifests landed), and the uninterrupted-run comparison the recovery tests make.
 
-The AWS fake's machinery (moto server, local sshd nodes behind the address map, the connection
+The AWS fake's machinery (moto server, local sshd nodes reached through ssh_proxy, the connection
 guard) is reused from tests/providers/test_aws_cli.py, not copied."""
 
 from __future__ import annotations

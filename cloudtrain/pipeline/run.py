@@ -5,6 +5,7 @@ command on some nodes. The fan-out itself is :mod:`cloudtrain.pipeline.remote_jo
 from __future__ import annotations
 
 import hashlib
+import posixpath
 import shlex
 import threading
 import time
@@ -94,6 +95,8 @@ def train_body(handle: Handle, node: NodeRow, task: Task, job_id: str) -> str:
     info = torchrun.NodeInfo(rank=node.rank, num_nodes=len(handle.nodes), node_ip=node.internal_ip,
                              head_ip=head.internal_ip, master_port=handle.row.master_port, gpus=gpus)
     wrapper = str(PurePosixPath(bootstrap.script_dir(node)) / "ctworker.sh")
+    if not wrapper.startswith("/"):   # a root under the login's $HOME: the job runs in the workdir
+        wrapper = posixpath.relpath(wrapper, sync.workdir_on(node))
     cmd = torchrun.shell(torchrun.command(task.train, info, job_id, wrapper))
     # With checkpoints the job is not exec'd: the restore comes first, the watch beside it.
     return storage.wrap_body(task, node, cmd) if task.checkpoints else "exec " + cmd

@@ -100,9 +100,14 @@ def wrap_body(task: Task, node: NodeRow, command: str) -> str:
     CLOUDTRAIN_CHECKPOINT_DIR (every node), run ``command`` (not exec'd), and on the head node
     (rank 0) run ``store.py watch`` beside it; after the job ends (also after SIGTERM: the watch
     only notes it and waits for the job), a last upload. Exits with the job's code."""
-    store = shlex.quote(store_py(node))
+    # The job runs in the workdir: a root under $HOME (the clouds' "cloudtrain") is made
+    # absolute here, as every session starts in $HOME.
+    rel = store_py(node)
+    store = shlex.quote(rel) if rel.startswith("/") else f'"$HOME"/{shlex.quote(rel)}'
     url = shlex.quote(str(task.checkpoints))
     lines = [
+        'case $CLOUDTRAIN_CHECKPOINT_DIR in /*) ;; '
+        '*) export CLOUDTRAIN_CHECKPOINT_DIR=$HOME/$CLOUDTRAIN_CHECKPOINT_DIR ;; esac',
         f'python3 {store} restore {url} "$CLOUDTRAIN_CHECKPOINT_DIR"; ct_rc=$?',
         f'if [ "$ct_rc" != 0 ] && [ "$ct_rc" != {NOTHING_TO_RESTORE} ]; then',
         '    echo "cloudtrain: restoring the checkpoint failed (exit $ct_rc)" >&2; exit "$ct_rc"',

@@ -13,8 +13,7 @@ What is here:
 - for clouds, the shared base (:mod:`cloudtrain.provider.cloud`): CloudProvider, Existing;
   the words of its failover loop (:mod:`cloudtrain.provider.failover`): Attempt, Pin,
   Unavailable, outcome_of, worst; and what it is built from:
-  ClusterRecord (the cluster's record file), CallerCidr (the caller's address range),
-  AddressMap (tests: map a fake cloud's addresses to local nodes);
+  ClusterRecord (the cluster's record file), CallerCidr (the caller's address range);
 - the marks every resource carries (CLUSTER, OWNER, RANK, CREATED, SHARED_RANK,
   default_owner, owner_hash, split_owner, owner_of_cluster, now) and ``check_name``;
 - host keys made here and handed to a node by cloud-init (generate_host_key,
@@ -50,19 +49,17 @@ if TYPE_CHECKING:   # what the lazy names below are, for type checkers
     from cloudtrain.catalog.gpus import canonical_gpu
     from cloudtrain.catalog.load import provider_offers
     from cloudtrain.catalog.model import Offer
-    from cloudtrain.provider.addrmap import AddressMap
     from cloudtrain.provider.caller import CallerCidr, lookup_public_ip
-    from cloudtrain.provider.cloud import FROM_ENV, CloudProvider, Existing
+    from cloudtrain.provider.cloud import CloudProvider, Existing
     from cloudtrain.provider.failover import Attempt, Pin, Unavailable, outcome_of, worst
     from cloudtrain.provider.record import ClusterRecord
     from cloudtrain.ui import UI
 
 # name -> module, imported when the name is first asked for
 _LAZY = {
-    **dict.fromkeys(("CloudProvider", "Existing", "FROM_ENV"), "cloudtrain.provider.cloud"),
+    **dict.fromkeys(("CloudProvider", "Existing"), "cloudtrain.provider.cloud"),
     **dict.fromkeys(("Attempt", "Pin", "Unavailable", "outcome_of", "worst"),
                     "cloudtrain.provider.failover"),
-    "AddressMap": "cloudtrain.provider.addrmap",
     "CallerCidr": "cloudtrain.provider.caller",
     "lookup_public_ip": "cloudtrain.provider.caller",
     "ClusterRecord": "cloudtrain.provider.record",

@@ -19,8 +19,8 @@ network and teardown work):
   cloud (region, zone, instance_type, outcome, code, message, at), shown as it happens,
   kept in the cluster's record file and returned by ``attempts(cluster)``.
 - zone/region name checks, the plan's placement and price notes, the owner mark of a
-  cluster, the record file, the caller's CIDR, the address map (tests), master port and
-  node environment.
+  cluster, the record file, the caller's CIDR, and the nodes as cloudtrain reaches them
+  (:meth:`CloudProvider.node_at`).
 
 A subclass sets the class attributes (``name``, ``title``, ``options_model``,
 ``shape_examples``, ``zone_re``/``region_re`` and their examples, ``exhausted_hint``,
@@ -42,15 +42,14 @@ import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, cast, get_args
 
 from cloudtrain.errors import (AuthError, CapacityError, CloudtrainError, ProviderError,
                                QuotaError, UserError, code_of)
 from cloudtrain.ownership import default_owner, now, owner_of_cluster
-from cloudtrain.provider.addrmap import AddressMap
 from cloudtrain.provider.caller import CallerCidr, lookup_public_ip
-from cloudtrain.provider.contract import (ClusterRequest, NetworkRef, Node, Plan,
-                                          ProviderContext, Target)
+from cloudtrain.provider.contract import (ClusterRequest, NetworkRef, Node, NodeStatus,
+                                          Plan, ProviderContext, Target)
 from cloudtrain.provider.failover import Attempt, Pin, Unavailable, outcome_of
 from cloudtrain.provider.record import ClusterRecord
 
@@ -59,9 +58,6 @@ if TYPE_CHECKING:
 
     from cloudtrain.catalog.model import Offer
     from cloudtrain.ui import UI
-
-FROM_ENV: Any = object()
-"""``address_map`` default: read the map's file name from ``CLOUDTRAIN_<NAME>_ADDRESS_MAP``."""
 
 CIDR_LATER = "your public IP/32 (looked up when up runs)"
 
@@ -109,15 +105,12 @@ class CloudProvider:
                  caller_ip: Callable[[], str] | None = None,
                  offers: Callable[[], list[Offer]] | None = None,
                  sleep: Callable[[float], None] = time.sleep, owner: str | None = None,
-                 ui: UI | None = None, address_map: AddressMap | None = FROM_ENV,
-                 poll: float | None = None, running_timeout: float | None = None) -> None:
+                 ui: UI | None = None, poll: float | None = None, running_timeout: float | None = None) -> None:
         """``cls(ctx)`` is all cloudtrain calls; the rest is for tests and embedders:
         ``clients`` (the cloud's SDK client factory; default: the real one, with the
         standard credentials), ``caller_ip`` (this machine's public IP lookup), ``offers``
         (the catalog's offers of this cloud), ``sleep`` (every wait and backoff), ``owner``
-        (the owner mark), ``ui`` (where progress and failover messages go),
-        ``address_map`` (default: from ``CLOUDTRAIN_<NAME>_ADDRESS_MAP``, tests only; None:
-        none), ``poll`` (seconds between looks while nodes start), ``running_timeout``
+        (the owner mark), ``ui`` (where progress and failover messages go), ``poll`` (seconds between looks while nodes start), ``running_timeout``
         (how long nodes may take to run)."""
         self.ctx = ctx
         self.records = ClusterRecord(ctx, self.name)
@@ -129,7 +122,6 @@ class CloudProvider:
         self.cidr = CallerCidr(ctx.home, caller_ip or lookup_public_ip)
         self._offers_fn = offers
         self._ui = ui
-        self.amap = AddressMap.from_env(self.name) if address_map is FROM_ENV else address_map
         self._attempts: dict[str, list[Attempt]] = {}
         self._network_began: set[str] = set()
         self._setup(clients)
@@ -439,24 +431,17 @@ class CloudProvider:
 
     # --- nodes as cloudtrain sees them -------------------------------------------------------
 
-    def node_at(self, *, rank: int, instance_id: str, address: str, private: str, user: str,
-                status: str, spot: bool, host_keys: tuple[str, ...] = (),
-                what: str = "") -> Node:
-        """A node reached at ``address`` (its public or private one, as the task says). With
-        an address map (tests), only the addresses the map gives are ever used."""
-        if self.amap is None:
-            return Node(rank=rank, instance_id=instance_id, host=address, port=22, user=user,
-                        internal_ip=private, status=status,  # type: ignore[arg-type]
-                        host_keys=host_keys, root_dir="cloudtrain", spot=spot)
-        if not address:
-            return Node(rank=rank, instance_id=instance_id, host="", user=user,
-                        status=status, spot=spot)  # type: ignore[arg-type]
-        t = self.amap.resolve(address, what)
-        inner = self.amap.resolve(private, what).host if private else t.host
-        return Node(rank=rank, instance_id=instance_id, host=t.host, port=t.port,
-                    user=str(self.amap.setting("user") or user), internal_ip=inner,
-                    status=status, host_keys=host_keys,  # type: ignore[arg-type]
-                    root_dir=t.root_dir or "cloudtrain", spot=spot)
+    @staticmethod
+    def node_at(*, rank: int, instance_id: str, address: str, private: str, user: str,
+                status: str, spot: bool, host_keys: tuple[str, ...] = ()) -> Node:
+        """A node as cloudtrain reaches it: at ``address`` (its public or private one, as
+        the task says; through ``resources.ssh_proxy`` when the task names one), port 22,
+        as ``user``, its files under ``~/cloudtrain``; the other nodes reach it at
+        ``private``. A ``status`` that is not a :data:`NodeStatus` is ``unknown``."""
+        known = cast(NodeStatus, status) if status in get_args(NodeStatus) else "unknown"
+        return Node(rank=rank, instance_id=instance_id, host=address, port=22, user=user,
+                    internal_ip=private, status=known, host_keys=host_keys,
+                    root_dir="cloudtrain", spot=spot)
 
     def _login(self, cluster: str, default_user: str) -> tuple[str, bool]:
         """(the nodes' login user, whether they are reached at their public address), as
@@ -464,29 +449,5 @@ class CloudProvider:
         rec = self._record(cluster)
         return str(rec.get("user") or default_user), bool(rec.get("public_ip", True))
 
-    def master_port(self, cluster: str) -> int:
-        if self.amap is not None and self.amap.setting("master_port"):
-            return int(self.amap.setting("master_port"))
-        return 29500
 
-    def guest_shutdown(self, node: Node, real: str) -> str:
-        """The self-stop command for ``node``: ``real`` (a guest shutdown), or with an address
-        map (tests) the ``shutdown`` of the map entry that reaches the node (else the map's
-        own), ``{instance_id}`` filled in; never a real shutdown of the test machine."""
-        if self.amap is None:
-            return real
-        cmd = next((e["shutdown"] for e in (self.amap.setting("addresses") or {}).values()
-                    if isinstance(e, dict) and e.get("shutdown") and str(e.get("host")) ==
-                    node.host and int(e.get("port", 22)) == node.port),
-                   self.amap.setting("shutdown"))
-        if not cmd:
-            return "echo 'cloudtrain: the address map gives no shutdown command' >&2; exit 1"
-        return str(cmd).replace("{instance_id}", node.instance_id)
-
-    def node_env(self, cluster: str) -> dict[str, str]:
-        if self.amap is not None and self.amap.setting("python"):
-            return {"CLOUDTRAIN_PYTHON": str(self.amap.setting("python"))}
-        return {}
-
-
-__all__ = ["FROM_ENV", "CloudProvider", "Existing"]
+__all__ = ["CloudProvider", "Existing"]

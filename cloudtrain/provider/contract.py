@@ -229,8 +229,8 @@ class Places(Protocol):
 # --- optional capabilities ---------------------------------------------------------------
 # A provider declares one by having its method (or attribute); core code asks with
 # ``isinstance(provider, HasMasterPort)``, never by probing with getattr. The cloud base
-# (:class:`cloudtrain.provider.cloud.CloudProvider`) has all of them but ``MarksOwner`` and
-# ``ReportsInterruptions``.
+# (:class:`cloudtrain.provider.cloud.CloudProvider`) has all of them but ``HasMasterPort``,
+# ``HasNodeEnv``, ``MarksOwner`` and ``ReportsInterruptions``.
 
 
 @runtime_checkable

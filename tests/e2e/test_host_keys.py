@@ -37,7 +37,7 @@ HAVE_GCP = True
 try:
     import google.cloud.compute_v1  # noqa: F401
 
-    from test_gcp_e2e import world  # noqa: F401  (the e2e world fixture, used by name)
+    from test_gcp_e2e import NAT, world  # noqa: F401  (the e2e world fixture, used by name)
 except ImportError:  # pragma: no cover - the gcp extra is not installed
     HAVE_GCP = False
 
@@ -57,6 +57,7 @@ def test_gcp_host_keys_are_pinned_from_guest_attributes_before_first_contact(
     cli, env, fake, nodes, _authorized = world
     task = tmp_path / "task.yaml"
     task.write_text(GCP_TASK)
+    nodes.use(task)
     r = cli.run("up", str(task), "--no-bootstrap", timeout=300, **env)
     assert r.returncode == 0, r.stderr[-3000:]
     # the instances were asked to publish their keys, and cloudtrain read them
@@ -64,10 +65,13 @@ def test_gcp_host_keys_are_pinned_from_guest_attributes_before_first_contact(
         items = {i["key"]: i["value"] for i in body["metadata"]["items"]}
         assert items["enable-guest-attributes"] == "TRUE"
     assert fake.calls("GET", "/getGuestAttributes")
-    # what is pinned is exactly what the guest agent published: the nodes' real keys
+    # what is pinned is exactly what the guest agent published: the nodes' real keys, under
+    # the addresses GCE gave (the proxy takes each to its node)
+    from cloudtrain.keys import host_entry_name
+
     kh = _known_hosts(cli, "keys")
-    for (addr, port), key in zip(nodes.addrs, nodes.host_keys):
-        assert f"[{addr}]:{port} {key}" in kh
+    for nat, key in zip(NAT, nodes.host_keys):
+        assert f"{host_entry_name(nat, 22)} {key}" in kh
     st = cli.run("status", "--json", **env)
     assert st.returncode == 0, st.stderr
     [c] = json.loads(st.stdout)
@@ -86,6 +90,7 @@ def test_gcp_node_presenting_another_key_than_published_is_refused(
     nodes.publish_instead = [_other_key()]   # the "instance" says X, the node presents Y
     task = tmp_path / "task.yaml"
     task.write_text(GCP_TASK)
+    nodes.use(task)
     r = cli.run("up", str(task), "--no-bootstrap", timeout=300, **env)
     out = r.stdout + r.stderr
     assert r.returncode != 0, out
@@ -124,6 +129,7 @@ def test_azure_host_key_is_made_by_cloudtrain_injected_and_pinned(
     fake, nodes, booter, env = az_world
     task = tmp_path / "task.yaml"
     task.write_text(AZ_TASK)
+    nodes.use(task)
     r = AZ._cloudtrain(env, "up", str(task), "--no-bootstrap", timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     # each VM got its own key in customData; ARM never shows customData back
@@ -134,8 +140,11 @@ def test_azure_host_key_is_made_by_cloudtrain_injected_and_pinned(
     assert "customData" not in json.dumps(fake.resources)
     home = Path(env["CLOUDTRAIN_HOME"])
     kh = (home / "clusters" / "azkeys" / "ssh" / "known_hosts").read_text()
-    for rank, n in enumerate(nodes.nodes):
-        assert f"[{n['address']}]:{n['port']} {booter.host_keys[rank]}" in kh
+    from cloudtrain.keys import host_entry_name
+
+    for rank, n in enumerate(nodes.nodes):   # under the VM's public address (the proxy's way)
+        (public,) = [a for a, to in booter.addresses.items() if to == (n["address"], n["port"])]
+        assert f"{host_entry_name(public, 22)} {booter.host_keys[rank]}" in kh
     [c] = json.loads(AZ._cloudtrain(env, "status", "--json").stdout)
     assert [n["host_key"] for n in c["nodes"]] == ["pinned at creation"] * 2
     d = AZ._cloudtrain(env, "down", "azkeys", "-y", timeout=200)
@@ -150,6 +159,7 @@ def test_azure_node_presenting_another_key_than_injected_is_refused(
     booter.keep_own_host_key = True
     task = tmp_path / "task.yaml"
     task.write_text(AZ_TASK)
+    nodes.use(task)
     r = AZ._cloudtrain(env, "up", str(task), "--no-bootstrap", timeout=300)
     out = r.stdout + r.stderr
     assert r.returncode != 0, out
@@ -179,12 +189,12 @@ def _aws_up(guarded: dict, moto_server: str, tmp_path: Path,  # type: ignore[typ
 
     task = tmp_path / "task.yaml"
     task.write_text(AWS_TASK)
-    map_file = tmp_path / "address-map.json"
+    map_file = tmp_path / "proxy-map.json"
     env = {**guarded, "AWS_ENDPOINT_URL": moto_server, "AWS_ACCESS_KEY_ID": "testing",
-           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-           "CLOUDTRAIN_AWS_ADDRESS_MAP": str(map_file), "CLOUDTRAIN_AWS_ADDRESS_MAP_WAIT": "60"}
+           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
     ec2 = AWSCLI._moto(moto_server)
     nodes = AWSCLI.LocalNodes(tmp_path / "nodes")
+    AWSCLI.aws_task(task, map_file, nodes)
     nodes.keep_own_host_key = keep_own_host_key  # type: ignore[attr-defined]
     nodes.start()
     seen: dict[str, object] = {}

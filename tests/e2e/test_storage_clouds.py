@@ -1,7 +1,7 @@
 """Buckets on the cloud fakes, through the real CLI (issue 13): a task with a bucket
 ``file_mounts`` source and ``checkpoints:`` runs on 2 nodes of a cloud's fake, whose instances
-are local sshd nodes behind the address map (cloudtrain never connects to an address the fake
-invented), while the bucket lives in that cloud's storage emulator on loopback. The nodes reach
+are local sshd nodes reached through the tests' ssh_proxy (nothing ever connects to an address
+the fake invented), while the bucket lives in that cloud's storage emulator on loopback. The nodes reach
 it with the task's ``envs`` (a local sshd node has no instance identity to use), so:
 
 - the nodes fetch the mount from the emulator themselves (its request log: one content GET per
@@ -21,7 +21,8 @@ import storage_emulators as emus
 from cloud_storage_helpers import CORPUS, RUN_BODY, complete_manifests, object_gets
 from conftest import needs_sshd
 from providers.test_aws_cli import (LocalNodes, _cloudtrain, _guard_log, _map_when_running,
-                                    _moto, _tagged, guarded, moto_server)
+                                    _moto, _tagged, aws_task, guarded, moto_server,
+                                    relayed_only_to_loopback)
 
 boto3 = pytest.importorskip("boto3")
 pytestmark = [needs_sshd, pytest.mark.e2e]
@@ -91,11 +92,10 @@ def test_s3_mount_and_checkpoints_on_the_aws_fake(guarded: dict[str, str], moto_
         task.write_text(AWS_TASK.format(
             name="awsst", envs=json.dumps({**emu.envs, "CLOUDTRAIN_CHECKPOINT_INTERVAL": "0.5"}),
             data=emu.url("datasets/d1"), ckpt=emu.url("ckpt/aws"), run=json.dumps(RUN_BODY)))
-        map_file = tmp_path / "address-map.json"
+        map_file = tmp_path / "proxy-map.json"
+        aws_task(task, map_file, nodes)
         env = {**guarded, "AWS_ENDPOINT_URL": moto_server, "AWS_ACCESS_KEY_ID": "testing",
-               "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-               "CLOUDTRAIN_AWS_ADDRESS_MAP": str(map_file),
-               "CLOUDTRAIN_AWS_ADDRESS_MAP_WAIT": "60"}
+               "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
         nodes.start()
         watcher = threading.Thread(target=_watch_identity,
                                    args=(moto_server, nodes, "awsst", map_file, seen, stop),
@@ -139,11 +139,13 @@ def test_s3_mount_and_checkpoints_on_the_aws_fake(guarded: dict[str, str], moto_
         assert {k: len(v) for k, v in _tagged(_moto(moto_server), "awsst").items()} == {
             "instances": 0, "security_groups": 0, "key_pairs": 0, "placement_groups": 0,
             "volumes": 0}
-        # No connection to an address moto invented, from cloudtrain or from ssh.
+        # No connection to an address moto invented, from cloudtrain or from ssh (which went
+        # through the proxy, and the proxy only to the nodes on loopback).
         assert _guard_log(env) == ""
-        ssh_log = Path(env["CT_TEST_SSH_LOG"]).read_text()
+        assert Path(env["CT_TEST_SSH_LOG"]).read_text(), "ssh went through the recorder"
+        relayed_only_to_loopback(map_file, seen["invented"])  # type: ignore[arg-type]
         for address in seen["invented"]:  # type: ignore[attr-defined]
-            assert address not in out and address not in ssh_log
+            assert address not in out
     finally:
         stop.set()
         nodes.stop()
@@ -181,6 +183,7 @@ def test_gcs_mount_and_checkpoints_on_the_gce_fake(world, tmp_path: Path) -> Non
             "workdir": ".", "envs": {**emu.envs, "CLOUDTRAIN_CHECKPOINT_INTERVAL": "0.5"},
             "file_mounts": {"data": emu.url("datasets/d1")}, "checkpoints": emu.url("ckpt/gcp"),
             "run": RUN_BODY}))
+        nodes.use(task)
         r = cli.run("launch", str(task), "--down", "-y", timeout=420, **env)
         out = r.stderr + r.stdout
         assert r.returncode == 0, out[-5000:]
@@ -249,13 +252,13 @@ def _azure_task(proj: Path, name: str, envs: dict[str, str], data: str | None, c
 def test_azurite_mount_and_checkpoints_on_the_arm_fake(az_world, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     from providers.test_azure_e2e import _cloudtrain as az_cloudtrain
 
-    fake, _, booter, env = az_world
+    fake, nodes, booter, env = az_world
     emu = emus.start("az", tmp_path / "emulator")
     try:
         emu.put("datasets/d1/corpus.txt", CORPUS)
-        task = _azure_task(tmp_path / "proj", "azst",
-                           {**emu.envs, "CLOUDTRAIN_CHECKPOINT_INTERVAL": "0.5"},
-                           emu.url("datasets/d1"), emu.url("ckpt/az"))
+        task = nodes.use(_azure_task(tmp_path / "proj", "azst",
+                                     {**emu.envs, "CLOUDTRAIN_CHECKPOINT_INTERVAL": "0.5"},
+                                     emu.url("datasets/d1"), emu.url("ckpt/az")))
         r = az_cloudtrain(env, "launch", str(task), "--down", "-y", timeout=400)
         out = r.stderr + r.stdout
         assert r.returncode == 0, out[-5000:]
@@ -275,11 +278,11 @@ def test_azurite_mount_and_checkpoints_on_the_arm_fake(az_world, tmp_path: Path)
 def test_vm_identity_gets_the_container_role_and_down_removes_it(az_world, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     from providers.test_azure_e2e import _cloudtrain as az_cloudtrain
 
-    fake, _, _, env = az_world
+    fake, nodes, _, env = az_world
     acct = fake.add_storage_account("data-rg", "ctstore")
     scope = f"{acct}/blobServices/default/containers/{emus.BUCKET}"
-    task = _azure_task(tmp_path / "proj", "azid", {}, None,
-                       f"https://ctstore.blob.core.windows.net/{emus.BUCKET}/ckpt/az")
+    task = nodes.use(_azure_task(tmp_path / "proj", "azid", {}, None,
+                                 f"https://ctstore.blob.core.windows.net/{emus.BUCKET}/ckpt/az"))
     r = az_cloudtrain(env, "up", str(task), "-y", timeout=400)
     assert r.returncode == 0, (r.stderr + r.stdout)[-5000:]
     try:

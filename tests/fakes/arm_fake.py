@@ -39,7 +39,11 @@ Identities and the self-stop (issue 12), as Azure does them:
 * an IMDS (plain HTTP on loopback, ``imds_url``; one path prefix per VM,
   ``/vm/{group}/{name}``, since it cannot tell callers apart by address as the real one
   does): ``/metadata/identity/oauth2/token`` with ``Metadata: true`` issues a token bound to
-  the VM's principal, only while the VM runs and has an identity.
+  the VM's principal, only while the VM runs and has an identity; so does ``/msi/token``,
+  the identity endpoint as App Service serves it (``api-version=2019-08-01``, the secret
+  ``identity_header`` in ``X-IDENTITY-HEADER``). ``imds_requests`` records every request.
+* ``private_address(nic_name)``: the private address a new NIC gets (tests: their stand-in
+  node's own).
 * a request with such a token is allowed only by a role assignment of its principal whose
   scope contains the resource and whose role (Virtual Machine Contributor) allows the action:
   else 403 ``AuthorizationFailed``.
@@ -304,6 +308,15 @@ class ArmFake:
         """Called (vm body, its public IP, its private IP) when a VM's creation succeeds."""
         self._next_public = 1
         self._next_private: dict[str, int] = {}
+        self.private_address: Callable[[str], str | None] | None = None
+        """The private address of a new NIC, by NIC name (tests: the address of the local
+        node that stands in for its VM); None, or None from it: the next one of its subnet."""
+        self.identity_header = "ct-identity-secret"
+        """What the identity endpoint (``{imds}/msi/token``, as App Service's) wants in
+        ``X-IDENTITY-HEADER``."""
+        self.imds_requests: list[tuple[str, str, dict[str, str]]] = []
+        """(method, path with query, headers by lower-case name) of every request to the IMDS
+        server."""
         self.role_assignments: dict[str, dict[str, Any]] = {}
         self.storage_accounts: dict[str, dict[str, Any]] = {}
         self.deny_role_assignments = False
@@ -917,6 +930,8 @@ class ArmFake:
                 pip["properties"]["ipConfiguration"] = {"id": cfg["id"]}
             oldcfg = ((old or {}).get("properties", {}).get("ipConfigurations") or [{}])[0]
             addr = (oldcfg.get("properties") or {}).get("privateIPAddress")
+            if not addr and self.private_address is not None:
+                addr = self.private_address(r["name"])
             if not addr:
                 net = ipaddress.ip_network(subnet["properties"]["addressPrefix"])
                 n = self._next_private.get(subnet["id"].lower(), 4)
@@ -1330,10 +1345,25 @@ class _ImdsHandler(BaseHTTPRequestHandler):
         if n:
             self.rfile.read(n)
         parts = urlsplit(self.path)
+        self.arm.imds_requests.append((self.command, self.path,
+                                       {k.lower(): v for k, v in self.headers.items()}))
         m = re.fullmatch(r"/vm/([^/]+)/([^/]+)(/.*)", parts.path)
         status, payload = 404, {"error": "not_found"}
         try:
-            if m and m.group(3) == "/metadata/identity/oauth2/token" and self.command == "GET":
+            if m and m.group(3) == "/msi/token" and self.command == "GET":
+                # the identity endpoint of App Service, Functions and Container Apps
+                # (IDENTITY_ENDPOINT, its secret in IDENTITY_HEADER), api-version 2019-08-01
+                q = parse_qs(parts.query)
+                if self.headers.get("X-IDENTITY-HEADER") != self.arm.identity_header:
+                    status, payload = 401, {"error": "unauthorized",
+                                            "error_description": "X-IDENTITY-HEADER is wrong"}
+                elif q.get("api-version") != ["2019-08-01"] or not q.get("resource"):
+                    status, payload = 400, {"error": "invalid_request",
+                                            "error_description": "api-version 2019-08-01 and "
+                                                                 "resource are required"}
+                else:
+                    status, payload = 200, self.arm.issue_token(m.group(1), m.group(2))
+            elif m and m.group(3) == "/metadata/identity/oauth2/token" and self.command == "GET":
                 q = parse_qs(parts.query)
                 if self.headers.get("Metadata", "").lower() != "true":
                     status, payload = 400, {"error": "invalid_request",
@@ -1400,7 +1430,6 @@ class Harness:
         kw.setdefault("sleep", self.sleeps.append)
         kw.setdefault("poll", 0.0)
         kw.setdefault("ui", UI(err=self.err))
-        kw.setdefault("address_map", None)
         return AzureProvider(ProviderContext(self.home), **kw)
 
     def messages(self) -> str:

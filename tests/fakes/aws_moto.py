@@ -418,7 +418,7 @@ def hermetic_env(mp: Any = None) -> None:
                  "MOTO_EC2_LOAD_DEFAULT_AMIS": "false"}.items():
         mp.setenv(k, v)
     for k in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "CLOUDTRAIN_AWS_PROFILE", "AWS_ENDPOINT_URL",
-              "AWS_ENDPOINT_URL_EC2", "CLOUDTRAIN_AWS_ADDRESS_MAP"):
+              "AWS_ENDPOINT_URL_EC2"):
         mp.delenv(k, raising=False)
 
 
@@ -445,7 +445,6 @@ class Harness:
         kw.setdefault("sleep", self.sleeps.append)
         kw.setdefault("poll", 0.0)
         kw.setdefault("ui", UI(err=self.err))
-        kw.setdefault("address_map", None)
         return AWSProvider(ProviderContext(self.home), clients=self.clients, **kw)
 
     def messages(self) -> str:
@@ -574,7 +573,52 @@ def patch_moto_server(run_latency: float = 0.0) -> PlacementGroups:
 
     EC2Response.run_instances = run_instances
     patch_guest_shutdown()
+    patch_private_addresses()
     return store
+
+
+# --- private addresses (the stand-in nodes' own) -------------------------------------------------
+
+PRIVATE_IPS_ENV = "CT_MOTO_PRIVATE_IPS"
+"""A patched moto server's setting: a JSON file ``{"<rank>": "127.70.3.10", ...}`` (or
+``"<cluster>/<rank>"`` keys) the test writes; an instance tagged with that rank gets that
+private address instead of one of its subnet's."""
+
+
+def private_address_for(plan: dict[str, str], tags: dict[str, str]) -> str | None:
+    rank = tags.get("cloudtrain:node-rank")
+    if rank is None:
+        return None
+    return plan.get(f"{tags.get('cloudtrain:cluster', '')}/{rank}") or plan.get(rank)
+
+
+def patch_private_addresses() -> None:
+    """Teach moto's RunInstances to hand out the test's stand-in nodes' loopback addresses as
+    the instances' private addresses (``$CT_MOTO_PRIVATE_IPS``): the address the other nodes
+    reach a node at (MASTER_ADDR) is then one the test machine really has. A patch of the
+    fake, in the fake's own process: the provider and boto3 run unchanged."""
+    import os
+    from moto.ec2.models.instances import InstanceBackend
+
+    original = InstanceBackend.run_instances
+
+    def run_instances(self: Any, *args: Any, **kwargs: Any) -> Any:
+        reservation = original(self, *args, **kwargs)
+        path = os.environ.get(PRIVATE_IPS_ENV, "")
+        try:
+            plan = json.loads(Path(path).read_text()) if path else {}
+        except (OSError, ValueError):
+            plan = {}
+        for inst in reservation.instances:
+            tags = {t["key"]: t["value"] for t in inst.get_tags()}
+            addr = private_address_for(plan, tags)
+            if addr and inst.nics:
+                nic = inst.nics[0]
+                nic.private_ip_address = addr
+                nic.private_ip_addresses = [{"Primary": True, "PrivateIpAddress": addr}]
+        return reservation
+
+    InstanceBackend.run_instances = run_instances
 
 
 # --- guest shutdown (what EC2 does when a node powers itself off) --------------------------------

@@ -1447,7 +1447,7 @@ def hermetic_env(mp: Any, tmp: Any) -> None:
     """No user credentials, config, project or endpoint; never the GCE metadata server."""
     for k in ("GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CORE_PROJECT",
               "GCLOUD_PROJECT", "CLOUDTRAIN_GCP_PROJECT", "CLOUDTRAIN_GCP_API_ENDPOINT",
-              "CLOUDTRAIN_GCP_ADDRESS_MAP", "GCE_METADATA_HOST", "GCE_METADATA_IP"):
+              "GCE_METADATA_HOST", "GCE_METADATA_IP"):
         mp.delenv(k, raising=False)
     mp.setenv("NO_GCE_CHECK", "true")
     cfg = tmp / "gcloud-config"
@@ -1486,7 +1486,6 @@ class Harness:
         kw.setdefault("sleep", self.sleeps.append)
         kw.setdefault("poll", 0.0)
         kw.setdefault("ui", UI(err=self.err))
-        kw.setdefault("address_map", None)
         kw.setdefault("offers", fake_offers)
         kw.setdefault("owner", "alice@laptop.example")
         return GCPProvider(ProviderContext(self.home), **kw)

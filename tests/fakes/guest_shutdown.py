@@ -1,6 +1,7 @@
 """What a guest shutdown does, for a cloud fake whose "instances" are local sshd nodes: the
-address map's ``shutdown`` command (the provider's self-stop command in test mode) runs this
-on the node, as the node guard would run ``sudo shutdown -P now`` on a real instance.
+stand-in node's own ``shutdown``, ``poweroff``, ``systemctl poweroff`` (tests/fakes/standin.py
+puts emulations of them first on the node's PATH) run this when the node guard runs the
+product's real self-stop command (``sudo -n shutdown -P now || ...``).
 
 1. The cloud sees the guest power off, as that cloud reacts to it:
    - ``aws``: a TerminateInstances to the moto server carrying the guest-shutdown header
@@ -9,8 +10,11 @@ on the node, as the node guard would run ``sudo shutdown -P now`` on a real inst
      Client.InstanceInitiatedShutdown, and its console shows the guard's line;
    - ``gce``: the GCE fake's control endpoint marks the instance TERMINATED (boot disk kept,
      ephemeral external IP released, lastStopTimestamp set, the guard's line on serial port
-     1).
-2. The node goes away: its sshd stops, and every process started through it (their
+     1);
+   - ``azure``: the VM's IMDS path on the ARM fake (``{imds}/_guest/shutdown``): the VM is
+     ``stopped``, still allocated and billing (the fake's ``on_vm_stopped`` then stops the
+     node, as the test wires it).
+2. The node goes away (aws, gce): its sshd stops, and every process started through it (their
    environment carries the node's own HOME) is killed, this one last.
 
 The reason is ``$CT_GUARD_REASON`` (as the guard sets it). Usage::
@@ -18,6 +22,12 @@ The reason is ``$CT_GUARD_REASON`` (as the guard sets it). Usage::
     python guest_shutdown.py aws --endpoint URL --region R --instance ID --node-dir DIR
     python guest_shutdown.py gce --url URL [--zone Z] --name NAME --node-dir DIR
     python guest_shutdown.py gce --url URL --instance NAME/ID --node-dir DIR
+    python guest_shutdown.py azure --url IMDS_OF_VM --node-dir DIR
+    python guest_shutdown.py --node DIR
+
+``--node DIR``: the arguments the test wrote to ``DIR/cloud.json`` (``{"argv": [...]}``)
+when it mapped the node to its instance (:func:`standin.bind`); without that file it fails
+and does nothing. A second power-off of a node (the fallbacks after the first) does nothing.
 """
 
 from __future__ import annotations
@@ -57,6 +67,13 @@ def gce(url: str, zone: str | None, name: str, reason: str) -> None:
         resp.read()
 
 
+def azure(url: str) -> None:
+    req = urllib.request.Request(url.rstrip("/") + "/_guest/shutdown", data=b"", method="POST")
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(req, timeout=30) as resp:
+        resp.read()
+
+
 def _with_home(home: str) -> list[int]:
     needle = f"HOME={home}".encode()
     me, found = os.getpid(), []
@@ -90,8 +107,21 @@ def stop_node(node_dir: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--node"]:
+        node = Path(argv[1])
+        if (node / "powered-off").exists():
+            return 0
+        try:
+            argv = list(json.loads((node / "cloud.json").read_text())["argv"])
+        except (OSError, ValueError, KeyError) as exc:
+            print(f"stand-in node {node}: no instance bound to it ({exc}): not powering off",
+                  file=sys.stderr)
+            return 1
+        (node / "powered-off").touch()
+        argv += ["--node-dir", str(node)]
     ap = argparse.ArgumentParser()
-    ap.add_argument("cloud", choices=["aws", "gce"])
+    ap.add_argument("cloud", choices=["aws", "gce", "azure"])
     ap.add_argument("--endpoint")
     ap.add_argument("--region", default="us-east-1")
     ap.add_argument("--instance")
@@ -101,6 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--node-dir", required=True)
     a = ap.parse_args(argv)
     reason = os.environ.get("CT_GUARD_REASON", "")
+    if a.cloud == "azure":
+        azure(a.url)
+        return 0
     if a.cloud == "aws":
         aws(a.endpoint, a.region, a.instance, reason)
     else:

@@ -1,6 +1,6 @@
 """``up --json`` shows the same attempt records on every cloud. Through the real CLI, on AWS
 (a moto server), GCP (the GCE fake) and Azure (the ARM fake), each reached as in its own
-end-to-end test (address maps to local sshd nodes: cloudtrain never connects to an address a
+end-to-end test (local sshd nodes reached through the tests' ssh_proxy: nothing ever connects to an address a
 fake invented), with a capacity failure injected in the first zone: each cloud's attempts are
 the capacity one, then the ok one in the next zone, with the same keys everywhere."""
 
@@ -37,8 +37,11 @@ def _cloudtrain(env: dict[str, str], *args: str, timeout: float = 300
                           text=True, env=env, timeout=timeout)
 
 
-def _up_json(env: dict[str, str], task_file: Path, text: str) -> dict[str, Any]:
+def _up_json(env: dict[str, str], task_file: Path, text: str,
+             use: Callable[[Path], Path]) -> dict[str, Any]:
+    """``up --json`` of the task ``text``, reaching the stand-in nodes as ``use`` says."""
     task_file.write_text(text)
+    use(task_file)
     try:
         r = _cloudtrain(env, "up", str(task_file), "--json", "--no-bootstrap", "-y")
         assert r.returncode == 0, r.stderr[-4000:] + r.stdout[-2000:]
@@ -56,10 +59,9 @@ def _aws(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, 
     guarded = aws.guarded.__wrapped__(tmp_path)
     server = _borrowed(aws.moto_server, tmp_path)
     endpoint = next(server)
-    map_file = tmp_path / "address-map.json"
+    map_file = tmp_path / "proxy-map.json"
     env = {**guarded, "AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing",
-           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-           "CLOUDTRAIN_AWS_ADDRESS_MAP": str(map_file), "CLOUDTRAIN_AWS_ADDRESS_MAP_WAIT": "60"}
+           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
     nodes = aws.LocalNodes(tmp_path / "nodes")
     nodes.start()
     stop = threading.Event()
@@ -70,7 +72,7 @@ def _aws(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, 
         yield _up_json(env, tmp_path / "task.yaml", (
             "name: rec\nnum_nodes: 2\nrun: 'true'\nresources:\n  provider: aws\n"
             "  region: us-east-1\n  instance_type: g4dn.xlarge\n  ssh_cidr: 127.0.0.1/32\n"
-            "  aws: {host_key_wait: 0}\n"))
+            "  aws: {host_key_wait: 0}\n"), lambda t: aws.aws_task(t, map_file, nodes))
     finally:
         stop.set()
         nodes.stop()
@@ -82,12 +84,13 @@ def _gcp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, 
     import test_gcp_e2e as gcp
 
     world = _borrowed(gcp.world, tmp_path)
-    cli, extra, fake, _, _ = next(world)
+    cli, extra, fake, nodes, _ = next(world)
     fake.fail_operation("ZONE_RESOURCE_POOL_EXHAUSTED", zone="us-central1-a")
     try:
         yield _up_json(cli.env(**extra), tmp_path / "task.yaml", (
             "name: rec\nnum_nodes: 2\nrun: 'true'\nresources:\n  provider: gcp\n"
-            "  region: us-central1\n  accelerators: T4:1\n  ssh_cidr: 198.51.100.7/32\n"))
+            "  region: us-central1\n  accelerators: T4:1\n  ssh_cidr: 198.51.100.7/32\n"),
+            nodes.use)
     finally:
         next(world, None)
 
@@ -97,14 +100,14 @@ def _azure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str
     import test_azure_e2e as az
 
     world = _borrowed(az.world, tmp_path)
-    fake, _, _, env = next(world)
+    fake, nodes, _, env = next(world)
     fake.fail("PUT", "virtualmachines", "ZonalAllocationFailed", mode="async", times=None,
               when=lambda r: r.zone == "1")
     try:
         yield _up_json(env, tmp_path / "task.yaml", (
             "name: rec\nnum_nodes: 2\nrun: 'true'\nresources:\n  provider: azure\n"
             "  region: eastus\n  instance_type: Standard_NC4as_T4_v3\n"
-            "  ssh_cidr: 127.0.0.1/32\n"))
+            "  ssh_cidr: 127.0.0.1/32\n"), nodes.use)
     finally:
         next(world, None)
 

@@ -1,10 +1,12 @@
 """The AWS provider through the real command line: ``up --dry-run`` (prints the plan, calls
 nothing), and ``launch --down`` of a 2-node job against a moto server on loopback whose
-instances are mapped to local sshd nodes (CLOUDTRAIN_AWS_ADDRESS_MAP).
+instances are local sshd nodes (tests/fakes/standin.py), reached through the task's
+``resources.ssh_proxy`` (the tests' relay, which maps moto's public addresses to the nodes).
 
 Every cloudtrain process here runs under a guard (a sitecustomize on PYTHONPATH) that refuses
 and records any connection to a non-loopback address, and with an ``ssh`` on PATH that records
-where rsync's ssh connects: the test checks that no address moto invented was ever used."""
+every ssh call: the test checks that nothing connected to an address moto invented (the relay
+connected only to the nodes on loopback)."""
 
 from __future__ import annotations
 
@@ -198,7 +200,8 @@ def test_dry_run_without_a_region_shows_the_planners_pick(guarded: dict[str, str
 def moto_server(tmp_path: Path):  # type: ignore[no-untyped-def]
     port = _free_port()
     log = open(tmp_path / "moto.log", "w")
-    env = {**os.environ, "MOTO_EC2_LOAD_DEFAULT_AMIS": "false"}
+    env = {**os.environ, "MOTO_EC2_LOAD_DEFAULT_AMIS": "false",
+           "CT_MOTO_PRIVATE_IPS": str(private_ips_file(tmp_path))}
     env.pop("MOTO_AMIS_PATH", None)
     proc = subprocess.Popen(
         [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(FAKES)!r}); "
@@ -222,14 +225,23 @@ def moto_server(tmp_path: Path):  # type: ignore[no-untyped-def]
         log.close()
 
 
+def private_ips_file(tmp_path: Path) -> Path:
+    """Where the moto server of a test (in ``tmp_path``) reads the stand-ins' addresses it
+    hands out as the instances' private ones (aws_moto.PRIVATE_IPS_ENV)."""
+    return tmp_path / "moto-private-ips.json"
+
+
 class LocalNodes:
-    """Two real sshd nodes on loopback (the local provider's helper) standing in for the EC2
-    instances: they accept only the key the test copies from moto's key pair."""
+    """Two real sshd nodes on loopback standing in for the EC2 instances (tests/fakes/
+    standin.py): they accept only the key the test copies from moto's key pair, moto gives
+    their addresses as the instances' private ones, and the tasks reach them through
+    ``resources.ssh_proxy`` (standin_proxy.py, with the map _map_when_running writes)."""
 
     def __init__(self, base: Path, n: int = 2) -> None:
         import getpass
         import hashlib
 
+        import standin
         from cloudtrain_provisioners.local import sshd
 
         self.sshd = sshd
@@ -245,14 +257,17 @@ class LocalNodes:
             port = _free_port(addr)
             sshd.write_host_key(d / "ssh_host_ed25519_key")
             (d / "authorized_keys").write_text("")
-            sshd.write_config(d, address=addr, port=port, user=self.user, marker=self.marker,
-                              home=d / "root")
+            standin.prepare(d, address=addr, port=port, user=self.user, marker=self.marker)
             self.nodes.append({"dir": d, "address": addr, "port": port})
         self.master_port = _free_port(self.nodes[0]["address"])
+        private_ips_file(base.parent).write_text(json.dumps(
+            {str(r): n["address"] for r, n in enumerate(self.nodes)}))
 
     def start(self) -> None:
+        import standin
+
         for n in self.nodes:
-            self.sshd.start(n["dir"])
+            standin.start(n["dir"])
 
     def install_host_key(self, rank: int, user_data_b64: str | None) -> str | None:
         """cloud-init's cc_ssh: install the host key pair the instance's user data carries,
@@ -280,7 +295,9 @@ class LocalNodes:
             except ProcessLookupError:
                 break
             time.sleep(0.05)
-        self.sshd.start(d)
+        import standin
+
+        standin.start(d)
         return pair[1]
 
     def authorize(self, public_key: str) -> None:
@@ -314,14 +331,18 @@ def _tagged(ec2, cluster: str) -> dict[str, list]:  # type: ignore[no-untyped-de
 def _map_when_running(ec2, nodes: LocalNodes, cluster: str, map_file: Path,  # type: ignore[no-untyped-def]
                       seen: dict[str, object], stop: threading.Event) -> None:
     """What a test has to do for the "instances" to be reachable: once moto runs both, give
-    the local nodes the key moto's key pair holds, then map each instance's addresses."""
+    the local nodes the key moto's key pair holds, bind each node to its instance (what its
+    guest shutdown tells moto), then map each instance's public address (and its private
+    one, the stand-in's own) to its node in the proxy map (``map_file``)."""
+    import standin
+
     while not stop.is_set():
         insts = [i for i in _tagged(ec2, cluster)["instances"] if i["State"]["Name"] == "running"]
         if len(insts) == len(nodes.nodes):
             (kp,) = ec2.describe_key_pairs(KeyNames=[insts[0]["KeyName"]],
                                            IncludePublicKey=True)["KeyPairs"]
             nodes.authorize(kp["PublicKey"])
-            addresses: dict[str, dict[str, object]] = {}
+            entries: dict[str, tuple[str, int]] = {}
             host_keys = {}
             for i in insts:
                 rank = int({t["Key"]: t["Value"] for t in i["Tags"]}["cloudtrain:node-rank"])
@@ -329,20 +350,37 @@ def _map_when_running(ec2, nodes: LocalNodes, cluster: str, map_file: Path,  # t
                                                      Attribute="userData")["UserData"]
                 host_keys[rank] = nodes.install_host_key(rank, ud.get("Value"))
                 n = nodes.nodes[rank]
-                addresses[i["PublicIpAddress"]] = {"host": n["address"], "port": n["port"],
-                                                   "root_dir": str(n["dir"] / "root")}
-                addresses[i["PrivateIpAddress"]] = {"host": n["address"]}
-            seen["invented"] = sorted(addresses)
+                standin.bind(n["dir"], "aws", "--endpoint", ec2.meta.endpoint_url,
+                             "--region", ec2.meta.region_name, "--instance", i["InstanceId"])
+                entries[i["PublicIpAddress"]] = (n["address"], n["port"])
+                entries[i["PrivateIpAddress"]] = (n["address"], n["port"])
+                seen.setdefault("private", {})[rank] = i["PrivateIpAddress"]  # type: ignore[index]
+            seen["invented"] = sorted(i["PublicIpAddress"] for i in insts)
             seen["placement_groups"] = len(_tagged(ec2, cluster)["placement_groups"])
             seen["key"] = kp["PublicKey"]
             seen["host_keys"] = host_keys
-            tmp = map_file.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"addresses": addresses, "user": nodes.user,
-                                       "python": sys.executable,
-                                       "master_port": nodes.master_port}))
-            tmp.replace(map_file)
+            standin.ProxyMap(map_file).add(entries)
             return
         time.sleep(0.2)
+
+
+def aws_task(task: Path, map_file: Path, nodes: LocalNodes) -> Path:
+    """``task`` reaching ``nodes`` through the stand-ins' proxy (standin.use_proxy)."""
+    import standin
+
+    return standin.use_proxy(task, map_file, "aws", nodes.user, master_port=nodes.master_port)
+
+
+def relayed_only_to_loopback(map_file: Path, invented: list[str]) -> None:
+    """Every SSH connection went through the test's proxy, and the proxy only ever connected
+    to loopback: nothing connected to an address moto invented."""
+    import standin
+
+    relays = standin.ProxyMap(map_file)
+    assert relays.relayed, "ssh went through the stand-ins' proxy"
+    assert relays.only_loopback(), relays.relayed
+    assert {asked.rsplit(":", 1)[0] for asked, _ in relays.relayed} <= set(invented) | {
+        e["host"] for e in relays.read().values()}
 
 
 @needs_sshd
@@ -356,13 +394,12 @@ def test_launch_down_two_nodes_through_the_cli_against_moto(
     shutil.copytree(DEMO, proj, ignore=shutil.ignore_patterns("cloudtrain-outputs", "__pycache__"))
     task = proj / "task-aws.yaml"
     task.write_text(TASK.format(name="awsdemo", region="  region: us-east-1\n"))
-    map_file = tmp_path / "address-map.json"
+    map_file = tmp_path / "proxy-map.json"
     env = {**guarded, "AWS_ENDPOINT_URL": moto_server, "AWS_ACCESS_KEY_ID": "testing",
-           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-           "CLOUDTRAIN_AWS_ADDRESS_MAP": str(map_file),
-           "CLOUDTRAIN_AWS_ADDRESS_MAP_WAIT": "60"}
+           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
     ec2 = _moto(moto_server)
     nodes = LocalNodes(tmp_path / "nodes")
+    aws_task(task, map_file, nodes)
     nodes.start()
     seen: dict[str, object] = {}
     stop = threading.Event()
@@ -395,35 +432,37 @@ def test_launch_down_two_nodes_through_the_cli_against_moto(
     # before the first connection and would have refused any other)
     assert sorted(seen["host_keys"]) == [0, 1]  # type: ignore[call-overload]
     assert all(str(k).startswith("ssh-ed25519 ") for k in seen["host_keys"].values())  # type: ignore[attr-defined]
-    # no connection to an address moto invented, from cloudtrain or from rsync's ssh
+    # the nodes' private addresses are the stand-ins' own (MASTER_ADDR is reachable)
+    assert seen["private"] == {r: n["address"] for r, n in enumerate(nodes.nodes)}
+    # no connection to an address moto invented, from cloudtrain or from rsync's ssh: every
+    # one went through the proxy, which connected only to the stand-ins on loopback
     assert _guard_log(env) == ""
     ssh_log = Path(env["CT_TEST_SSH_LOG"]).read_text()
     assert ssh_log, "rsync went through ssh"
-    for address in seen["invented"]:  # type: ignore[attr-defined]
-        assert address not in ssh_log and address not in out
+    relayed_only_to_loopback(map_file, seen["invented"])  # type: ignore[arg-type]
 
 
-def test_address_map_refuses_unmapped_addresses(tmp_path: Path) -> None:
-    from cloudtrain.provider.addrmap import AddressMap
-    from cloudtrain.errors import ProviderError
-    from cloudtrain.provider import ProviderContext
+def test_the_stand_in_proxy_refuses_unmapped_addresses(tmp_path: Path) -> None:
+    """The tests' ssh_proxy never connects to an address the test's map does not give (nor
+    to one it maps off loopback), and the provider hands back plain nodes: the address EC2
+    gave, port 22, the image's user, files under ~/cloudtrain."""
+    import standin
+    from cloudtrain.provider import HasMasterPort, HasNodeEnv, ProviderContext
     from cloudtrain_provisioners.aws import AWSProvider
     from cloudtrain_provisioners.aws.instances import Inst
 
-    f = tmp_path / "map.json"
-    f.write_text(json.dumps({"addresses": {"54.1.2.3": {"host": "127.0.0.9", "port": 2222,
-                                                        "root_dir": "/r"},
-                                           "10.0.0.3": {"host": "127.0.0.9"}},
-                             "user": "me", "python": "/py", "master_port": 41000}))
-    p = AWSProvider(ProviderContext(tmp_path), clients=object(),  # type: ignore[arg-type]
-                    address_map=AddressMap(f, "CLOUDTRAIN_AWS_ADDRESS_MAP"))
-    mapped = Inst("i-1", 0, "running", "us-east-1a", "us-east-1", "54.1.2.3", "10.0.0.3", "",
-                  False, "", "g4dn.xlarge")
-    n = p._node(mapped, (), "ubuntu", True)
-    assert (n.host, n.port, n.internal_ip, n.user, n.root_dir) == ("127.0.0.9", 2222,
-                                                                    "127.0.0.9", "me", "/r")
-    assert p.master_port("x") == 41000 and p.node_env("x") == {"CLOUDTRAIN_PYTHON": "/py"}
-    invented = Inst("i-2", 1, "running", "us-east-1a", "us-east-1", "54.9.9.9", "10.0.0.4", "",
-                    False, "", "g4dn.xlarge")
-    with pytest.raises(ProviderError, match="refusing to connect"):
-        p._node(invented, (), "ubuntu", True)
+    f = tmp_path / "proxy-map.json"
+    standin.ProxyMap(f).add({"54.1.2.3": ("127.0.0.9", 2222), "54.6.6.6": ("10.0.0.3", 22)})
+    for host in ("54.9.9.9", "54.6.6.6"):
+        r = subprocess.run([sys.executable, str(standin.PROXY), str(f), host, "22", "0"],
+                           capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+        assert r.returncode == 1 and "refus" in r.stderr, r.stderr
+    assert standin.ProxyMap(f).relayed == []
+    p = AWSProvider(ProviderContext(tmp_path), clients=object())  # type: ignore[arg-type]
+    i = Inst("i-1", 0, "running", "us-east-1a", "us-east-1", "54.1.2.3", "10.0.0.3", "",
+             False, "", "g4dn.xlarge")
+    n = p._node(i, (), "ubuntu", True)
+    assert (n.host, n.port, n.internal_ip, n.user, n.root_dir) == ("54.1.2.3", 22, "10.0.0.3",
+                                                                    "ubuntu", "cloudtrain")
+    assert p._node(i, (), "ubuntu", False).host == "10.0.0.3"
+    assert not isinstance(p, HasMasterPort) and not isinstance(p, HasNodeEnv)

@@ -1,10 +1,14 @@
 """The Azure provider through the real command line: ``cloudtrain launch --down`` of a 2-node
 training job against the ARM fake (HTTPS on loopback, reached through
-CLOUDTRAIN_AZURE_ARM_ENDPOINT and CLOUDTRAIN_AZURE_CA_BUNDLE), whose VMs' public and private
-addresses are mapped to two local sshd nodes (CLOUDTRAIN_AZURE_ADDRESS_MAP).
+CLOUDTRAIN_AZURE_ARM_ENDPOINT and CLOUDTRAIN_AZURE_CA_BUNDLE), whose VMs are two local sshd
+nodes (tests/fakes/standin.py): the fake gives the nodes' own addresses as the VMs' private
+ones, and the task reaches the VMs' public addresses through ``resources.ssh_proxy``, a relay
+that maps them to the nodes.
 
 The fake plays cloud-init: when a VM's creation succeeds, its node accepts the SSH key the
-VM was created with, and the map gets the VM's addresses. The cloudtrain process runs under
+VM was created with, the proxy map gets the VM's public address, the node learns its VM's
+identity endpoint (AZURE_POD_IDENTITY_AUTHORITY_HOST, the fake's IMDS path of that VM, and
+REQUESTS_CA_BUNDLE, the fake's CA) and is bound to its VM (its guest shutdown tells the fake). The cloudtrain process runs under
 a guard (a sitecustomize on PYTHONPATH) that refuses and records every connection to a
 non-loopback address, and ``ssh`` is a shim that records where it connects: no address the
 fake invented is ever used, and no real Azure endpoint is ever asked for anything."""
@@ -12,7 +16,6 @@ fake invented is ever used, and no real Azure endpoint is ever asked for anythin
 from __future__ import annotations
 
 import base64
-import getpass
 import hashlib
 import json
 import os
@@ -30,6 +33,7 @@ from conftest import DEMO, needs_sshd, needs_torch
 
 pytest.importorskip("azure.mgmt.compute")
 
+import standin  # noqa: E402
 from arm_fake import SUBSCRIPTION, ArmFake  # noqa: E402
 
 pytestmark = [needs_sshd, needs_torch, pytest.mark.e2e]
@@ -91,14 +95,15 @@ def _free_port(host: str = "127.0.0.1") -> int:
 
 
 class Nodes:
-    """Two sshd nodes on loopback addresses (the local provider's helpers), standing in for
-    the VMs. They accept no key until the fake "boots" their VM."""
+    """Two sshd nodes on loopback addresses standing in for the VMs (tests/fakes/standin.py).
+    They accept no key until the fake "boots" their VM."""
 
     def __init__(self, base: Path, n: int = 2) -> None:
         from cloudtrain_provisioners.local import sshd
 
         self.sshd = sshd
-        self.user = getpass.getuser()
+        self.user = standin.login_user("azure")
+        self.proxy_map = base / "proxy-map.json"
         h = int(hashlib.sha256(f"azure:{base}".encode()).hexdigest()[:6], 16)
         prefix = f"127.{64 + h % 128}.{(h >> 8) % 256}"
         self.marker = f"ctaz-{h:06x}"
@@ -110,14 +115,22 @@ class Nodes:
             port = _free_port(addr)
             sshd.write_host_key(d / "ssh_host_ed25519_key")
             (d / "authorized_keys").write_text("")
-            sshd.write_config(d, address=addr, port=port, user=self.user, marker=self.marker,
-                              home=d / "root")
+            standin.prepare(d, address=addr, port=port, user=self.user, marker=self.marker)
             self.nodes.append({"dir": d, "address": addr, "port": port})
         self.master_port = _free_port(self.nodes[0]["address"])
 
+    def private_address(self, nic: str) -> str:
+        """The ARM fake's hook: a VM's NIC (``<cluster>-<rank>-nic``) gets its node's address."""
+        return str(self.nodes[int(nic.rsplit("-", 2)[1])]["address"])
+
+    def use(self, task: Path) -> Path:
+        """``task`` with the stand-ins' ssh_proxy, login user and rendezvous port."""
+        return standin.use_proxy(task, self.proxy_map, "azure", self.user,
+                                 master_port=self.master_port)
+
     def start(self) -> None:
         for n in self.nodes:
-            self.sshd.start(n["dir"])
+            standin.start(n["dir"])
 
     def stop(self) -> None:
         for n in self.nodes:
@@ -136,17 +149,19 @@ def _restart_sshd(sshd: Any, d: Path) -> None:
         except ProcessLookupError:
             break
         time.sleep(0.05)
-    sshd.start(d)
+    standin.start(d)
 
 
 class Booter:
-    """The fake's hook when a VM's creation succeeds: what cloud-init and a test's address
-    map would do for it."""
+    """The fake's hook when a VM's creation succeeds: what cloud-init, Azure's metadata
+    service and the test's proxy map do for it."""
 
-    def __init__(self, nodes: Nodes, map_file: Path) -> None:
+    def __init__(self, nodes: Nodes, fake: ArmFake) -> None:
         self.nodes = nodes
-        self.map_file = map_file
-        self.addresses: dict[str, dict[str, Any]] = {}
+        self.fake = fake
+        fake.private_address = nodes.private_address
+        self.addresses: dict[str, tuple[str, int]] = {}
+        """Public address (the fake's) -> the node it reaches, through the proxy."""
         self.keys: list[str] = []
         self.host_keys: dict[int, str] = {}
         # a node that keeps the host key it had instead of the injected one (tests of a node
@@ -173,25 +188,30 @@ class Booter:
     def __call__(self, vm: dict[str, Any], public: str, private: str) -> None:
         rank = int(vm["tags"]["cloudtrain:node-rank"])
         node = self.nodes.nodes[rank]
+        assert private == node["address"], (private, node["address"])
+        self.boot(node, rank, vm, public, private)
+
+    def boot(self, node: dict[str, Any], rank: int, vm: dict[str, Any], public: str,
+             private: str) -> None:
+        """VM ``vm`` (of ``rank``) boots on the local ``node``."""
         lin = vm["properties"]["osProfile"]["linuxConfiguration"]
         keys = [k["keyData"] for k in lin["ssh"]["publicKeys"]]
         self.keys += keys
         (node["dir"] / "authorized_keys").write_text("\n".join(keys) + "\n")
+        imds = self.fake.imds_of(vm["id"].split("/")[4], vm["name"])
+        standin.set_env(node["dir"], {"AZURE_POD_IDENTITY_AUTHORITY_HOST": imds,
+                                      "REQUESTS_CA_BUNDLE": str(self.fake.cert_file)})
+        standin.bind(node["dir"], "azure", "--url", imds)
         self._host_key(node["dir"], rank, vm["properties"]["osProfile"].get("customData"))
-        self.addresses[public] = {"host": node["address"], "port": node["port"],
-                                  "root_dir": str(node["dir"] / "root")}
-        self.addresses[private] = {"host": node["address"]}
-        tmp = self.map_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"addresses": self.addresses, "user": self.nodes.user,
-                                   "python": sys.executable,
-                                   "master_port": self.nodes.master_port}))
-        tmp.replace(self.map_file)
+        self.addresses[public] = (node["address"], node["port"])
+        standin.ProxyMap(self.nodes.proxy_map).add(
+            {public: self.addresses[public], private: self.addresses[public]})
 
 
-def cli_env(tmp_path: Path, fake: ArmFake, map_file: Path, dist_name: str) -> dict[str, str]:
+def cli_env(tmp_path: Path, fake: ArmFake, dist_name: str) -> dict[str, str]:
     """The environment of a CLI run against the ARM fake: the network guard (a sitecustomize)
-    and the provider's entry point on PYTHONPATH, the fake's endpoint, CA and token, the
-    address map, and nothing of the caller's Azure or cloudtrain settings."""
+    and the provider's entry point on PYTHONPATH, the fake's endpoint, CA and token, and
+    nothing of the caller's Azure or cloudtrain settings."""
     guard = tmp_path / "guard"
     guard.mkdir()
     (guard / "sitecustomize.py").write_text(NET_GUARD)
@@ -212,8 +232,6 @@ def cli_env(tmp_path: Path, fake: ArmFake, map_file: Path, dist_name: str) -> di
         "CLOUDTRAIN_AZURE_CA_BUNDLE": str(fake.cert_file),
         "CLOUDTRAIN_AZURE_ACCESS_TOKEN": fake.token,
         "CLOUDTRAIN_AZURE_POLL_INTERVAL": "0",
-        "CLOUDTRAIN_AZURE_ADDRESS_MAP": str(map_file),
-        "CLOUDTRAIN_AZURE_ADDRESS_MAP_WAIT": "60",
         "AZURE_SUBSCRIPTION_ID": SUBSCRIPTION,
         "AZURE_CONFIG_DIR": str(tmp_path / "no-azure-cli"),
         "PYTHONPATH": os.pathsep.join([str(guard), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
@@ -227,14 +245,13 @@ def cli_env(tmp_path: Path, fake: ArmFake, map_file: Path, dist_name: str) -> di
 def world(tmp_path: Path):  # type: ignore[no-untyped-def]
     fake = ArmFake(tmp_path / "arm").start()
     nodes = Nodes(tmp_path / "vms")
-    map_file = tmp_path / "address-map.json"
-    booter = Booter(nodes, map_file)
+    booter = Booter(nodes, fake)
     fake.on_vm_running = booter
     shim = tmp_path / "shim"
     shim.mkdir()
     (shim / "ssh").write_text(SSH_RECORDER.format(ssh=shutil.which("ssh") or "/usr/bin/ssh"))
     (shim / "ssh").chmod(0o755)
-    env = cli_env(tmp_path, fake, map_file, "cloudtrain_azure_e2e")
+    env = cli_env(tmp_path, fake, "cloudtrain_azure_e2e")
     env["PATH"] = f"{shim}{os.pathsep}{env.get('PATH', '')}"
     nodes.start()
     try:
@@ -256,6 +273,7 @@ def test_launch_down_two_nodes_through_the_cli(world, tmp_path: Path) -> None:  
     shutil.copytree(DEMO, proj, ignore=shutil.ignore_patterns("cloudtrain-outputs", "__pycache__"))
     task = proj / "task-azure.yaml"
     task.write_text(TASK)
+    nodes.use(task)
 
     r = _cloudtrain(env, "launch", str(task), "--down", "-y", timeout=400)
     out = r.stderr + r.stdout
@@ -280,11 +298,16 @@ def test_launch_down_two_nodes_through_the_cli(world, tmp_path: Path) -> None:  
     assert len(fake.ops_of("DELETE", "resourcegroups")) == 1
     assert json.loads(_cloudtrain(env, "status", "--json").stdout) == []
 
-    # No connection left loopback; ssh never went to an address the fake invented.
+    # No connection left loopback; ssh reached the fake's addresses only through the proxy,
+    # which connected only to the stand-ins on loopback.
     guard_log = tmp_path / "guard.log"
     assert not guard_log.exists() or guard_log.read_text() == ""
     ssh_log = Path(env["CT_AZ_SSH_LOG"]).read_text()
     assert ssh_log, "rsync went through ssh"
     assert booter.addresses
+    relays = standin.ProxyMap(nodes.proxy_map)
+    assert relays.relayed and relays.only_loopback(), relays.relayed
+    assert {a.rsplit(":", 1)[0] for a, _ in relays.relayed} <= set(booter.addresses) | {
+        n["address"] for n in nodes.nodes}
     for address in booter.addresses:
-        assert address not in ssh_log and address not in out
+        assert address not in out

@@ -351,48 +351,29 @@ def test_private_addresses_only_when_asked(az: Harness) -> None:
     assert all(n.host.startswith("10.42.0.") for n in nodes)
 
 
-def _mapping(az: Harness, map_file: Path, *, skip_private_of: int | None = None) -> None:
-    import json
+def test_nodes_are_what_azure_gives_and_stand_ins_are_reached_through_the_proxy(
+        az: Harness, tmp_path: Path) -> None:
+    """The provider hands back plain nodes (the VM's public address, port 22, the admin user,
+    files under ~/cloudtrain, the private address Azure gave: here the stand-ins' own, through
+    the fake's ``private_address``); the tests' proxy reaches only what its map gives."""
+    import subprocess
+    import sys
 
-    entries: dict[str, dict[str, object]] = {}
+    import standin
+    from cloudtrain.provider import HasMasterPort, HasNodeEnv
 
-    def booted(vm: dict, public: str, private: str) -> None:  # type: ignore[type-arg]
-        rank = int(vm["tags"][T.RANK])
-        entries[public] = {"host": f"127.0.0.{10 + rank}", "port": 2200 + rank,
-                           "root_dir": f"/tmp/n{rank}"}
-        if rank != skip_private_of:
-            entries[private] = {"host": f"127.0.0.{10 + rank}"}
-        map_file.write_text(json.dumps({"addresses": entries, "user": "me", "python": "/py",
-                                        "master_port": 41000}))
-
-    az.fake.on_vm_running = booted
-
-
-def test_address_map_gives_the_local_stand_ins(az: Harness, tmp_path: Path,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    from cloudtrain.provider.addrmap import AddressMap
-
-    f = tmp_path / "map.json"
-    _mapping(az, f)
-    p = az.provider(address_map=AddressMap(f, "CLOUDTRAIN_AZURE_ADDRESS_MAP"))
+    az.fake.private_address = lambda nic: f"127.0.0.{10 + int(nic.rsplit('-', 2)[1])}"
+    p = az.provider()
     _, nodes = az.up(az.request(), p)
-    assert [(n.host, n.port, n.internal_ip, n.user, n.root_dir) for n in nodes] == [
-        ("127.0.0.10", 2200, "127.0.0.10", "me", "/tmp/n0"),
-        ("127.0.0.11", 2201, "127.0.0.11", "me", "/tmp/n1")]
-    assert p.master_port("demo") == 41000 and p.node_env("demo") == {"CLOUDTRAIN_PYTHON": "/py"}
+    assert [(n.port, n.internal_ip, n.user, n.root_dir) for n in nodes] == [
+        (22, "127.0.0.10", "azureuser", "cloudtrain"), (22, "127.0.0.11", "azureuser", "cloudtrain")]
+    assert all(n.host and n.host != n.internal_ip for n in nodes)
+    assert not isinstance(p, HasMasterPort) and not isinstance(p, HasNodeEnv)
     assert p.list_nodes("demo") == nodes
-
-
-def test_address_map_refuses_what_it_does_not_map(az: Harness, tmp_path: Path,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    from cloudtrain.provider.addrmap import AddressMap
-
-    monkeypatch.setenv("CLOUDTRAIN_AZURE_ADDRESS_MAP_WAIT", "0")
-    f = tmp_path / "map.json"
-    _mapping(az, f, skip_private_of=1)
-    p = az.provider(address_map=AddressMap(f, "CLOUDTRAIN_AZURE_ADDRESS_MAP",
-                                           sleep=lambda s: None))
-    with pytest.raises(ProviderError, match="refusing to connect") as e:
-        az.up(az.request(), p)
-    assert "10.42.0." in e.value.message
-    assert az.fake.of_type("virtualMachines") == []          # the attempt was given back
+    # the proxy map gives node 0's address only: node 1's (invented by the fake) is refused
+    f = tmp_path / "proxy-map.json"
+    standin.ProxyMap(f).add({nodes[0].host: ("127.0.0.10", 2200)})
+    r = subprocess.run([sys.executable, str(standin.PROXY), str(f), nodes[1].host, "22", "0"],
+                       capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+    assert r.returncode == 1 and "refusing to connect" in r.stderr
+    assert standin.ProxyMap(f).relayed == []

@@ -1,6 +1,7 @@
 """The fault matrix, signal part, on the clouds (docs/reliability.md, "Signals"): AWS on a moto
 server, GCP and Azure on their loopback fakes, each reached as in its own end-to-end test
-(address maps to local sshd nodes: cloudtrain never connects to an address a fake invented).
+(local sshd nodes reached through the tests' ssh_proxy: nothing ever connects to an address a
+fake invented).
 The cases that apply to clouds: a signal while provisioning (the provider has created the
 instances, tests/fakes/fault_cli.py holds create_nodes), SIGKILL of the CLI then `down`, and SIGKILL
 with the local state lost, then `down --provider` or `gc`. For every case: the message, the
@@ -32,16 +33,17 @@ class Cloud:
     cluster it still holds."""
 
     def __init__(self, provider: str, env: dict[str, str], task: str,
-                 left: Callable[[str], Any], tmp: Path,
+                 left: Callable[[str], Any], tmp: Path, use: Callable[[Path], Path],
                  prepare: Callable[[str], None] = lambda name: None) -> None:
         self.provider, self.env, self.task_text, self.left, self.tmp = provider, env, task, left, tmp
+        self.use = use            # the task reaching the stand-in nodes (ssh_proxy, user)
         self.prepare = prepare
         self.home = Path(env["CLOUDTRAIN_HOME"])
 
     def task(self, name: str) -> Path:
         p = self.tmp / f"{name}.yaml"
         p.write_text(self.task_text.replace("NAME", name))
-        return p
+        return self.use(p)
 
     def run(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "cloudtrain", *args], capture_output=True,
@@ -183,12 +185,12 @@ class TestGCP(Matrix):
         import test_gcp_e2e as gcp
 
         world = _borrowed(gcp.world, tmp_path)   # the fake, its nodes and environment
-        cli, extra, fake, _, _ = next(world)
+        cli, extra, fake, nodes, _ = next(world)
 
         def left(name: str) -> list[str]:
             return [k for k, v in fake.ours().items() for item in v if name in str(item)]
 
-        yield Cloud("gcp", cli.env(**extra), GCP_TASK, left, tmp_path)
+        yield Cloud("gcp", cli.env(**extra), GCP_TASK, left, tmp_path, nodes.use)
         next(world, None)
 
 
@@ -213,12 +215,12 @@ class TestAzure(Matrix):
         import test_azure_e2e as az
 
         world = _borrowed(az.world, tmp_path)
-        fake, _, _, env = next(world)
+        fake, nodes, _, env = next(world)
 
         def left(name: str) -> list[str]:
             return [str(r.get("id", r)) for r in fake.everything() if name in json.dumps(r)]
 
-        c = Cloud("azure", env, AZURE_TASK, left, tmp_path)
+        c = Cloud("azure", env, AZURE_TASK, left, tmp_path, nodes.use)
         yield c
         c.run("down", "-a", "-y")
         next(world, None)
@@ -249,11 +251,9 @@ class TestAWS(Matrix):
         server = _borrowed(aws.moto_server, tmp_path)
         moto_server = next(server)
         ec2 = aws._moto(moto_server)
-        map_file = tmp_path / "address-map.json"
+        map_file = tmp_path / "proxy-map.json"
         env = {**guarded, "AWS_ENDPOINT_URL": moto_server, "AWS_ACCESS_KEY_ID": "testing",
-               "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-               "CLOUDTRAIN_AWS_ADDRESS_MAP": str(map_file),
-               "CLOUDTRAIN_AWS_ADDRESS_MAP_WAIT": "60"}
+               "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
         nodes = aws.LocalNodes(tmp_path / "nodes")
         stop = threading.Event()
         mappers: list[threading.Thread] = []
@@ -268,7 +268,8 @@ class TestAWS(Matrix):
         def left(name: str) -> dict[str, int]:
             return {k: len(v) for k, v in aws._tagged(ec2, name).items() if v}
 
-        c = Cloud("aws", env, AWS_TASK, left, tmp_path, prepare)
+        c = Cloud("aws", env, AWS_TASK, left, tmp_path,
+                  lambda task: aws.aws_task(task, map_file, nodes), prepare)
         try:
             yield c
         finally:

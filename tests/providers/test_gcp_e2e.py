@@ -3,10 +3,12 @@ DDP job, with the Compute Engine REST fake as the cloud (reached through
 CLOUDTRAIN_GCP_API_ENDPOINT, authenticated with a service-account key file it trusts) and two
 local sshd nodes standing in for the instances.
 
-The fake hands out fixed external and internal addresses; CLOUDTRAIN_GCP_ADDRESS_MAP maps
-exactly those to the local nodes, so cloudtrain never connects to an address the fake made
-up. The fake plays the guest agent too: when an instance runs, the SSH key from its
-``ssh-keys`` metadata is authorised on the node its address maps to. Every HTTP(S) request
+The fake hands out fixed external addresses and, as internal ones, the local nodes' own
+(tests/fakes/standin.py); the tasks reach the nodes through ``resources.ssh_proxy``, a relay
+that maps exactly the external addresses to the local nodes, so nothing ever connects to an
+address the fake made up. The fake plays the guest agent too: when an instance runs, the SSH
+key from its ``ssh-keys`` metadata is authorised on the node its address maps to, and the
+node is bound to its instance (its guest shutdown tells the fake). Every HTTP(S) request
 that is not for loopback goes to the fake's proxy, which records and refuses it."""
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ import json
 import os
 import shutil
 import socket
-import sys
 import uuid
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -32,7 +33,6 @@ from gce_fake import GCEFake  # noqa: E402
 pytestmark = [needs_sshd, needs_torch, pytest.mark.e2e]
 
 NAT = ["34.9.0.10", "34.9.0.11"]
-INTERNAL = ["10.128.0.10", "10.128.0.11"]
 
 
 def _free_port(address: str) -> int:
@@ -42,9 +42,11 @@ def _free_port(address: str) -> int:
 
 
 class Nodes:
-    """Two local sshd nodes on their own loopback addresses."""
+    """Two local sshd nodes on their own loopback addresses, standing in for the instances
+    (tests/fakes/standin.py); ``proxy_map`` maps the fake's external addresses to them."""
 
     def __init__(self, root: Path, count: int = 2) -> None:
+        import standin
         from cloudtrain_provisioners.local import sshd
 
         self.sshd = sshd
@@ -56,6 +58,8 @@ class Nodes:
         # what the guest agent publishes instead of the node's real host key (tests of a
         # node that presents another key than the one published)
         self.publish_instead: list[str] | None = None
+        self.user = getpass.getuser()
+        self.proxy_map = root / "proxy-map.json"
         for r in range(count):
             d = root / f"node{r}"
             (d / "root").mkdir(parents=True)
@@ -63,11 +67,36 @@ class Nodes:
             port = _free_port(addr)
             self.host_keys.append(sshd.write_host_key(d / "ssh_host_ed25519_key"))
             (d / "authorized_keys").write_text("")
-            sshd.write_config(d, address=addr, port=port, user=getpass.getuser(),
-                              marker=self.marker, home=d / "root")
-            sshd.start(d)
+            standin.prepare(d, address=addr, port=port, user=self.user, marker=self.marker)
+            standin.start(d)
             self.dirs.append(d)
             self.addrs.append((addr, port))
+        self.master_port = _free_port(self.addrs[0][0])
+
+    @property
+    def internal(self) -> list[str]:
+        """The addresses the fake gives as the instances' internal ones: the nodes' own."""
+        return [a for a, _ in self.addrs]
+
+    def map(self, nat: list[str]) -> None:
+        """``nat[r]`` (an address the fake invents) reaches node ``r`` through the proxy."""
+        import standin
+
+        standin.ProxyMap(self.proxy_map).add(
+            {**dict(zip(nat, self.addrs)), **{a: (a, p) for a, p in self.addrs}})
+
+    def bind(self, rank: int, fake_url: str, name: str) -> None:
+        """Node ``rank`` is instance ``name`` of the GCE fake at ``fake_url``."""
+        import standin
+
+        standin.bind(self.dirs[rank], "gce", "--url", fake_url, "--name", name)
+
+    def use(self, task: Path) -> Path:
+        """``task`` with the stand-ins' ssh_proxy, the login user and the rendezvous port."""
+        import standin
+
+        return standin.use_proxy(task, self.proxy_map, "gcp", self.user,
+                                 master_port=self.master_port)
 
     def authorize(self, rank: int, key_line: str) -> None:
         with open(self.dirs[rank] / "authorized_keys", "a") as f:
@@ -94,14 +123,15 @@ def _entry_point_shim(tmp: Path) -> str | None:
 
 @pytest.fixture
 def world(tmp_path: Path):  # type: ignore[no-untyped-def]
-    fake = GCEFake(require_auth=True, nat_ips=list(NAT), internal_ips=list(INTERNAL)).start()
     nodes = Nodes(tmp_path / "nodes")
+    fake = GCEFake(require_auth=True, nat_ips=list(NAT), internal_ips=nodes.internal).start()
     # the guest agent: authorise the instance's metadata key on the node its address maps to,
     # and publish that node's host key in the instance's guest attributes
     authorized: list[str] = []
 
     def guest_agent(inst: dict) -> None:  # type: ignore[type-arg]
         nat = inst["networkInterfaces"][0]["accessConfigs"][0]["natIP"]
+        nodes.bind(NAT.index(nat), fake.url, inst["name"])
         fake.publish_host_keys(inst, nodes.publish_instead or [nodes.host_keys[NAT.index(nat)]])
         for item in inst["metadata"]["items"]:
             if item["key"] == "ssh-keys":
@@ -110,18 +140,11 @@ def world(tmp_path: Path):  # type: ignore[no-untyped-def]
                 authorized.append(f"{nat} {user}")
     fake.on_running.append(guest_agent)
 
-    amap = tmp_path / "address-map.json"
-    amap.write_text(json.dumps({
-        "addresses": {**{NAT[r]: {"host": a, "port": p, "root_dir": str(nodes.dirs[r] / "root")}
-                         for r, (a, p) in enumerate(nodes.addrs)},
-                      **{INTERNAL[r]: {"host": a} for r, (a, _) in enumerate(nodes.addrs)}},
-        "user": getpass.getuser(), "python": sys.executable,
-        "master_port": _free_port(nodes.addrs[0][0])}))
+    nodes.map(NAT)
     gcloud = tmp_path / "gcloud-config"
     gcloud.mkdir()
     env = {"GOOGLE_APPLICATION_CREDENTIALS": str(fake.service_account_key(tmp_path / "key.json")),
-           "CLOUDTRAIN_GCP_API_ENDPOINT": fake.url, "CLOUDTRAIN_GCP_ADDRESS_MAP": str(amap),
-           "CLOUDTRAIN_GCP_ADDRESS_MAP_WAIT": "10", "NO_GCE_CHECK": "true",
+           "CLOUDTRAIN_GCP_API_ENDPOINT": fake.url, "NO_GCE_CHECK": "true",
            "CLOUDSDK_CONFIG": str(gcloud), "GOOGLE_CLOUD_PROJECT": "",
            "CLOUDSDK_CORE_PROJECT": "", "CLOUDTRAIN_GCP_PROJECT": "", "GCLOUD_PROJECT": "",
            "HTTPS_PROXY": fake.url, "HTTP_PROXY": fake.url, "https_proxy": fake.url,
@@ -159,6 +182,7 @@ def test_launch_down_on_gcp_through_the_cli(world, tmp_path: Path) -> None:  # t
         "train:\n  script: ddp_demo.py\n  args: [--steps, '10', --out, outputs]\n"
         "  nproc_per_node: 2\n  rendezvous: static\n"
         "outputs: [outputs/]\n")
+    nodes.use(task)
 
     r = cli.run("launch", str(task), "--down", "-y", timeout=420, **env)
     assert r.returncode == 0, r.stderr[-4000:] + r.stdout[-2000:]

@@ -1,7 +1,8 @@
 """Recovery end to end on the AWS fake (issue 13, docs/recovery.md), through the real CLI:
 ``cloudtrain launch --recover`` of a 2-node spot job on a moto server whose instances are
-mapped to local sshd nodes (CLOUDTRAIN_AWS_ADDRESS_MAP; cloudtrain never connects to an
-address moto invented: every cloudtrain process runs under test_aws_cli's connection guard).
+local sshd nodes reached through the tests' ssh_proxy (tests/fakes/standin.py; nothing ever
+connects to an address moto invented: every cloudtrain process runs under test_aws_cli's
+connection guard, and the proxy connects only to the nodes on loopback).
 
 Mid-run the test takes node 1 as AWS does: moto terminates its instance with the spot
 interruption reason (Server.SpotInstanceTermination) and its local node dies at once. The
@@ -36,8 +37,9 @@ pytest.importorskip("boto3")
 from aws_interruption import interrupt  # noqa: E402
 from recovery_job import (order, recoveries, resumed_steps, sshd_processes, take,  # noqa: E402
                           uninterrupted_order, wait_or_fail, write_job)
+import standin  # noqa: E402
 from test_aws_cli import (FAKES, LocalNodes, _cloudtrain, _free_port, _guard_log,  # noqa: E402,F401
-                          _moto, _tagged, guarded)
+                          _moto, _tagged, aws_task, guarded, private_ips_file)
 
 pytestmark = [needs_sshd, pytest.mark.e2e]
 
@@ -48,7 +50,8 @@ EMPTY = {"instances": 0, "security_groups": 0, "key_pairs": 0, "placement_groups
 def moto_server(tmp_path: Path):  # type: ignore[no-untyped-def]
     port = _free_port()
     log = open(tmp_path / "moto.log", "w")
-    env = {**os.environ, "MOTO_EC2_LOAD_DEFAULT_AMIS": "false"}
+    env = {**os.environ, "MOTO_EC2_LOAD_DEFAULT_AMIS": "false",
+           "CT_MOTO_PRIVATE_IPS": str(private_ips_file(tmp_path))}
     env.pop("MOTO_AMIS_PATH", None)
     code = (f"import sys; sys.path.insert(0, {str(FAKES)!r}); "
             f"import aws_interruption; aws_interruption.serve({port})")
@@ -72,18 +75,19 @@ def moto_server(tmp_path: Path):  # type: ignore[no-untyped-def]
 
 
 class Mapper(threading.Thread):
-    """What the instances' "cloud-init" and the test's address map do: every running
+    """What the instances' "cloud-init" and the test's proxy map do: every running
     instance of the cluster gets a local sshd node of its own (rank r's first instance node
     r; any later instance, a replacement, the next spare node), which accepts the key of
-    moto's key pair and presents the host key from the instance's user data; its public and
-    private addresses are then written to the map."""
+    moto's key pair, presents the host key from the instance's user data and is bound to the
+    instance (its guest shutdown tells moto); its public and private addresses then reach it
+    through the proxy map (tests/fakes/standin.py)."""
 
     def __init__(self, ec2: Any, nodes: LocalNodes, cluster: str, map_file: Path) -> None:
         super().__init__(daemon=True)
         self.ec2, self.nodes, self.cluster, self.map_file = ec2, nodes, cluster, map_file
         self.stop_event = threading.Event()
         self.node_of: dict[str, int] = {}          # instance id -> local node index
-        self.addresses: dict[str, dict[str, object]] = {}
+        self.addresses: dict[str, tuple[str, int]] = {}
         self.spare = 2                            # nodes 0, 1: the first instances
         self.error: BaseException | None = None
 
@@ -111,17 +115,13 @@ class Mapper(threading.Thread):
                                                       Attribute="userData")["UserData"]
             if self.nodes.install_host_key(k, ud.get("Value")) is None \
                     and self.nodes.sshd.pid(node["dir"]) is None:
-                self.nodes.sshd.start(node["dir"])
+                standin.start(node["dir"])
             self.node_of[i["InstanceId"]] = k
-            self.addresses[i["PublicIpAddress"]] = {"host": node["address"],
-                                                    "port": node["port"],
-                                                    "root_dir": str(node["dir"] / "root")}
-            self.addresses[i["PrivateIpAddress"]] = {"host": node["address"]}
-            tmp = self.map_file.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"addresses": self.addresses, "user": self.nodes.user,
-                                       "python": sys.executable,
-                                       "master_port": self.nodes.master_port}))
-            tmp.replace(self.map_file)
+            standin.bind(node["dir"], "aws", "--endpoint", self.ec2.meta.endpoint_url,
+                         "--region", self.ec2.meta.region_name, "--instance", i["InstanceId"])
+            self.addresses[i["PublicIpAddress"]] = (node["address"], node["port"])
+            self.addresses[i["PrivateIpAddress"]] = (node["address"], node["port"])
+            standin.ProxyMap(self.map_file).add(self.addresses)
 
     def finish(self) -> None:
         self.stop_event.set()
@@ -149,15 +149,14 @@ def aws_world(guarded: dict[str, str], moto_server: str,  # type: ignore[no-unty
               tmp_path: Path):
     """(env for the CLI, moto client, the local nodes: 2 for the instances and 1 spare for a
     replacement, a function starting the mapper for a cluster)."""
-    map_file = tmp_path / "address-map.json"
+    map_file = tmp_path / "proxy-map.json"
     env = {**guarded, "AWS_ENDPOINT_URL": moto_server, "AWS_ACCESS_KEY_ID": "testing",
            "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-           "CLOUDTRAIN_AWS_ADDRESS_MAP": str(map_file), "CLOUDTRAIN_AWS_ADDRESS_MAP_WAIT": "60",
            "CLOUDTRAIN_NODE_TIMEOUT": "30"}
     ec2 = _moto(moto_server)
     nodes = LocalNodes(tmp_path / "nodes", n=3)
     for n in nodes.nodes[:2]:
-        nodes.sshd.start(n["dir"])
+        standin.start(n["dir"])
     mappers: list[Mapper] = []
 
     def mapped(cluster: str) -> Mapper:
@@ -180,11 +179,11 @@ def _rank_instances(ec2: Any, cluster: str) -> dict[int, dict[str, Any]]:
             for i in _tagged(ec2, cluster)["instances"]}
 
 
-def _project(tmp_path: Path, name: str) -> Path:
+def _project(tmp_path: Path, name: str, nodes: LocalNodes) -> Path:
     write_job(tmp_path / "proj")
     task = tmp_path / f"{name}.yaml"
     task.write_text(TASK.format(name=name))
-    return task
+    return aws_task(task, tmp_path / "proxy-map.json", nodes)
 
 
 def _popen(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
@@ -197,7 +196,7 @@ def test_aws_spot_interruption_is_recovered_and_the_job_ends_as_uninterrupted(
     env, ec2, nodes, mapped = aws_world
     mapper = mapped("awsrec")
     head = nodes.nodes[0]["dir"] / "root"
-    proc = _popen(env, "launch", str(_project(tmp_path, "awsrec")), "-y", "--recover")
+    proc = _popen(env, "launch", str(_project(tmp_path, "awsrec", nodes)), "-y", "--recover")
     try:
         wait_or_fail(proc, lambda: len(order(head)) >= 10, 240, "the job did not train")
         before = _rank_instances(ec2, "awsrec")
@@ -250,8 +249,8 @@ def test_aws_spot_interruption_is_recovered_and_the_job_ends_as_uninterrupted(
     assert len(every) == 3 and {i["State"]["Name"] for i in every} == {"terminated"}
     assert json.loads(_cloudtrain(env, "status", "--json").stdout) == []
     assert _guard_log(env) == ""
-    for address in mapper.addresses:
-        assert address not in Path(env["CT_TEST_SSH_LOG"]).read_text()
+    relays = standin.ProxyMap(tmp_path / "proxy-map.json")
+    assert relays.relayed and relays.only_loopback(), relays.relayed
 
 
 def test_aws_ssh_outage_while_ec2_says_running_is_no_recovery(
@@ -262,7 +261,7 @@ def test_aws_ssh_outage_while_ec2_says_running_is_no_recovery(
     mapped("awsdrop")
     head = nodes.nodes[0]["dir"] / "root"
     proc = _popen({**env, "CLOUDTRAIN_NODE_TIMEOUT": "4"}, "launch",
-                  str(_project(tmp_path, "awsdrop")), "-y", "--recover")
+                  str(_project(tmp_path, "awsdrop", nodes)), "-y", "--recover")
     try:
         wait_or_fail(proc, lambda: len(order(head)) >= 6, 240, "the job did not train")
         sshds = sshd_processes(nodes.nodes[1]["dir"])

@@ -1,8 +1,8 @@
 """Recovery end to end on the ARM fake (issue 13, docs/recovery.md), through the real CLI:
 ``cloudtrain launch --recover`` of a 2-node spot job (priority Spot, eviction policy Delete)
-whose VMs' addresses are mapped to local sshd nodes (CLOUDTRAIN_AZURE_ADDRESS_MAP, as
+whose VMs are local sshd nodes reached through the tests' ssh_proxy (as
 tests/providers/test_azure_e2e.py drives the fake, under its connection guard and ssh
-recorder: no address the fake invented is ever used).
+recorder: nothing ever connects to an address the fake invented).
 
 Mid-run Azure evicts node 1's VM (``ArmFake.evict``: policy Delete, what cloudtrain asks for,
 or Deallocate) and its local node dies at once. The controller sees ARM's answer, deletes
@@ -25,6 +25,7 @@ from conftest import needs_sshd
 
 pytest.importorskip("azure.mgmt.compute")
 
+import standin  # noqa: E402
 from arm_fake import ArmFake  # noqa: E402
 from recovery_job import (order, recoveries, resumed_steps, take,  # noqa: E402
                           uninterrupted_order, wait_or_fail, write_job)
@@ -48,11 +49,11 @@ run: python steps.py
 
 
 class FreshNodeBooter(Booter):
-    """test_azure_e2e's cloud-init and map writer, except that a VM made again for a rank
-    (a replacement) boots on the next spare local node, not on the dead one."""
+    """test_azure_e2e's cloud-init and proxy-map writer, except that a VM made again for a
+    rank (a replacement) boots on the next spare local node, not on the dead one."""
 
-    def __init__(self, nodes: Nodes, map_file: Path) -> None:
-        super().__init__(nodes, map_file)
+    def __init__(self, nodes: Nodes, fake: ArmFake) -> None:
+        super().__init__(nodes, fake)
         self.node_of: dict[str, int] = {}       # VM id (vmId) -> local node index
         self.spare = 2
 
@@ -63,34 +64,20 @@ class FreshNodeBooter(Booter):
             taken = set(self.node_of.values())
             self.node_of[vm_id] = rank if rank not in taken else self.spare
             self.spare += self.node_of[vm_id] == self.spare
-        k = self.node_of[vm_id]
-        node = self.nodes.nodes[k]
-        lin = vm["properties"]["osProfile"]["linuxConfiguration"]
-        keys = [x["keyData"] for x in lin["ssh"]["publicKeys"]]
-        (node["dir"] / "authorized_keys").write_text("\n".join(keys) + "\n")
-        self._host_key(node["dir"], rank, vm["properties"]["osProfile"].get("customData"))
-        self.addresses[public] = {"host": node["address"], "port": node["port"],
-                                  "root_dir": str(node["dir"] / "root")}
-        self.addresses[private] = {"host": node["address"]}
-        tmp = self.map_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"addresses": self.addresses, "user": self.nodes.user,
-                                   "python": sys.executable,
-                                   "master_port": self.nodes.master_port}))
-        tmp.replace(self.map_file)
+        self.boot(self.nodes.nodes[self.node_of[vm_id]], rank, vm, public, private)
 
 
 @pytest.fixture
 def az_world(tmp_path: Path):  # type: ignore[no-untyped-def]
     fake = ArmFake(tmp_path / "arm").start()
     nodes = Nodes(tmp_path / "vms", n=3)
-    map_file = tmp_path / "address-map.json"
-    booter = FreshNodeBooter(nodes, map_file)
+    booter = FreshNodeBooter(nodes, fake)
     fake.on_vm_running = booter
     shim = tmp_path / "shim"
     shim.mkdir()
     (shim / "ssh").write_text(SSH_RECORDER.format(ssh=shutil.which("ssh") or "/usr/bin/ssh"))
     (shim / "ssh").chmod(0o755)
-    env = cli_env(tmp_path, fake, map_file, "cloudtrain_azure_recovery")
+    env = cli_env(tmp_path, fake, "cloudtrain_azure_recovery")
     env["PATH"] = f"{shim}:{env.get('PATH', '')}"
     env["CLOUDTRAIN_NODE_TIMEOUT"] = "30"
     nodes.start()
@@ -115,6 +102,7 @@ def test_azure_eviction_is_recovered_and_the_job_ends_as_uninterrupted(
     write_job(tmp_path / "proj")
     task = tmp_path / "azrec.yaml"
     task.write_text(TASK)
+    nodes.use(task)
     head = nodes.nodes[0]["dir"] / "root"
     proc = subprocess.Popen([sys.executable, "-m", "cloudtrain", "launch", str(task), "-y",
                              "--recover"], env=env, text=True, stdout=subprocess.PIPE,
@@ -160,6 +148,8 @@ def test_azure_eviction_is_recovered_and_the_job_ends_as_uninterrupted(
     assert json.loads(_cloudtrain(env, "status", "--json").stdout) == []
     guard_log = tmp_path / "guard.log"
     assert not guard_log.exists() or guard_log.read_text() == ""
-    ssh_log = Path(env["CT_AZ_SSH_LOG"]).read_text()
+    assert Path(env["CT_AZ_SSH_LOG"]).read_text(), "ssh went through the recorder"
+    relays = standin.ProxyMap(nodes.proxy_map)
+    assert relays.relayed and relays.only_loopback(), relays.relayed
     for address in booter.addresses:
-        assert address not in ssh_log and address not in text
+        assert address not in text

@@ -1,22 +1,18 @@
 """Recovery end to end on the GCE fake (issue 13, docs/recovery.md), through the real CLI:
-``cloudtrain launch --recover`` of a 2-node spot job (provisioningModel SPOT) whose instances'
-addresses are mapped to local sshd nodes (CLOUDTRAIN_GCP_ADDRESS_MAP, as
-tests/providers/test_gcp_e2e.py drives the fake; cloudtrain never connects to an address the
-fake invented).
+``cloudtrain launch --recover`` of a 2-node spot job (provisioningModel SPOT) whose instances
+are local sshd nodes reached through the tests' ssh_proxy (as tests/providers/test_gcp_e2e.py
+drives the fake; nothing ever connects to an address the fake invented).
 
 Mid-run GCE preempts node 1 (``GCEFake.preempt``: as its termination action says, DELETE,
 what cloudtrain asks for spot VMs, or STOP) and its local node dies at once. The controller
 sees GCE's answer, deletes what is left, creates rank 1 again; the fake gives the new
-instance the next external address, which the map sends to a fresh local node. The job
+instance the next external address, which the proxy map sends to a fresh local node. The job
 resumes from the head's last checkpoint and ends as an uninterrupted run; the ledger has one
 recovery with GCE's reason and its dollars; ``down`` leaves nothing in the fake."""
 
 from __future__ import annotations
 
-import getpass
-import json
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +25,11 @@ pytest.importorskip("google.cloud.compute_v1")
 from gce_fake import GCEFake  # noqa: E402
 from recovery_job import (order, recoveries, resumed_steps, take,  # noqa: E402
                           uninterrupted_order, wait_or_fail, write_job)
-from test_gcp_e2e import Nodes, _entry_point_shim, _free_port  # noqa: E402
+from test_gcp_e2e import Nodes, _entry_point_shim  # noqa: E402
 
 pytestmark = [needs_sshd, pytest.mark.e2e]
 
 NAT = ["34.9.0.10", "34.9.0.11", "34.9.0.12"]          # the third: the replacement's
-INTERNAL = ["10.128.0.10", "10.128.0.11", "10.128.0.12"]
 
 
 @pytest.fixture
@@ -42,28 +37,22 @@ def gcp_world(tmp_path: Path):  # type: ignore[no-untyped-def]
     """(cli, env, fake, nodes): three local nodes for the fake's three pooled address pairs;
     the guest agent authorises each instance's metadata key on the node its address maps to
     and publishes that node's host key."""
-    fake = GCEFake(require_auth=True, nat_ips=list(NAT), internal_ips=list(INTERNAL)).start()
     nodes = Nodes(tmp_path / "nodes", count=3)
+    fake = GCEFake(require_auth=True, nat_ips=list(NAT), internal_ips=nodes.internal).start()
 
     def guest_agent(inst: dict[str, Any]) -> None:
         k = NAT.index(inst["networkInterfaces"][0]["accessConfigs"][0]["natIP"])
+        nodes.bind(k, fake.url, inst["name"])
         fake.publish_host_keys(inst, [nodes.host_keys[k]])
         for item in inst["metadata"]["items"]:
             if item["key"] == "ssh-keys":
                 nodes.authorize(k, item["value"].partition(":")[2])
     fake.on_running.append(guest_agent)
 
-    amap = tmp_path / "address-map.json"
-    amap.write_text(json.dumps({
-        "addresses": {**{NAT[r]: {"host": a, "port": p, "root_dir": str(nodes.dirs[r] / "root")}
-                         for r, (a, p) in enumerate(nodes.addrs)},
-                      **{INTERNAL[r]: {"host": a} for r, (a, _) in enumerate(nodes.addrs)}},
-        "user": getpass.getuser(), "python": sys.executable,
-        "master_port": _free_port(nodes.addrs[0][0])}))
+    nodes.map(NAT)
     (tmp_path / "gcloud-config").mkdir()
     env = {"GOOGLE_APPLICATION_CREDENTIALS": str(fake.service_account_key(tmp_path / "key.json")),
-           "CLOUDTRAIN_GCP_API_ENDPOINT": fake.url, "CLOUDTRAIN_GCP_ADDRESS_MAP": str(amap),
-           "CLOUDTRAIN_GCP_ADDRESS_MAP_WAIT": "10", "NO_GCE_CHECK": "true",
+           "CLOUDTRAIN_GCP_API_ENDPOINT": fake.url, "NO_GCE_CHECK": "true",
            "CLOUDSDK_CONFIG": str(tmp_path / "gcloud-config"), "GOOGLE_CLOUD_PROJECT": "",
            "CLOUDSDK_CORE_PROJECT": "", "CLOUDTRAIN_GCP_PROJECT": "", "GCLOUD_PROJECT": "",
            "HTTPS_PROXY": fake.url, "HTTP_PROXY": fake.url, "https_proxy": fake.url,
@@ -103,6 +92,7 @@ def test_gcp_preemption_is_recovered_and_the_job_ends_as_uninterrupted(
                     "resources:\n  provider: gcp\n  region: us-central1\n  accelerators: T4:1\n"
                     "  use_spot: true\n  ssh_cidr: 198.51.100.7/32\n"
                     "recovery: {poll_seconds: 1, max_recoveries: 1}\nrun: python steps.py\n")
+    nodes.use(task)
     proc = cli.popen("launch", str(task), "-y", "--recover", **env)
     try:
         # the ranks are created in parallel: which pooled address (local node) each got

@@ -7,8 +7,10 @@ its boot disk left billing); ``self_stopped`` reads rank, time and reason back f
 ``terminate`` (the next contact) leaves nothing. On GCP the task's max_hours becomes GCE's own
 maxRunDuration with termination action DELETE, which the fake enforces on its clock.
 
-End to end through the real CLI (tests further down): ``up`` of two mapped local sshd nodes,
-the provider's self-stop command run on node 0 over ``cloudtrain exec``, the fake's view,
+End to end through the real CLI (tests further down): ``up`` of two local sshd nodes standing
+in for the instances (tests/fakes/standin.py), the provider's real self-stop command run on
+node 0 over ``cloudtrain exec`` (the stand-in's own ``sudo``/``shutdown`` emulations tell the
+fake, tests/fakes/guest_shutdown.py), the fake's view,
 ``self_stopped``, and ``down`` leaving nothing. And the lost laptop on both fakes (with the
 node guard): ``launch --down`` of a 2-node job, the CLI SIGKILLed mid-run; the job completes,
 each node's guard powers it off, the cloud ends it its own way, and the next contact
@@ -35,13 +37,13 @@ pytest.importorskip("moto")
 pytest.importorskip("google.cloud.compute_v1")
 
 from cloudtrain.provider import Node, SelfStops  # noqa: E402
-from cloudtrain.provider.addrmap import AddressMap  # noqa: E402
+import standin  # noqa: E402
 from aws_moto import MOTO_ACCOUNT, Harness as AWSHarness, add_images_to_moto, guest_shutdown  # noqa: E402
 from aws_moto import hermetic_env as aws_env  # noqa: E402
 from gce_fake import GCEFake, Harness as GCPHarness  # noqa: E402
 from gce_fake import hermetic_env as gcp_env  # noqa: E402
 from test_aws_cli import (TASK as AWS_TASK, LocalNodes, _cloudtrain, _map_when_running,  # noqa: E402,F401
-                          _moto, _tagged, guarded, moto_server)
+                          _moto, _tagged, aws_task, guarded, moto_server)
 from test_gcp_e2e import NAT, world  # noqa: E402,F401
 
 REGION = "us-east-1"
@@ -193,22 +195,42 @@ def test_gcp_without_max_hours_no_run_duration(gcp: GCPHarness) -> None:
     assert body["scheduling"].get("instanceTerminationAction") is None
 
 
-# --- test mode: the address map's shutdown command -------------------------------------------
+# --- the guest power-off, and its emulation on the stand-in nodes ------------------------------
 
-def test_in_test_mode_the_map_gives_the_command_never_a_real_shutdown(tmp_path: Path) -> None:
+def test_the_self_stop_is_always_the_real_guest_power_off(tmp_path: Path) -> None:
     from cloudtrain.provider import ProviderContext
     from cloudtrain_provisioners.aws import AWSProvider
+    from cloudtrain_provisioners.aws import selfstop as aws_stop
     from cloudtrain_provisioners.gcp import GCPProvider
+    from cloudtrain_provisioners.gcp import selfstop as gcp_stop
 
-    f = tmp_path / "map.json"
-    f.write_text(json.dumps({"addresses": {
-        "54.1.2.3": {"host": "127.0.0.9", "port": 2222, "shutdown": "stop-node a {instance_id}"},
-        "54.1.2.4": {"host": "127.0.0.9", "port": 2223}}}))
-    for cls in (AWSProvider, GCPProvider):
-        p = cls(ProviderContext(tmp_path), clients=object(), address_map=AddressMap(f, "X"))
-        assert p.self_stop_command("c", Node(0, "i-7", "127.0.0.9", 2222)) == "stop-node a i-7"
-        other = p.self_stop_command("c", Node(1, "i-8", "127.0.0.9", 2223))
-        assert "shutdown" not in other.replace("no shutdown command", "") and "exit 1" in other
+    for cls, stop in ((AWSProvider, aws_stop), (GCPProvider, gcp_stop)):
+        p = cls(ProviderContext(tmp_path), clients=object())
+        cmd = p.self_stop_command("c", Node(0, "i-7", "54.1.2.3"))
+        assert cmd == stop.COMMAND and "sudo -n shutdown -P now" in cmd
+
+
+@needs_sshd
+def test_a_stand_in_shadows_every_power_command(tmp_path: Path) -> None:
+    """On a stand-in node every command that could power the (test) machine off is the
+    emulation; an unbound node refuses to power off; a PATH where a real one would run is
+    refused before the node starts."""
+    d = tmp_path / "node0"
+    standin.prepare(d, address="127.0.0.1", port=1, user="root", marker="shadow-test")
+    env = standin.environ_of(d)
+    for name in (*standin.POWER, "sudo"):
+        found = subprocess.run(["/bin/sh", "-c", f"command -v {name}"], capture_output=True,
+                               text=True, env={"PATH": env["PATH"]}).stdout.strip()
+        assert found == str(d / "bin" / name)
+    r = subprocess.run(["/bin/sh", "-c", "sudo -n shutdown -P now"], capture_output=True,
+                       text=True, env={"PATH": env["PATH"]}, timeout=60)
+    assert r.returncode == 1 and "no instance bound" in r.stderr and not (d / "powered-off").exists()
+    r = subprocess.run(["/bin/sh", "-c", "sudo -n systemctl restart x; sudo -n reboot"],
+                       capture_output=True, text=True, env={"PATH": env["PATH"]}, timeout=60)
+    assert r.returncode == 1 and r.stderr.count("not emulated") == 2
+    (d / "bin" / "poweroff").unlink()
+    with pytest.raises(RuntimeError, match="'poweroff' on its PATH is .*not the emulation"):
+        standin.start(d)
 
 
 def test_times_and_reasons_are_read_from_the_clouds_own_words() -> None:
@@ -228,20 +250,8 @@ def test_times_and_reasons_are_read_from_the_clouds_own_words() -> None:
 # --- end to end through the CLI, on mapped local sshd nodes ------------------------------------
 
 
-FAKES = Path(__file__).resolve().parents[1] / "fakes"
-HELPER = FAKES / "guest_shutdown.py"
 EMPTY = {"instances": 0, "security_groups": 0, "key_pairs": 0, "placement_groups": 0,
          "volumes": 0}
-
-
-def _add_shutdown(map_file: Path, command_for: dict[str, str]) -> None:
-    """The address map's "shutdown" for each public address: the fake's guest shutdown."""
-    data = json.loads(map_file.read_text())
-    for address, cmd in command_for.items():
-        data["addresses"][address]["shutdown"] = cmd
-    tmp = map_file.with_suffix(".shutdown.tmp")   # the CLI may be reading it: replace it whole
-    tmp.write_text(json.dumps(data))
-    tmp.replace(map_file)
 
 
 def _listening(host: str, port: int) -> bool:
@@ -273,12 +283,12 @@ def test_aws_node_stops_itself_through_the_cli(guarded: dict[str, str], moto_ser
     shutil.copytree(DEMO, proj, ignore=shutil.ignore_patterns("cloudtrain-outputs", "__pycache__"))
     task = proj / "task.yaml"
     task.write_text(AWS_TASK.format(name="awsstop", region="  region: us-east-1\n"))
-    map_file = tmp_path / "address-map.json"
+    map_file = tmp_path / "proxy-map.json"
     env = {**guarded, "AWS_ENDPOINT_URL": moto_server, "AWS_ACCESS_KEY_ID": "testing",
-           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-           "CLOUDTRAIN_AWS_ADDRESS_MAP": str(map_file), "CLOUDTRAIN_AWS_ADDRESS_MAP_WAIT": "60"}
+           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
     ec2 = _moto(moto_server)
     nodes = LocalNodes(tmp_path / "nodes")
+    aws_task(task, map_file, nodes)
     nodes.start()
     seen: dict[str, object] = {}
     stop = threading.Event()
@@ -290,15 +300,10 @@ def test_aws_node_stops_itself_through_the_cli(guarded: dict[str, str], moto_ser
         assert r.returncode == 0, r.stderr[-4000:] + r.stdout[-2000:]
         insts = {int({t["Key"]: t["Value"] for t in i["Tags"]}["cloudtrain:node-rank"]): i
                  for i in _tagged(ec2, "awsstop")["instances"]}
-        _add_shutdown(map_file, {
-            insts[k]["PublicIpAddress"]:
-                f"{sys.executable} {HELPER} aws --endpoint {moto_server} --region us-east-1 "
-                f"--instance {{instance_id}} --node-dir {nodes.nodes[k]['dir']}"
-            for k in insts})
         for k, v in {"AWS_ENDPOINT_URL": moto_server, "AWS_ACCESS_KEY_ID": "testing",
                      "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-                     "AWS_CONFIG_FILE": "/nonexistent", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
-                     "CLOUDTRAIN_AWS_ADDRESS_MAP": str(map_file)}.items():
+                     "AWS_CONFIG_FILE": "/nonexistent", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent"
+                     }.items():
             monkeypatch.setenv(k, v)
         p = AWSProvider(ProviderContext(Path(env["CLOUDTRAIN_HOME"])))
         node0 = next(n for n in p.list_nodes("awsstop") if n.rank == 0)
@@ -314,6 +319,9 @@ def test_aws_node_stops_itself_through_the_cli(guarded: dict[str, str], moto_ser
         assert wait_until(lambda: state(0)["State"]["Name"] == "terminated", 20)
         assert state(0)["StateReason"]["Code"] == "Client.InstanceInitiatedShutdown"
         assert state(1)["State"]["Name"] == "running"
+        # the guard's line went to the node's serial console (the stand-in's is a file)
+        assert "cloudtrain-guard: stop: job-end" in (n := nodes.nodes[0]["dir"] / "console.log"
+                                                     ).read_text(), n
         # ...and the node is gone: its sshd no longer listens, node 1's still does
         n0, n1 = nodes.nodes
         assert wait_until(lambda: not _listening(n0["address"], n0["port"]), 10)
@@ -345,18 +353,13 @@ def test_gcp_node_stops_itself_through_the_cli(world, tmp_path: Path,  # type: i
     task.write_text("name: gcpstop\nnum_nodes: 2\nrun: echo hi\n"
                     "resources:\n  provider: gcp\n  region: us-central1\n  accelerators: T4:1\n"
                     "  ssh_cidr: 198.51.100.7/32\n")
+    nodes.use(task)
     r = cli.run("up", str(task), "-y", timeout=300, **env)
     assert r.returncode == 0, r.stderr[-4000:] + r.stdout[-2000:]
     insts = {int(i["labels"]["cloudtrain-node-rank"]): i for i in fake.instances.values()}
     # which local node each rank's external address maps to
     local = {r: NAT.index(i["networkInterfaces"][0]["accessConfigs"][0]["natIP"])
              for r, i in insts.items()}
-    map_file = Path(env["CLOUDTRAIN_GCP_ADDRESS_MAP"])
-    _add_shutdown(map_file, {
-        NAT[local[r]]: f"{sys.executable} {HELPER} gce --url {fake.url} --zone "
-                       f"{i['zone'].rsplit('/', 1)[-1]} --name {i['name']} "
-                       f"--node-dir {nodes.dirs[local[r]]}"
-        for r, i in insts.items()})
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     monkeypatch.setenv("CLOUDTRAIN_HOME", str(cli.home))
@@ -401,22 +404,6 @@ def _lost_laptop(proc: subprocess.Popen[str], cluster: str, marks: Path) -> None
     assert wait_until(lambda: len(list(marks.iterdir())) == 2, 60), "the job did not complete"
 
 
-def _aws_map_with_shutdown(ec2, nodes: LocalNodes, cluster: str, map_file: Path,  # type: ignore[no-untyped-def]
-                           endpoint: str, seen: dict[str, object], stop: threading.Event) -> None:
-    """The test's mapper, then each public address gets the moto guest shutdown of its node
-    (before bootstrap installs the guard, which asks the provider for the command)."""
-    _map_when_running(ec2, nodes, cluster, map_file, seen, stop)
-    if stop.is_set():
-        return
-    insts = _tagged(ec2, cluster)["instances"]
-    _add_shutdown(map_file, {
-        i["PublicIpAddress"]:
-            f"{sys.executable} {HELPER} aws --endpoint {endpoint} --region us-east-1 "
-            f"--instance {{instance_id}} --node-dir "
-            f"{nodes.nodes[int({t['Key']: t['Value'] for t in i['Tags']}['cloudtrain:node-rank'])]['dir']}"
-        for i in insts})
-
-
 @needs_sshd
 @pytest.mark.e2e
 def test_aws_lost_laptop_the_cluster_ends_itself(guarded: dict[str, str], moto_server: str,
@@ -429,17 +416,18 @@ def test_aws_lost_laptop_the_cluster_ends_itself(guarded: dict[str, str], moto_s
                     "  instance_type: g4dn.xlarge\n  ssh_cidr: 127.0.0.1/32\n"
                     "  aws: {host_key_wait: 0}\n"
                     "run: |\n" + JOB.format(marks=marks))
-    map_file = tmp_path / "address-map.json"
+    map_file = tmp_path / "proxy-map.json"
     env = {**guarded, **FAST, "AWS_ENDPOINT_URL": moto_server, "AWS_ACCESS_KEY_ID": "testing",
-           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-           "CLOUDTRAIN_AWS_ADDRESS_MAP": str(map_file), "CLOUDTRAIN_AWS_ADDRESS_MAP_WAIT": "60"}
+           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
     ec2 = _moto(moto_server)
     nodes = LocalNodes(tmp_path / "nodes")
+    aws_task(task, map_file, nodes)
     nodes.start()
     seen: dict[str, object] = {}
     stop = threading.Event()
-    mapper = threading.Thread(target=_aws_map_with_shutdown, daemon=True,
-                              args=(ec2, nodes, "lostaws", map_file, moto_server, seen, stop))
+    # (it binds each node to its instance before bootstrap installs the guard)
+    mapper = threading.Thread(target=_map_when_running, daemon=True,
+                              args=(ec2, nodes, "lostaws", map_file, seen, stop))
     mapper.start()
     try:
         proc = subprocess.Popen([sys.executable, "-m", "cloudtrain", "launch", str(task), "-y",
@@ -474,10 +462,6 @@ def test_aws_lost_laptop_the_cluster_ends_itself(guarded: dict[str, str], moto_s
 @pytest.mark.e2e
 def test_gcp_lost_laptop_the_cluster_ends_itself(world, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     cli, env, fake, nodes, _ = world
-    map_file = Path(env["CLOUDTRAIN_GCP_ADDRESS_MAP"])
-    _add_shutdown(map_file, {NAT[k]: f"{sys.executable} {HELPER} gce --url {fake.url} "
-                                     f"--instance {{instance_id}} --node-dir {nodes.dirs[k]}"
-                             for k in range(2)})
     marks = tmp_path / "marks"
     marks.mkdir()
     task = tmp_path / "lost.yaml"
@@ -485,6 +469,7 @@ def test_gcp_lost_laptop_the_cluster_ends_itself(world, tmp_path: Path) -> None:
                     "resources:\n  provider: gcp\n  region: us-central1\n  accelerators: T4:1\n"
                     "  ssh_cidr: 198.51.100.7/32\n"
                     "run: |\n" + JOB.format(marks=marks))
+    nodes.use(task)
     proc = cli.popen("launch", str(task), "-y", "--down", **env, **FAST)
     _lost_laptop(proc, "lostgcp", marks)
     # no further command: each node's guard powers it off, GCE stops it (disks still there)

@@ -1,11 +1,13 @@
 """Azure nodes end their own billing with an identity Azure mints (issue 12), against the ARM
 fake (identities, role assignments, IMDS, deallocate) through the real command line.
 
-The VMs are two local sshd nodes reached through the address map (as in test_azure_e2e.py).
-Each node's map entry carries its IMDS (the fake's, one path per VM) and ``shutdown``: what
-a guest OS shutdown does on Azure, emulated: the fake marks the VM stopped (still allocated,
-still billing) and the test stops that node (its sshd and every process started through
-it). The fake does the same to a node whose VM is deallocated."""
+The VMs are two local sshd nodes reached through the tests' ssh_proxy (as in
+test_azure_e2e.py, tests/fakes/standin.py). Each node's environment names its VM's identity
+endpoint the way Azure's SDKs read it (AZURE_POD_IDENTITY_AUTHORITY_HOST: the fake's IMDS,
+one path per VM; or IDENTITY_ENDPOINT with IDENTITY_HEADER), and its ``shutdown`` is the
+stand-in's emulation of what a guest OS shutdown does on Azure: the fake marks the VM
+stopped (still allocated, still billing) and the test stops that node (its sshd and every
+process started through it). The fake does the same to a node whose VM is deallocated."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from conftest import needs_sshd
 
 pytest.importorskip("azure.mgmt.compute")
 
+import standin  # noqa: E402
 from arm_fake import SUBSCRIPTION, ArmFake, FakeCredential, Harness, hermetic_env  # noqa: E402
 from test_azure_e2e import Booter, Nodes, _cloudtrain, cli_env  # noqa: E402
 
@@ -39,33 +42,6 @@ resources:
   ssh_cidr: 127.0.0.1/32
 {extra}run: "true"
 """
-
-GUEST_SHUTDOWN = ("python3 -c 'import sys, urllib.request as u; u.urlopen(u.Request(sys.argv[1], "
-                  "data=b\"\", method=\"POST\"), timeout=10)' {url}")
-
-
-class StopBooter(Booter):
-    """Booter, and each node's map entry gets its IMDS and its guest shutdown."""
-
-    def __init__(self, nodes: Nodes, map_file: Path, fake: ArmFake) -> None:
-        super().__init__(nodes, map_file)
-        self.fake = fake
-        self.extra: dict[str, dict[str, str]] = {}
-
-    def __call__(self, vm: dict[str, Any], public: str, private: str) -> None:
-        super().__call__(vm, public, private)
-        group = vm["id"].split("/")[4]
-        imds = self.fake.imds_of(group, vm["name"])
-        self.addresses[public].update({
-            "azure_imds": imds,
-            "shutdown": GUEST_SHUTDOWN.format(url=shlex.quote(imds + "/_guest/shutdown"))})
-        data = json.loads(self.map_file.read_text())
-        data.update(addresses=self.addresses, azure_arm=self.fake.url,
-                    azure_arm_ca=str(self.fake.cert_file))
-        tmp = self.map_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data))
-        tmp.replace(self.map_file)
-
 
 def stop_node(nodes: Nodes, rank: int) -> None:
     """What a guest OS shutdown does to a local node: its sshd and every process of the
@@ -84,10 +60,9 @@ def world(tmp_path: Path):  # type: ignore[no-untyped-def]
     fake = ArmFake(tmp_path / "arm").start()
     nodes = Nodes(tmp_path / "vms")
     for r, n in enumerate(nodes.nodes):   # one marker per node: a node can stop alone
-        sshd.write_config(n["dir"], address=n["address"], port=n["port"], user=nodes.user,
-                          marker=f"{nodes.marker}-{r}", home=n["dir"] / "root")
-    map_file = tmp_path / "address-map.json"
-    booter = StopBooter(nodes, map_file, fake)
+        standin.prepare(n["dir"], address=n["address"], port=n["port"], user=nodes.user,
+                        marker=f"{nodes.marker}-{r}")
+    booter = Booter(nodes, fake)
     fake.on_vm_running = booter
     stops: list[tuple[str, str]] = []
 
@@ -96,7 +71,7 @@ def world(tmp_path: Path):  # type: ignore[no-untyped-def]
         stop_node(nodes, int(name.rsplit("-", 1)[1]))
 
     fake.on_vm_stopped = on_stopped
-    env = cli_env(tmp_path, fake, map_file, "cloudtrain_azure_stop")
+    env = cli_env(tmp_path, fake, "cloudtrain_azure_stop")
     nodes.start()
     try:
         yield fake, nodes, env, stops
@@ -107,35 +82,35 @@ def world(tmp_path: Path):  # type: ignore[no-untyped-def]
         fake.stop()
 
 
-def _task(tmp_path: Path, extra: str = "") -> Path:
+def _task(nodes: Nodes, tmp_path: Path, extra: str = "") -> Path:
     task = tmp_path / "task-azstop.yaml"
     task.write_text(TASK.format(extra=extra))
-    return task
+    return nodes.use(task)
 
 
 def _provider(fake: ArmFake, env: dict[str, str]) -> Any:
-    """The Azure provider as the CLI of ``env`` makes it (same home, fake, address map)."""
+    """The Azure provider as the CLI of ``env`` makes it (same home, same fake)."""
     from cloudtrain.provider import ProviderContext
-    from cloudtrain.provider.addrmap import AddressMap
     from cloudtrain_provisioners.azure import AzureProvider
     from cloudtrain_provisioners.azure.api import AzureClients
 
     clients = AzureClients(credential=FakeCredential(fake.token), endpoint=fake.url,
                            ca_bundle=str(fake.cert_file), polling_interval=0, retry_total=0)
-    amap = AddressMap(Path(env["CLOUDTRAIN_AZURE_ADDRESS_MAP"]), "CLOUDTRAIN_AZURE_ADDRESS_MAP")
     return AzureProvider(ProviderContext(Path(env["CLOUDTRAIN_HOME"])), clients=clients,
-                         address_map=amap, caller_ip=lambda: "203.0.113.7", poll=0.0)
+                         caller_ip=lambda: "203.0.113.7", poll=0.0)
 
 
-def _on_node(env: dict[str, str], node: Any, command: str, reason: str = "idle"
-             ) -> subprocess.CompletedProcess[str]:
-    """Run ``command`` on ``node`` over SSH with the cluster's key, as the guard would (its
-    reason in CT_GUARD_REASON)."""
+def _on_node(env: dict[str, str], node: Any, command: str, reason: str = "idle", *,
+             nodes: Nodes) -> subprocess.CompletedProcess[str]:
+    """Run ``command`` on ``node`` over SSH with the cluster's key, through the stand-ins'
+    proxy (the node's address is the fake's), as the guard would (its reason in
+    CT_GUARD_REASON)."""
     key = Path(env["CLOUDTRAIN_HOME"]) / "clusters" / "azstop" / "ssh" / "id_ed25519"
     ssh = shutil.which("ssh") or "/usr/bin/ssh"
     remote = f"CT_GUARD_REASON={reason}; export CT_GUARD_REASON; {command}"
     return subprocess.run([ssh, "-i", str(key), "-p", str(node.port), "-o", "BatchMode=yes",
                            "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+                           "-o", "ProxyCommand=" + standin.proxy_command(nodes.proxy_map),
                            "-o", "LogLevel=ERROR", f"{node.user}@{node.host}", remote],
                           capture_output=True, text=True, timeout=120)
 
@@ -145,13 +120,13 @@ def test_self_stop_without_the_role_fails_and_leaves_the_vm_running(world, tmp_p
     """The role assignment removed (or not yet effective): the node cannot deallocate; it
     says why and does NOT shut the guest down (that would keep it billing, unreachable)."""
     fake, nodes, env, stops = world
-    r = _cloudtrain(env, "up", str(_task(tmp_path)), "-y", "--no-bootstrap", timeout=300)
+    r = _cloudtrain(env, "up", str(_task(nodes, tmp_path)), "-y", "--no-bootstrap", timeout=300)
     assert r.returncode == 0, r.stderr[-4000:]
     fake.role_assignments.clear()
     p = _provider(fake, env)
     n0 = p.list_nodes("azstop")[0]
     r0 = _on_node(env, n0, "CT_GUARD_AZURE_TRIES=2; export CT_GUARD_AZURE_TRIES; "
-                  + p.self_stop_command("azstop", n0))
+                  + p.self_stop_command("azstop", n0), nodes=nodes)
     assert r0.returncode == 1, r0.stderr
     assert "deallocate VM failed: HTTP 403" in r0.stderr and "AuthorizationFailed" in r0.stderr
     assert fake.power_of("azstop-0") == "running" and stops == []
@@ -172,7 +147,7 @@ def _until(cond: Any, timeout: float = 20.0) -> bool:
 @needs_sshd
 def test_self_stop_deallocates_guest_shutdown_alone_keeps_billing(world, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     fake, nodes, env, stops = world
-    r = _cloudtrain(env, "up", str(_task(tmp_path)), "-y", "--no-bootstrap", timeout=300)
+    r = _cloudtrain(env, "up", str(_task(nodes, tmp_path)), "-y", "--no-bootstrap", timeout=300)
     assert r.returncode == 0, r.stderr[-4000:] + r.stdout[-2000:]
 
     # Each VM has a system-assigned identity with Virtual Machine Contributor on the
@@ -189,22 +164,28 @@ def test_self_stop_deallocates_guest_shutdown_alone_keeps_billing(world, tmp_pat
     n0, n1 = p.list_nodes("azstop")
     assert p.self_stopped("azstop") == []
     cmd = p.self_stop_command("azstop", n1)
-    assert "deallocate" in cmd and "169.254.169.254" not in cmd   # the map's IMDS in tests
+    # the real command: IMDS at 169.254.169.254 unless the node's environment names another
+    # endpoint, as Azure's SDKs read it (here the fake's IMDS path of each VM)
+    assert "deallocate" in cmd and "169.254.169.254" in cmd
+    assert "AZURE_POD_IDENTITY_AUTHORITY_HOST" in cmd and "IDENTITY_ENDPOINT" in cmd
+    imds1 = fake.imds_of(group, "azstop-1")
+    assert standin.environ_of(nodes.nodes[1]["dir"])["AZURE_POD_IDENTITY_AUTHORITY_HOST"] == imds1
 
     # A guest OS shutdown alone (node 0): Azure keeps the VM allocated, and billing.
-    shutdown = json.loads(Path(env["CLOUDTRAIN_AZURE_ADDRESS_MAP"]).read_text()
-                          )["addresses"]
-    guest = next(e["shutdown"] for e in shutdown.values()
-                 if e.get("host") == n0.host and "shutdown" in e)
-    r0 = _on_node(env, n0, guest)
+    from cloudtrain_provisioners.azure import selfstop
+
+    r0 = _on_node(env, n0, selfstop.GUEST_SHUTDOWN, nodes=nodes)
     assert _until(lambda: ("azstop-0", "guest-shutdown") in stops), (r0.returncode, r0.stderr[-2000:])
     assert fake.power_of("azstop-0") == "stopped" and fake.billing("azstop-0")
     assert p.self_stopped("azstop") == []
 
     # The self-stop (node 1): IMDS token -> tag -> deallocate -> guest shutdown.
     t0 = time.time()
-    _on_node(env, n1, cmd, reason="budget")
+    _on_node(env, n1, cmd, reason="budget", nodes=nodes)
     assert _until(lambda: fake.power_of("azstop-1") == "deallocated")
+    (tok,) = [q for q in fake.imds_requests if q[1].startswith("/vm/" + group + "/azstop-1/")
+              and "oauth2/token" in q[1]]
+    assert tok[0] == "GET" and tok[2].get("metadata") == "true" and "api-version=2018-02-01" in tok[1]
     print(f"\nself-stop: ssh + token + tag + deallocate took {time.time() - t0:.2f} s; "
           f"command {len(cmd)} bytes; up made {len(fake.ops_of('GET', 'permissions'))} "
           f"permission read(s) and {len(fake.ops_of('PUT', 'roleassignments'))} role "
@@ -232,10 +213,48 @@ def test_self_stop_deallocates_guest_shutdown_alone_keeps_billing(world, tmp_pat
 
 
 @needs_sshd
+def test_self_stop_takes_its_token_where_the_identity_variables_say(world, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """IDENTITY_ENDPOINT and IDENTITY_HEADER on the node (App Service's, as azure-identity
+    reads them): the token comes from that endpoint with that header, not from IMDS; a wrong
+    header gets no token, and the VM is left running (never a guest shutdown alone)."""
+    fake, nodes, env, stops = world
+    r = _cloudtrain(env, "up", str(_task(nodes, tmp_path)), "-y", "--no-bootstrap", timeout=300)
+    assert r.returncode == 0, r.stderr[-4000:] + r.stdout[-2000:]
+    p = _provider(fake, env)
+    n0, n1 = p.list_nodes("azstop")
+    group = fake.vm("azstop-0")["id"].split("/")[4]
+    d0, d1 = (n["dir"] for n in nodes.nodes)
+    standin.set_env(d0, {"IDENTITY_ENDPOINT": fake.imds_of(group, "azstop-0") + "/msi/token",
+                         "IDENTITY_HEADER": "not-the-secret"})
+    standin.set_env(d1, {"IDENTITY_ENDPOINT": fake.imds_of(group, "azstop-1") + "/msi/token",
+                         "IDENTITY_HEADER": fake.identity_header})
+    time.sleep(0.5)   # the sshds reread their config
+    fake.imds_requests.clear()
+
+    r0 = _on_node(env, n0, "CT_GUARD_AZURE_TRIES=1; export CT_GUARD_AZURE_TRIES; "
+                  + p.self_stop_command("azstop", n0), nodes=nodes)
+    assert r0.returncode == 1 and "token from the managed identity endpoint failed: HTTP 401" \
+        in r0.stderr, r0.stderr
+    assert fake.power_of("azstop-0") == "running" and stops == []
+
+    r1 = _on_node(env, n1, p.self_stop_command("azstop", n1), reason="lifetime", nodes=nodes)
+    assert _until(lambda: fake.power_of("azstop-1") == "deallocated"), r1.stderr[-2000:]
+    asked = [q for q in fake.imds_requests if "/azstop-1/" in q[1]]
+    assert asked and all(q[1].startswith(f"/vm/{group}/azstop-1/msi/token?") for q in asked)
+    assert "api-version=2019-08-01" in asked[0][1] and "resource=" in asked[0][1]
+    assert asked[0][2].get("x-identity-header") == fake.identity_header
+    assert not [q for q in fake.imds_requests if "oauth2/token" in q[1]]   # IMDS not asked
+    (s,) = p.self_stopped("azstop")
+    assert (s.rank, s.reason) == (1, "lifetime")
+    r = _cloudtrain(env, "down", "azstop", "-y", timeout=200)
+    assert r.returncode == 0 and fake.everything() == [], r.stderr[-2000:]
+
+
+@needs_sshd
 def test_missing_role_assignment_permission_fails_before_anything_exists(world, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     fake, nodes, env, stops = world
     fake.deny_role_assignments = True
-    r = _cloudtrain(env, "up", str(_task(tmp_path)), "-y", "--no-bootstrap", timeout=120)
+    r = _cloudtrain(env, "up", str(_task(nodes, tmp_path)), "-y", "--no-bootstrap", timeout=120)
     out = r.stderr + r.stdout
     assert r.returncode == 2, out[-3000:]
     assert WRITE in out and "User Access Administrator" in out and "self_stop: false" in out
@@ -244,13 +263,13 @@ def test_missing_role_assignment_permission_fails_before_anything_exists(world, 
     assert not [q for q in fake.requests if q.method in ("PUT", "POST", "PATCH", "DELETE")]
 
     # The way out the message names: no self-stop, no identity, no role assignment.
-    r = _cloudtrain(env, "up", str(_task(tmp_path, "  azure:\n    self_stop: false\n")), "-y",
-                    "--no-bootstrap", timeout=300)
+    r = _cloudtrain(env, "up", str(_task(nodes, tmp_path, "  azure:\n    self_stop: false\n")),
+                    "-y", "--no-bootstrap", timeout=300)
     assert r.returncode == 0, r.stderr[-4000:]
     assert "identity" not in fake.vm("azstop-0") and fake.role_assignments == {}
     p = _provider(fake, env)
     n0 = p.list_nodes("azstop")[0]
-    r0 = _on_node(env, n0, p.self_stop_command("azstop", n0))
+    r0 = _on_node(env, n0, p.self_stop_command("azstop", n0), nodes=nodes)
     assert r0.returncode == 1 and "self_stop: false" in r0.stderr
     assert fake.power_of("azstop-0") == "running" and not stops   # left as it was
     r = _cloudtrain(env, "down", "azstop", "-y", timeout=200)
@@ -263,7 +282,7 @@ def test_role_assignment_refused_late_rolls_back(world, tmp_path: Path) -> None:
     or a policy): up fails with the same message and removes what it made."""
     fake, nodes, env, stops = world
     fake.fail("PUT", "roleassignments", "AuthorizationFailed", status=403, times=None)
-    r = _cloudtrain(env, "up", str(_task(tmp_path)), "-y", "--no-bootstrap", timeout=300)
+    r = _cloudtrain(env, "up", str(_task(nodes, tmp_path)), "-y", "--no-bootstrap", timeout=300)
     out = r.stderr + r.stdout
     assert r.returncode == 2, out[-3000:]
     assert WRITE in out and "Rolling back" in out
@@ -389,6 +408,7 @@ def test_lost_laptop_launch_down_deallocates_with_no_further_command(world, tmp_
   sleep 6
   touch {marks}/done-$CLOUDTRAIN_NODE_RANK
 """))
+    nodes.use(task)
     fast = dict(env, CLOUDTRAIN_GUARD_POLL="0.3", CLOUDTRAIN_GUARD_ATTACHED_GRACE="2")
     with open(tmp_path / "launch.log", "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "cloudtrain", "launch", str(task), "-y",
@@ -431,7 +451,7 @@ def test_idle_up_deallocates_itself_and_the_next_contact_removes_it(world, tmp_p
     pytest.importorskip("torch")
     fake, nodes, env, stops = world
     fast = dict(env, CLOUDTRAIN_GUARD_POLL="0.3")
-    task = _task(tmp_path, "autostop: {idle_minutes: 0.1}\n")
+    task = _task(nodes, tmp_path, "autostop: {idle_minutes: 0.1}\n")
     r = _cloudtrain(fast, "up", str(task), "-y", timeout=300)
     assert r.returncode == 0, r.stderr[-4000:]
     assert "deallocates its VM" in r.stderr + r.stdout        # up says what still bills

@@ -280,8 +280,6 @@ class AWSProvider(AWSPlacement):
             known.update({i: list(k) for i, k in keys.items()})
             self._save(request.name, region=region, user=opts.ssh_user,
                        public_ip=opts.public_ip, host_keys=known)
-            if self.amap is not None:
-                self.amap.wait_for([a for i in running for a in (i.public_ip, i.private_ip) if a])
             return [self._node(i, keys.get(i.instance_id, ()), opts.ssh_user, opts.public_ip)
                     for i in running]
         except (CapacityError, QuotaError) as exc:
@@ -351,7 +349,7 @@ class AWSProvider(AWSPlacement):
                             address=i.public_ip if public else i.private_ip,
                             private=i.private_ip, user=user,
                             status=instances.STATUS.get(i.state, "unknown"), spot=i.spot,
-                            host_keys=host_keys, what=f"node {i.rank} ({i.instance_id})")
+                            host_keys=host_keys)
 
     # --- what EC2 says of each node (ReportsNodeHealth) -------------------------------------
 
@@ -377,7 +375,7 @@ class AWSProvider(AWSPlacement):
 
     def self_stop_command(self, cluster: str, node: Node) -> str:
         """A guest power-off: EC2 terminates the instance (see :mod:`.selfstop`)."""
-        return self.guest_shutdown(node, selfstop.COMMAND)
+        return selfstop.COMMAND
 
     def what_still_bills(self) -> str:
         return selfstop.STILL_BILLS

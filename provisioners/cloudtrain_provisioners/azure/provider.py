@@ -326,10 +326,6 @@ class AzureProvider(AzurePlacement):
             for v in running:
                 if v.name in tried and v.disk_name:
                     self._tag_disk(api, group, v)
-            if self.amap is not None:
-                addrs = instances.addresses(api, group)
-                found = [addrs.get(v.nic_id.lower()) or instances.Addresses("", "") for v in running]
-                self.amap.wait_for([x for a in found for x in (a.public, a.private) if x])
             # the public halves, by VM id, so every later listing reports the same keys
             made = {v.id.lower(): host[v.rank][1] for v in running if v.rank in host}
             if made:
@@ -374,8 +370,7 @@ class AzureProvider(AzurePlacement):
     def _node(self, v: instances.Vm, a: instances.Addresses, user: str, public: bool) -> Node:
         rank = v.rank if v.rank is not None else 0
         return self.node_at(rank=rank, instance_id=v.id, address=a.public if public else a.private,
-                            private=a.private, user=user, status=v.status, spot=v.spot,
-                            what=f"node {rank} ({v.name})")
+                            private=a.private, user=user, status=v.status, spot=v.spot)
 
     def list_nodes(self, cluster: str) -> list[Node]:
         sub = self._record(cluster).get("subscription_id") or self.clients.default_subscription()
@@ -410,14 +405,7 @@ class AzureProvider(AzurePlacement):
         arm = self.clients.endpoint    # the node trusts its own CAs (the CA bundle is local)
         if self._record(cluster).get("self_stop") is False:
             return selfstop.NO_IDENTITY     # resources.azure.self_stop: false
-        if self.amap is None:
-            return selfstop.command(node.instance_id, arm=arm)
-        at = selfstop.map_entry(self.amap.setting("addresses"), node)   # tests: the fakes
-        return selfstop.command(node.instance_id, arm=str(self.amap.setting("azure_arm") or arm),
-                                imds=str(at.get("azure_imds") or "http://127.0.0.1:9"),
-                                ca=str(self.amap.setting("azure_arm_ca") or ""),
-                                shutdown=str(at.get("shutdown") or "false").replace(
-                                    "{instance_id}", node.instance_id))
+        return selfstop.command(node.instance_id, arm=arm)
 
     def what_still_bills(self) -> str:
         return selfstop.WHAT_STILL_BILLS

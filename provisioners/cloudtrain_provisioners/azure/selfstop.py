@@ -17,8 +17,16 @@ the group does not exist before ``up``). ``up`` asks ARM for the caller's permis
 it creates anything and stops with :func:`permission_error` when that one is missing; a
 refusal later (an assignment denied by a policy) fails ``up``, which rolls back.
 
-The node's side (:func:`command`): python3's standard library asks IMDS for a token for
-ARM, tags its VM ``cloudtrain:guard-stop = "<reason> <epoch>"``, POSTs ``deallocate`` on it,
+The node's side (:func:`command`): python3's standard library gets a token for ARM the
+way Azure's own SDKs (azure-identity's ``ManagedIdentityCredential``) do, honouring their
+documented variables when the node's environment sets them: ``IDENTITY_ENDPOINT`` with
+``IDENTITY_HEADER`` (the identity endpoint of App Service, Functions and Container Apps:
+``api-version=2019-08-01``, the secret in the ``X-IDENTITY-HEADER`` header), else the
+Instance Metadata Service at ``AZURE_POD_IDENTITY_AUTHORITY_HOST`` (AAD Pod Identity's
+override) or 169.254.169.254 (``api-version=2018-02-01``, ``Metadata: true``). ARM's TLS is
+checked against ``REQUESTS_CA_BUNDLE`` when set (the bundle the SDKs' requests transport
+uses), else the system's CAs (OpenSSL's ``SSL_CERT_FILE``/``SSL_CERT_DIR`` apply). It tags
+its VM ``cloudtrain:guard-stop = "<reason> <epoch>"``, POSTs ``deallocate`` on it,
 and when ARM accepted that, shuts the guest down. Throttling, server faults and 401/403 are
 retried for about five minutes (a new role assignment can take minutes to reach every ARM
 cache). When the token or the deallocation still fails it prints why (the guard's log) and
@@ -46,6 +54,7 @@ ROLE_NAME = "Virtual Machine Contributor"
 WRITE = "Microsoft.Authorization/roleAssignments/write"
 COMPUTE_API = "2024-03-01"
 IMDS = "http://169.254.169.254"
+"""Where the token comes from on a VM (``AZURE_POD_IDENTITY_AUTHORITY_HOST`` names another)."""
 GUEST_SHUTDOWN = "sudo -n shutdown -h now || shutdown -h now"
 
 NO_IDENTITY = ("echo 'cloudtrain-guard: azure: this cluster was made with resources.azure."
@@ -126,11 +135,11 @@ def grant(api: Api, group: str, vms: list[Any], sleep: Callable[[float], None],
 
 # The node's side: python3 standard library only; no single quote in it (it is quoted so).
 NODE_PY = r"""
-import json, os, ssl, sys, time, urllib.error as ue, urllib.request as ur
-imds, arm, vm, res, ca = sys.argv[1:6]
+import json, os, ssl, sys, time, urllib.error as ue, urllib.parse as up, urllib.request as ur
+arm, vm, res = sys.argv[1:4]
 why = os.environ.get("CT_GUARD_REASON") or "unknown"
 tries = int(os.environ.get("CT_GUARD_AZURE_TRIES") or 10)
-tls = ur.HTTPSHandler(context=ssl.create_default_context(cafile=ca or None))
+tls = ur.HTTPSHandler(context=ssl.create_default_context(cafile=os.environ.get("REQUESTS_CA_BUNDLE") or None))
 local = ur.build_opener(ur.ProxyHandler({}), tls)
 remote = ur.build_opener(tls)
 def call(op, what, url, method="GET", body=None, hdr=None, fatal=True):
@@ -157,7 +166,16 @@ def call(op, what, url, method="GET", body=None, hdr=None, fatal=True):
     if fatal:
         sys.exit(1)
     return {}
-tok = call(local, "token from IMDS", imds + "/metadata/identity/oauth2/token?api-version=2018-02-01&resource=" + res, hdr={"Metadata": "true"})["access_token"]
+q = "resource=" + up.quote(res, safe="")
+ep, secret = os.environ.get("IDENTITY_ENDPOINT"), os.environ.get("IDENTITY_HEADER")
+if ep and secret:
+    src = ep + ("&" if "?" in ep else "?") + "api-version=2019-08-01&" + q
+    hdr = {"X-IDENTITY-HEADER": secret}
+else:
+    host = (os.environ.get("AZURE_POD_IDENTITY_AUTHORITY_HOST") or "IMDS").rstrip("/")
+    src = host + "/metadata/identity/oauth2/token?api-version=2018-02-01&" + q
+    hdr = {"Metadata": "true"}
+tok = call(local, "token from the managed identity endpoint", src, hdr=hdr)["access_token"]
 h = {"Authorization": "Bearer " + tok}
 url = arm + vm + "?api-version=API"
 tg = call(remote, "read VM", url, hdr=h, fatal=False).get("tags") or {}
@@ -165,25 +183,15 @@ tg["cloudtrain:guard-stop"] = "%s %d" % (why, time.time())
 call(remote, "tag VM", url, "PATCH", {"tags": tg}, h, fatal=False)
 call(remote, "deallocate VM", arm + vm + "/deallocate?api-version=API", "POST", None, h)
 print("cloudtrain-guard: azure: deallocation of %s accepted (%s)" % (vm, why), flush=True)
-""".replace("API", COMPUTE_API).strip()
+""".replace("API", COMPUTE_API).replace("IMDS", IMDS).strip()
 
 
-def command(vm_id: str, *, arm: str, imds: str = IMDS, ca: str = "",
-            shutdown: str = GUEST_SHUTDOWN) -> str:
-    """The shell command the guard runs on the node of VM ``vm_id`` (its ARM id)."""
+def command(vm_id: str, *, arm: str) -> str:
+    """The shell command the guard runs on the node of VM ``vm_id`` (its ARM id): the token,
+    the tag, the deallocation (see the module's docstring), then the guest shutdown."""
     arm = arm.rstrip("/")
-    args = " ".join(shlex.quote(a) for a in (imds.rstrip("/"), arm, vm_id, arm + "/", ca))
-    return f"python3 -c {shlex.quote(NODE_PY)} {args} && {{ {shutdown}; }}"
-
-
-def map_entry(addresses: Any, node: Any) -> dict[str, Any]:
-    """Tests: the address-map entry through which ``node`` is reached (it may carry the
-    node's ``azure_imds`` and the ``shutdown`` that emulates its guest shutdown)."""
-    for e in (addresses or {}).values():
-        if isinstance(e, dict) and str(e.get("host")) == node.host and \
-                int(e.get("port", 22)) == node.port:
-            return e
-    return {}
+    args = " ".join(shlex.quote(a) for a in (arm, vm_id, arm + "/"))
+    return f"python3 -c {shlex.quote(NODE_PY)} {args} && {{ {GUEST_SHUTDOWN}; }}"
 
 
 def _epoch(iso: str) -> float | None:

@@ -304,8 +304,6 @@ class GCPProvider(GCPPlacement):
             self._save(request.name, region=target.region, zone=zone,
                        machine_type=target.instance_type, user=opts.ssh_user,
                        public_ip=opts.public_ip)
-            if self.amap is not None:
-                self.amap.wait_for([a for i in running for a in (i.nat_ip, i.internal_ip) if a])
             keys = instances.wait_host_keys(api, project, zone, [i.name for i in running],
                                             opts.host_key_wait, self.sleep, self.ui.warn)
             self._save(request.name, host_keys={
@@ -340,7 +338,7 @@ class GCPProvider(GCPPlacement):
                             address=i.nat_ip if public else i.internal_ip,
                             private=i.internal_ip, user=user,
                             status=instances.STATUS.get(i.status, "unknown"), spot=i.spot,
-                            host_keys=host_keys, what=f"node {i.rank} ({i.name})")
+                            host_keys=host_keys)
 
     def list_nodes(self, cluster: str) -> list[Node]:
         rec = self.records.read(cluster)
@@ -378,7 +376,7 @@ class GCPProvider(GCPPlacement):
 
     def self_stop_command(self, cluster: str, node: Node) -> str:
         """A guest power-off: GCE stops the VM (see :mod:`.selfstop`)."""
-        return self.guest_shutdown(node, selfstop.COMMAND)
+        return selfstop.COMMAND
 
     def what_still_bills(self) -> str:
         return selfstop.STILL_BILLS

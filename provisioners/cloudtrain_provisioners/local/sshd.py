@@ -54,7 +54,14 @@ def write_host_key(path: Path) -> str:
 
 
 def write_config(node_dir: Path, *, address: str, port: int, user: str, marker: str,
-                 home: Path) -> Path:
+                 home: Path, env: dict[str, str] | None = None) -> Path:
+    """The node's sshd_config. ``env``: more variables every session starts with (after the
+    node's marker and HOME; values without spaces or double quotes)."""
+    env = env or {}
+    bad = [k for k, v in env.items() if any(c.isspace() or c in '"\\' for c in k + v)]
+    if bad:
+        raise ValueError(f"sshd SetEnv cannot carry spaces, quotes or backslashes: {bad}")
+    extra = "".join(f" {k}={v}" for k, v in env.items())
     cfg = node_dir / "sshd_config"
     lines = [
         f"ListenAddress {address}:{port}" if ":" not in address else f"ListenAddress [{address}]:{port}",
@@ -78,7 +85,7 @@ def write_config(node_dir: Path, *, address: str, port: int, user: str, marker: 
         "ClientAliveInterval 30",
         "Subsystem sftp internal-sftp",
         # Each node gets its own home (its own ~, no login dotfiles of this machine's user).
-        f"SetEnv {MARKER}={marker} HOME={home}",
+        f"SetEnv {MARKER}={marker} HOME={home}{extra}",
         # ...and starts there, as a login on a separate machine would (rsync's relative
         # paths, ~, and scripts' relative paths all land in the node's own directory).
         'ForceCommand cd "$HOME" || exit 1; if [ -n "$SSH_ORIGINAL_COMMAND" ]; then '
