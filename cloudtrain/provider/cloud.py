@@ -105,19 +105,19 @@ class CloudProvider:
                  caller_ip: Callable[[], str] | None = None,
                  offers: Callable[[], list[Offer]] | None = None,
                  sleep: Callable[[float], None] = time.sleep, owner: str | None = None,
-                 ui: UI | None = None, poll: float | None = None, running_timeout: float | None = None) -> None:
+                 ui: UI | None = None, poll: float | None = None) -> None:
         """``cls(ctx)`` is all cloudtrain calls; the rest is for tests and embedders:
         ``clients`` (the cloud's SDK client factory; default: the real one, with the
         standard credentials), ``caller_ip`` (this machine's public IP lookup), ``offers``
         (the catalog's offers of this cloud), ``sleep`` (every wait and backoff), ``owner``
-        (the owner mark), ``ui`` (where progress and failover messages go), ``poll`` (seconds between looks while nodes start), ``running_timeout``
-        (how long nodes may take to run)."""
+        (the owner mark), ``ui`` (where progress and failover messages go), ``poll`` (seconds
+        between looks while nodes start; how long they may take is the class's
+        ``default_running_timeout``)."""
         self.ctx = ctx
         self.records = ClusterRecord(ctx, self.name)
         self.sleep = sleep
         self.poll = self.default_poll if poll is None else poll
-        self.running_timeout = (self.default_running_timeout if running_timeout is None
-                                else running_timeout)
+        self.running_timeout = self.default_running_timeout
         self.owner = owner or default_owner(ctx.home)   # user@host/home-<this home's id>
         self.cidr = CallerCidr(ctx.home, caller_ip or lookup_public_ip)
         self._offers_fn = offers

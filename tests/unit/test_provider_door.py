@@ -76,3 +76,13 @@ def test_provider_errors_carry_code_and_zone_as_typed_fields(cls: type[ProviderE
 
 def test_code_of_any_exception_is_its_class_name() -> None:
     assert code_of(ValueError("x")) == "ValueError"
+
+
+def test_every_name_of_the_door_is_declared_and_resolves() -> None:
+    """``__all__`` spells out the lazily imported names too (checkers and ``import *`` see
+    them), and each one resolves."""
+    import cloudtrain.provider as door
+
+    assert set(door._LAZY) <= set(door.__all__)
+    for name in door.__all__:
+        assert getattr(door, name) is not None

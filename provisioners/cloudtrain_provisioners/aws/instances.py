@@ -203,7 +203,8 @@ def wait_running(api: Api, region: str, ids: list[str], *, need_public: bool,
         ended = [i for i in found.values() if i.state in ("shutting-down", "terminated")]
         if ended:
             i = ended[0]
-            what = f"instance {i.instance_id} (node {i.rank}) in {i.zone} ended while starting: {i.reason or i.state}"
+            what = (f"instance {i.instance_id} (node {i.rank}) in {i.zone} ended while starting: "
+                    f"{i.reason or i.state}")
             code = i.reason or "InstanceEnded"
             if i.reason in CAPACITY_REASONS or i.interrupted:
                 raise CapacityError(what + ".", "Another zone may have capacity.", code=code)

@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, ClassVar
 
-from cloudtrain.errors import NotAsked, ProviderError, UserError, code_of
+from cloudtrain.errors import NotAsked, ProviderError, UserError
 from cloudtrain.provider import (ClusterRequest, NetworkRef, Node, NodeHealth, Plan, SelfStop,
                                  Target, generate_host_key, host_key_cloud_config)
 from cloudtrain.provider.cloud import Existing
@@ -451,7 +451,8 @@ class AzureProvider(AzurePlacement):
             api = self._api(sub)
             for g in teardown.find_groups(api, None, owner):
                 tg = g.get("tags") or {}
-                if tg.get(tags.CLUSTER) in live and tg.get(tags.OWNER) == self._owner(tg.get(tags.CLUSTER, "")):
+                cluster = tg.get(tags.CLUSTER, "")
+                if cluster in live and tg.get(tags.OWNER) == self._owner(cluster):
                     continue
                 found = teardown.as_resources(g, teardown.inventory(api, str(g["name"])))
                 if any(r.kind == "virtual-machine" for r in found):

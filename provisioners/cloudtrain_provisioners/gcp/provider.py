@@ -22,7 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar
 
-from cloudtrain.errors import AuthError, ProviderError, UserError, code_of
+from cloudtrain.errors import AuthError, UserError, code_of
 from cloudtrain.provider import (ClusterRequest, NetworkRef, Node, NodeHealth, Plan, SelfStop,
                                  Target)
 from cloudtrain.provider.cloud import Existing
@@ -202,7 +202,8 @@ class GCPProvider(GCPPlacement):
 
     # --- contract: nodes -----------------------------------------------------------------
 
-    def _scan(self, api: Api, project: str, cluster: str) -> tuple[list[instances.Inst], list[instances.Inst]]:
+    def _scan(self, api: Api, project: str, cluster: str
+              ) -> tuple[list[instances.Inst], list[instances.Inst]]:
         """(live: one per rank, the oldest when a rank somehow has two, in rank order;
         duplicates and instances without a rank)."""
         every = instances.describe(api, project, cluster, self._owner(cluster))
