@@ -22,7 +22,7 @@ from cloudtrain.keys import ClusterKeys, host_entry_name, pin_host_keys
 if TYPE_CHECKING:
     import paramiko
 
-    from cloudtrain.state import NodeRow
+    from cloudtrain.schema import NodeRow
 
 LineSink = Callable[[int, str], None]
 _pin_lock = threading.Lock()

@@ -24,7 +24,7 @@ from cloudtrain.connection import connect as connect_paramiko
 from cloudtrain.keys import ClusterKeys
 
 if TYPE_CHECKING:
-    from cloudtrain.state import NodeRow
+    from cloudtrain.schema import NodeRow
 
 SSH_FAILED = 255
 

@@ -22,8 +22,8 @@ from cloudtrain.ranking import (ANY_GPU, CLOUDS, CONSTRAINTS, FREE, PlanResult, 
 
 if TYPE_CHECKING:
     from cloudtrain.provider.contract import Plan
-    from cloudtrain.spec import Resources, Task
-    from cloudtrain.state import ClusterRow
+    from cloudtrain.taskmodel import Resources, Task
+    from cloudtrain.schema import ClusterRow
 
 # The ranking's names, importable from here as before it moved to ranking.
 __all__ = ["ANY_GPU", "CLOUDS", "CONSTRAINTS", "FREE", "PlanResult", "RankedOffer", "Rejection",
@@ -107,7 +107,7 @@ def choose(task: Task, offers: Iterable[Offer], *, fit: MemoryEstimate | None = 
 def resolved(task: Task, choice: Plan) -> Task:
     """The task with the planner's choice written in (provider, region, instance type, and
     the GPU model for ``any:N``): what ``provision`` asks the provider for."""
-    from cloudtrain.spec import Accelerators
+    from cloudtrain.taskmodel import Accelerators
 
     res = task.resources
     update: dict[str, Any] = {"provider": choice.provider, "region": choice.region,

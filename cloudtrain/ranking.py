@@ -18,7 +18,7 @@ from cloudtrain.errors import UserError
 from cloudtrain.memfit import USABLE_FRACTION, Breakdown, MemoryEstimate
 
 if TYPE_CHECKING:
-    from cloudtrain.spec import Resources, Task
+    from cloudtrain.taskmodel import Resources, Task
 
 CLOUDS = ("aws", "gcp", "azure")
 """Providers the catalog prices; the planner picks among them when a task names none."""

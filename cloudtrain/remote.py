@@ -22,7 +22,7 @@ from cloudtrain.keys import ClusterKeys
 from cloudtrain.openssh import connect
 
 if TYPE_CHECKING:
-    from cloudtrain.state import NodeRow
+    from cloudtrain.schema import NodeRow
 
 # The connection's names, importable from here as before they moved to connection.
 __all__ = ["CommandFor", "Group", "GroupResult", "LineSink", "NodeLost", "Result", "bash",

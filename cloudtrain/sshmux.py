@@ -37,7 +37,7 @@ from cloudtrain.keys import ClusterKeys, host_entry_name, ssh_command_options
 if TYPE_CHECKING:
     import threading
 
-    from cloudtrain.state import NodeRow
+    from cloudtrain.schema import NodeRow
 
 PERSIST_ENV = "CLOUDTRAIN_SSH_PERSIST"
 DEFAULT_PERSIST = 300

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from cloudtrain.state import NodeRow
+    from cloudtrain.schema import NodeRow
 
 FIELD = "resources.ssh_proxy"
 MAX_LENGTH = 1024

@@ -14,7 +14,7 @@ from cloudtrain.commands.base import CONTEXT, guard
 if TYPE_CHECKING:
     from cloudtrain.catalog.load import Catalog
     from cloudtrain.memfit import MemoryEstimate
-    from cloudtrain.planner import PlanResult
+    from cloudtrain.ranking import PlanResult
     from cloudtrain.taskmodel import Task
 
 TABLE_ROWS = 10
@@ -103,7 +103,7 @@ def cost(task_file: str, **options: Any) -> None:
 
 
 def load_cost_task(task_file: str, accelerators: str | None) -> Task:
-    from cloudtrain.planner import CLOUDS
+    from cloudtrain.ranking import CLOUDS
     from cloudtrain.provider.options import load_checked
 
     task = load_checked(task_file, known_providers=CLOUDS)   # resources.<provider> included
@@ -155,7 +155,7 @@ def _run(q: CostQuery) -> None:
         task = task.model_copy(update={"resources": res.model_copy(update={"use_spot": q.spot})})
         res = task.resources
 
-    from cloudtrain.planner import CLOUDS
+    from cloudtrain.ranking import CLOUDS
 
     if res.provider is not None and res.provider not in CLOUDS:
         _no_catalog(task, h, fit, as_json)
@@ -163,7 +163,8 @@ def _run(q: CostQuery) -> None:
 
     from cloudtrain.catalog.load import load_catalog
     from cloudtrain.paths import home
-    from cloudtrain.planner import availability, rank_task
+    from cloudtrain.planner import availability
+    from cloudtrain.ranking import rank_task
 
     catalog = load_catalog(home())
     result = rank_task(task, catalog.offers, fit=fit)
@@ -205,7 +206,7 @@ def cost_document(task: Task, result: PlanResult, hours: float, up_pick: Pick,
                   avail: dict[str, str | None], catalog: Catalog, fit: MemoryEstimate | None,
                   top: int | None) -> dict[str, Any]:
     """``cost --json``. Field names of "offers" and "choice" are a contract (docs/cost.md)."""
-    from cloudtrain.planner import priced_json
+    from cloudtrain.ranking import priced_json
 
     pick = up_pick.index
 

@@ -27,7 +27,7 @@ from cloudtrain.pipeline.signals import Shielded
 from cloudtrain.remote import Group
 
 if TYPE_CHECKING:
-    from cloudtrain.spec import Task   # annotations only: no pydantic at import
+    from cloudtrain.taskmodel import Task  # annotations only: no pydantic at import
 
 
 class Replacing(Protocol):

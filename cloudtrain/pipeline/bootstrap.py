@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Callable
 from cloudtrain.errors import RemoteError
 from cloudtrain.paths import bootstrap_dir
 from cloudtrain.remote import Group, bash
-from cloudtrain.state import NodeRow
+from cloudtrain.schema import NodeRow
 
 if TYPE_CHECKING:
     from cloudtrain.taskmodel import BootstrapSpec   # annotations only: no pydantic at import

@@ -15,7 +15,7 @@ from types import TracebackType
 
 from cloudtrain.cluster import Handle
 from cloudtrain.remote import Group, bash
-from cloudtrain.state import NodeRow
+from cloudtrain.schema import NodeRow
 
 BEAT_S = 5.0          # the guard's FOLLOWER_BEAT_S
 

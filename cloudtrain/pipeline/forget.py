@@ -12,7 +12,7 @@ from cloudtrain.errors import CloudtrainError, reached_nothing
 from cloudtrain.pipeline import teardown
 from cloudtrain.pipeline.outputs import Unpulled
 from cloudtrain.provider import registry
-from cloudtrain.state import ClusterRow
+from cloudtrain.schema import ClusterRow
 
 
 def down(env: Env, name: str, provider_name: str | None, *, forget: bool = False,

@@ -24,12 +24,13 @@ from cloudtrain.pipeline.lastseen import (View, contacted, describe, idle_words,
 from cloudtrain.pipeline.policy import Policy
 from cloudtrain.pipeline.rules import budget_change, budget_words
 from cloudtrain.provider.contract import Node, SelfStops
-from cloudtrain.remote import Group, GroupResult, Result
-from cloudtrain.state import NodeRow
+from cloudtrain.remote import Group, GroupResult
+from cloudtrain.connection import Result
+from cloudtrain.schema import NodeRow
 
 if TYPE_CHECKING:
     from cloudtrain.gpuuse import NodeGPUs
-    from cloudtrain.spec import Task   # annotations only: no pydantic at import
+    from cloudtrain.taskmodel import Task  # annotations only: no pydantic at import
 
 # The idle stop's default where cloudtrain owns the machines and they bill (the clouds).
 CLOUD_IDLE_MINUTES = 60.0

@@ -24,7 +24,7 @@ from cloudtrain.pipeline.teardown import down_shielded
 from cloudtrain.provider.contract import Plan
 
 if TYPE_CHECKING:
-    from cloudtrain.spec import Task   # annotations only: no pydantic at import
+    from cloudtrain.taskmodel import Task  # annotations only: no pydantic at import
 
 
 def up(env: Env, task: Task, name: str, *, bootstrap: bool = True,

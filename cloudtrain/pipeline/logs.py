@@ -10,7 +10,7 @@ from cloudtrain.context import Env
 from cloudtrain.errors import RemoteError, UserError
 from cloudtrain.pipeline.remote_job import LogSink, follow_command, job_dir
 from cloudtrain.remote import bash
-from cloudtrain.state import NodeRow
+from cloudtrain.schema import NodeRow
 
 
 def _latest_job(env: Env, name: str) -> str | None:

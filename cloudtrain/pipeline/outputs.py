@@ -20,10 +20,10 @@ from cloudtrain.cluster import Handle, connect, get_handle
 from cloudtrain.context import Env
 from cloudtrain.errors import CloudtrainError, RemoteError, UserError
 from cloudtrain.pipeline import sync
-from cloudtrain.state import OutputsRow
+from cloudtrain.schema import OutputsRow
 
 if TYPE_CHECKING:
-    from cloudtrain.spec import Task
+    from cloudtrain.taskmodel import Task
 
 Unpulled = Literal["pull", "try", "discard"]
 """What ``down`` does with outputs never pulled: pull them or refuse (the ``down`` command);

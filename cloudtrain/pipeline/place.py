@@ -22,7 +22,7 @@ from cloudtrain.provider.contract import ClusterRequest, Places, Plan, Provider,
 
 if TYPE_CHECKING:
     from cloudtrain.ranking import RankedOffer
-    from cloudtrain.spec import Task   # annotations only: no pydantic at import
+    from cloudtrain.taskmodel import Task  # annotations only: no pydantic at import
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from cloudtrain.provider.contract import ClusterRequest, Plan, Provider, Target
 from cloudtrain.provider.options import provider_options
 
 if TYPE_CHECKING:
-    from cloudtrain.spec import Task   # annotations only: no pydantic at import
+    from cloudtrain.taskmodel import Task  # annotations only: no pydantic at import
 
 
 def cluster_request(task: Task, name: str, public_key: str,

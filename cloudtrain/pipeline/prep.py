@@ -13,10 +13,10 @@ from cloudtrain.cluster import Handle
 from cloudtrain.pipeline import bootstrap, sync
 from cloudtrain.pipeline.bootstrap import bootstrap_env
 from cloudtrain.remote import GroupResult, bash
-from cloudtrain.state import NodeRow
+from cloudtrain.schema import NodeRow
 
 if TYPE_CHECKING:
-    from cloudtrain.spec import Task   # annotations only: no pydantic at import
+    from cloudtrain.taskmodel import Task  # annotations only: no pydantic at import
 
 
 @dataclass(frozen=True)

@@ -30,10 +30,10 @@ from cloudtrain.provider import registry
 from cloudtrain.provider.contract import (HasHostKeySource, HasMasterPort, Plan, Provider,
                                           ReportsAttempts)
 from cloudtrain.remote import Group
-from cloudtrain.state import ClusterRow
+from cloudtrain.schema import ClusterRow
 
 if TYPE_CHECKING:
-    from cloudtrain.spec import Task   # annotations only: no pydantic at import
+    from cloudtrain.taskmodel import Task  # annotations only: no pydantic at import
 
 
 def provision(env: Env, task: Task, name: str, *, keep_on_failure: bool = False,

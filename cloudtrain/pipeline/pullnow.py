@@ -14,7 +14,7 @@ from cloudtrain.errors import RemoteError, UserError
 from cloudtrain.pipeline.outputs import pull_row, settle
 from cloudtrain.pipeline.remote_job import job_dir
 from cloudtrain.remote import Group, bash
-from cloudtrain.state import NodeRow, OutputsRow
+from cloudtrain.schema import NodeRow, OutputsRow
 
 
 def _pick(env: Env, name: str, job_id: str | None) -> OutputsRow:

@@ -24,8 +24,9 @@ from cloudtrain.errors import JobFailed, RemoteError, UserError
 from cloudtrain.pipeline import bootstrap
 from cloudtrain.pipeline.remote_job import job_dir
 from cloudtrain.pipeline.teardown import stop_processes
-from cloudtrain.remote import Group, Result, bash
-from cloudtrain.state import NodeRow
+from cloudtrain.remote import Group, bash
+from cloudtrain.connection import Result
+from cloudtrain.schema import NodeRow
 
 WAIT_POLL_S = 1.0
 

@@ -28,10 +28,11 @@ from cloudtrain.pipeline.recover_watch import (HealthWatch, Loss, lost_now,
                                                no_checkpoints_warning, unresponsive_window)
 from cloudtrain.pipeline.request import Launch
 from cloudtrain.provider.contract import Plan, ReportsNodeHealth
-from cloudtrain.remote import Group, NodeLost
+from cloudtrain.remote import Group
+from cloudtrain.connection import NodeLost
 
 if TYPE_CHECKING:
-    from cloudtrain.spec import Task   # annotations only: no pydantic at import
+    from cloudtrain.taskmodel import Task  # annotations only: no pydantic at import
     from cloudtrain.taskmodel import Recovery
 
 

@@ -20,10 +20,11 @@ from cloudtrain.connection import seconds_setting
 from cloudtrain.context import Env
 from cloudtrain.errors import CloudtrainError, UserError
 from cloudtrain.provider.contract import NodeHealth, ReportsNodeHealth
-from cloudtrain.remote import Group, NodeLost, bash
+from cloudtrain.remote import Group, bash
+from cloudtrain.connection import NodeLost
 
 if TYPE_CHECKING:
-    from cloudtrain.spec import Task   # annotations only: no pydantic at import
+    from cloudtrain.taskmodel import Task  # annotations only: no pydantic at import
 
 UNRESPONSIVE_WINDOW_ENV = "CLOUDTRAIN_UNRESPONSIVE_WINDOW"
 DEFAULT_UNRESPONSIVE_WINDOW = 600.0

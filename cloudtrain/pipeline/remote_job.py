@@ -19,8 +19,9 @@ from cloudtrain.context import Env
 from cloudtrain.errors import Interrupted
 from cloudtrain.pipeline import bootstrap
 from cloudtrain.pipeline.teardown import stop_processes
-from cloudtrain.remote import Group, NodeLost, Result, bash
-from cloudtrain.state import NodeRow
+from cloudtrain.remote import Group, bash
+from cloudtrain.connection import NodeLost, Result
+from cloudtrain.schema import NodeRow
 
 # Seconds from SIGTERM to SIGKILL when a job is stopped, unless the task sets stop_grace.
 STOP_GRACE: float = 60

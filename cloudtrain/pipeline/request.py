@@ -12,7 +12,7 @@ from cloudtrain.budget import Budget
 from cloudtrain.provider.contract import Plan
 
 if TYPE_CHECKING:
-    from cloudtrain.spec import Task   # annotations only: no pydantic at import
+    from cloudtrain.taskmodel import Task  # annotations only: no pydantic at import
 
 
 def no_confirm(plan: Plan) -> None:

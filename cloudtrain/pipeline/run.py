@@ -23,12 +23,13 @@ from cloudtrain.pipeline.bootstrap import run_bootstrap
 from cloudtrain.pipeline.prep import NodeFacts, prep_command, prep_facts
 from cloudtrain.pipeline.remote_job import (JobParts, LogSink, RemoteJob, job_dir, new_job_id,
                                             read_worker_failures)
-from cloudtrain.remote import Group, Result, bash
-from cloudtrain.state import NodeRow
+from cloudtrain.remote import Group, bash
+from cloudtrain.connection import Result
+from cloudtrain.schema import NodeRow
 
 if TYPE_CHECKING:
     from cloudtrain.budget import JobWatch
-    from cloudtrain.spec import Task   # annotations only: no pydantic at import
+    from cloudtrain.taskmodel import Task  # annotations only: no pydantic at import
 
 
 @dataclass

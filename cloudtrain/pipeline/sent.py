@@ -25,7 +25,7 @@ from pathlib import Path
 from cloudtrain.cluster import Handle
 from cloudtrain.context import Env
 from cloudtrain.pipeline import sync
-from cloudtrain.state import NodeRow
+from cloudtrain.schema import NodeRow
 
 _FP = re.compile(r"^[0-9a-f]{32}$")
 

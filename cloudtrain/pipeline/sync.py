@@ -33,7 +33,7 @@ from cloudtrain.errors import RemoteError, UserError
 from cloudtrain import sshmux
 from cloudtrain.pipeline import treestamp
 from cloudtrain.keys import ClusterKeys, ssh_command_options
-from cloudtrain.state import NodeRow
+from cloudtrain.schema import NodeRow
 
 IGNORE_FILES = (".gitignore", ".cloudtrainignore")
 FILTER_VERSION = "3"

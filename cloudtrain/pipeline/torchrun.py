@@ -16,7 +16,7 @@ import shlex
 from dataclasses import dataclass
 
 if TYPE_CHECKING:
-    from cloudtrain.spec import Train   # annotations only: no pydantic at import
+    from cloudtrain.taskmodel import Train  # annotations only: no pydantic at import
 
 
 

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from pydantic import BaseModel
 
     from cloudtrain.catalog.model import Offer
-    from cloudtrain.spec import Resources
+    from cloudtrain.taskmodel import Resources
     from cloudtrain.storage.url import BucketURL
 
 NodeStatus = Literal["pending", "running", "stopped", "terminated", "unknown"]

@@ -24,8 +24,9 @@ from pydantic import BaseModel, ValidationError
 
 from cloudtrain.errors import SpecError, UserError
 from cloudtrain.provider import registry
-from cloudtrain.spec import (Resources, Task, check_paths, clean_loc, non_finite_error,
-                             non_finite_path, one_line, parse_task, read_task_file)
+from cloudtrain.taskmodel import Resources, Task
+from cloudtrain.spec import (check_paths, clean_loc, non_finite_error, non_finite_path, one_line,
+                             parse_task, read_task_file)
 
 
 def check_task(task: Task, known_providers: tuple[str, ...] = ()) -> Task:

@@ -458,7 +458,7 @@ class Harness:
         from cloudtrain.keys import ensure_keys
         from cloudtrain.pipeline.place import placed
         from cloudtrain.provider import ClusterRequest
-        from cloudtrain.spec import Resources
+        from cloudtrain.taskmodel import Resources
 
         from cloudtrain_provisioners.aws.options import AWSOptions
 

@@ -1502,7 +1502,7 @@ class Harness:
         from cloudtrain.keys import ensure_keys
         from cloudtrain.pipeline.place import placed
         from cloudtrain.provider import ClusterRequest
-        from cloudtrain.spec import Resources
+        from cloudtrain.taskmodel import Resources
         from cloudtrain_provisioners.gcp import GCPOptions
 
         resources.setdefault("provider", "gcp")

@@ -279,3 +279,31 @@ def test_no_address_map_or_test_only_variable_in_the_product() -> None:
     bad += [f"{p.name}: {k}" for p in scripts for k in TEST_ONLY_ENV if k in p.read_text()]
     assert not (REPO / "cloudtrain" / "provider" / "addrmap.py").exists()
     assert not bad, "test machinery in the product (move it to tests/): " + "; ".join(bad)
+
+
+def test_one_import_path_per_name() -> None:
+    """A name is imported from the module that defines it, never through a module that merely
+    imported it too (``from cloudtrain.state import NodeRow`` when it lives in ``schema``).
+    The provider door (``cloudtrain.provider``) is the one deliberate facade: plugins import
+    from it."""
+    defined: dict[str, set[str]] = {}
+    imported: dict[str, dict[str, str]] = {}
+    for m, path in MODULES.items():
+        tree = ast.parse(path.read_text())
+        defined[m] = {t.id for n in tree.body if isinstance(n, (ast.Assign, ast.AnnAssign))
+                      for tg in (n.targets if isinstance(n, ast.Assign) else [n.target])
+                      for t in ast.walk(tg) if isinstance(t, ast.Name)}
+        defined[m] |= {n.name for n in tree.body
+                       if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+        imported[m] = {a.asname or a.name: f"{n.module}.{a.name}" for n in ast.walk(tree)
+                       if isinstance(n, ast.ImportFrom) and n.level == 0 and n.module
+                       and n.module.startswith("cloudtrain") for a in n.names}
+    bad = []
+    for m, path in MODULES.items():
+        for n in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(n, ast.ImportFrom) and n.module in defined
+                    and n.module != "cloudtrain.provider"):
+                bad += [f"{path.relative_to(REPO)}:{n.lineno} imports {a.name} from {n.module}; "
+                        f"it is {imported[n.module][a.name]}" for a in n.names
+                        if a.name not in defined[n.module] and a.name in imported[n.module]]
+    assert not bad, "; ".join(bad)

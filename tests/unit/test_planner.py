@@ -16,7 +16,8 @@ from cloudtrain.catalog.model import Offer
 from cloudtrain.errors import CapacityError, UserError
 from cloudtrain.memfit import GIB, MemoryEstimate, parse_params
 from cloudtrain.provider import ClusterRequest, NetworkRef, Node, Plan
-from cloudtrain.spec import Resources, parse_task
+from cloudtrain.taskmodel import Resources
+from cloudtrain.spec import parse_task
 
 
 def off(provider: str, itype: str, acc: str | None, count: float, mem: float | None,

@@ -9,7 +9,8 @@ import pytest
 
 from cloudtrain.errors import HostKeyMismatch, RemoteError
 from cloudtrain.keys import ensure_keys, is_pinned, pin_host_keys
-from cloudtrain.remote import GroupResult, Result
+from cloudtrain.remote import GroupResult
+from cloudtrain.connection import Result
 from cloudtrain.schema import ClusterRow, NodeRow
 from cloudtrain.state import open_state
 
