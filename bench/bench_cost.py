@@ -2,7 +2,7 @@
 """How long pricing takes: the planner alone over every offer of the catalog, ``cloudtrain
 cost`` end to end, and loading the catalog.
 
-(a) planner, in process: ``planner.rank`` over every offer of the shipped snapshot, for
+(a) planner, in process: ``ranking.rank`` over every offer of the shipped snapshot, for
     queries that make it look at all of them (``any:8``: every GPU model, 8 per node; with a
     memory fit; and a query where nothing fits, so the relaxations are ranked too). Each
     query is run once to warm up, then N times. Target: median <= 50 ms per query.
@@ -71,6 +71,7 @@ def wall(cmd: list[str], env: dict[str, str], cwd: str, runs: int,
 
 def bench_planner(n: int, target_ms: float) -> tuple[str, list[tuple[str, float]]]:
     from cloudtrain import planner
+    from cloudtrain import ranking
     from cloudtrain.catalog.load import load_catalog
     from cloudtrain.commands.cost import Pick, cost_document
     from cloudtrain.memfit import MemoryEstimate
@@ -83,19 +84,19 @@ def bench_planner(n: int, target_ms: float) -> tuple[str, list[tuple[str, float]
     def res(acc: str) -> Resources:
         return Resources.model_validate({"accelerators": acc})
 
-    queries: list[tuple[str, Callable[[], planner.PlanResult], bool]] = [
-        ("any:8 x 2, on-demand", lambda: planner.rank(res("any:8"), 2, offers), True),
-        ("any:8 x 2, spot", lambda: planner.rank(res("any:8"), 2, offers, spot=True), True),
+    queries: list[tuple[str, Callable[[], ranking.PlanResult], bool]] = [
+        ("any:8 x 2, on-demand", lambda: ranking.rank(res("any:8"), 2, offers), True),
+        ("any:8 x 2, spot", lambda: ranking.rank(res("any:8"), 2, offers, spot=True), True),
         ("any:8 x 2, 7e9 bf16 adamw fsdp (memory fit)",
-         lambda: planner.rank(res("any:8"), 2, offers, fit=MemoryEstimate(7e9, strategy="fsdp")),
+         lambda: ranking.rank(res("any:8"), 2, offers, fit=MemoryEstimate(7e9, strategy="fsdp")),
          True),
         ("any:8 x 1, 70e9 ddp: nothing fits (+ relaxations)",
-         lambda: planner.rank(res("any:8"), 1, offers, fit=MemoryEstimate(70e9)), True),
+         lambda: ranking.rank(res("any:8"), 1, offers, fit=MemoryEstimate(70e9)), True),
         ("any:1 x 4, 13e9 ddp, max $20/h: nothing fits (+ relaxations)",
-         lambda: planner.rank(res("any:1"), 4, offers, max_hourly_cost=20.0,
+         lambda: ranking.rank(res("any:1"), 4, offers, max_hourly_cost=20.0,
                               fit=MemoryEstimate(13e9)), True),
         ("A100:8 x 2 (one model, for comparison)",
-         lambda: planner.rank(res("A100:8"), 2, offers), False),
+         lambda: ranking.rank(res("A100:8"), 2, offers), False),
     ]
     rows = []
     judged: list[tuple[str, float]] = []
@@ -115,12 +116,12 @@ def bench_planner(n: int, target_ms: float) -> tuple[str, list[tuple[str, float]
     avail = planner.availability()
 
     def cost_in_process() -> object:
-        result = planner.rank_task(task, offers)
+        result = ranking.rank_task(task, offers)
         return cost_document(task, result, 1.0, Pick(None, ""), avail, cat, None, None)
 
     ts = timed(cost_in_process, n)
     rows.append(ms_row("rank + cost --json document (any:8 x 2)", ts,
-                       [len(offers), len(planner.rank_task(task, offers).ranked), "info"]))
+                       [len(offers), len(ranking.rank_task(task, offers).ranked), "info"]))
     text = table(["planner query (in process)", "median ms", "p90 ms", "min ms", "max ms",
                   "offers looked at", "feasible", f"<= {target_ms:g} ms"], rows)
     return text, judged
@@ -161,7 +162,7 @@ from cloudtrain.commands.cost import load_cost_task
 task = load_cost_task(sys.argv[1], None); t.append(time.perf_counter())
 from cloudtrain.catalog.load import load_catalog; cat = load_catalog(None); t.append(time.perf_counter())
 from cloudtrain import planner; avail = planner.availability(); t.append(time.perf_counter())
-r = planner.rank_task(task, cat.offers); t.append(time.perf_counter())
+r = ranking.rank_task(task, cat.offers); t.append(time.perf_counter())
 from cloudtrain.commands.cost import Pick, cost_document
 text = json.dumps(cost_document(task, r, 1.0, Pick(None, ""), avail, cat, None, None), indent=2)
 t.append(time.perf_counter())
@@ -169,7 +170,7 @@ print(" ".join(f"{b - a:.6f}" for a, b in zip(t, t[1:])))
 """
 PHASE_NAMES = ("import cloudtrain.commands.main + commands.cost (click)", "read the task (imports pydantic)",
                "load the catalog (import + parse)", "which clouds are usable (registry)",
-               "planner.rank_task", "JSON document + dumps")
+               "ranking.rank_task", "JSON document + dumps")
 
 
 def bench_phases(runs: int, home: str, cwd: str) -> str:

@@ -1,7 +1,7 @@
 """The planner: which offer ``up`` takes for a task, and the failover order after it.
 
 The ranking itself (which catalog offers can run a task, cheapest first, and why the others
-can't) is ``ranking``; its names are importable from here too. This module adds what ``up``
+can't) is ``ranking`` (its names are imported from there). This module adds what ``up``
 needs when a task names no provider (or a cloud but no region): the clouds that are
 installed and have credentials (``availability``), the pick among them (``choose``,
 ``pick_for_up``), the task with the choice written in (``resolved``) and the provider's plan
@@ -17,19 +17,16 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 from cloudtrain.catalog.model import Offer
 from cloudtrain.errors import UserError
 from cloudtrain.memfit import MemoryEstimate
-from cloudtrain.ranking import (ANY_GPU, CLOUDS, CONSTRAINTS, FREE, PlanResult, RankedOffer,
-                                Rejection, priced_json, rank, rank_task)
+from cloudtrain.ranking import (ANY_GPU, CLOUDS, FREE, PlanResult, RankedOffer,
+                                rank_task)
 
 if TYPE_CHECKING:
     from cloudtrain.provider.contract import Plan
     from cloudtrain.taskmodel import Resources, Task
     from cloudtrain.schema import ClusterRow
 
-# The ranking's names, importable from here as before it moved to ranking.
-__all__ = ["ANY_GPU", "CLOUDS", "CONSTRAINTS", "FREE", "PlanResult", "RankedOffer", "Rejection",
-           "availability", "catalog_offers", "choice_of", "choose", "fill", "kept",
-           "needs_pick", "pick_for_up", "pick_ranked", "priced_json", "rank", "rank_task",
-           "resolved"]
+__all__ = ["availability", "catalog_offers", "choice_of", "choose", "fill", "kept",
+           "needs_pick", "pick_for_up", "pick_ranked", "resolved"]
 
 
 # --------------------------------------------------------------------------------------------

@@ -3,8 +3,8 @@ and one result per node kept whatever happens (fabric's GroupResult is the model
 runs detached is followed node by node, reconnecting where a connection drops.
 
 One connection to one node is ``openssh`` (over an OpenSSH master, multiplexed: the default)
-or ``connection`` (paramiko; the shared types, the node timeout); the public names of
-``connection`` are importable from here too.
+or ``connection`` (paramiko; the shared types, the node timeout), where their names are
+imported from.
 """
 
 from __future__ import annotations
@@ -24,9 +24,7 @@ from cloudtrain.openssh import connect
 if TYPE_CHECKING:
     from cloudtrain.schema import NodeRow
 
-# The connection's names, importable from here as before they moved to connection.
-__all__ = ["CommandFor", "Group", "GroupResult", "LineSink", "NodeLost", "Result", "bash",
-           "node_timeout"]
+__all__ = ["CommandFor", "Group", "GroupResult", "bash"]
 
 CommandFor = Callable[["NodeRow"], str]
 

@@ -9,7 +9,7 @@ terminated, or started -> stopped), with the hourly price per node in force when
 opened. Rows outlive the cluster (``down`` deletes the cluster and its nodes, never usage), and
 a price is never rewritten afterwards: costs come from these rows alone (see ledger.py).
 
-The tables, their versions and the row types are in ``schema`` (importable from here too);
+The tables, their versions and the row types are in ``schema`` (imported from there);
 older databases are migrated in place when opened.
 """
 

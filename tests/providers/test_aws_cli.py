@@ -183,10 +183,10 @@ def test_dry_run_without_a_region_shows_the_planners_pick(guarded: dict[str, str
     r = _cloudtrain(env, "up", str(task), "--dry-run")
     assert r.returncode == 0, r.stderr + r.stdout
     out = r.stderr + r.stdout
-    from cloudtrain import planner
+    from cloudtrain import ranking
     from cloudtrain.taskmodel import Resources
 
-    cheapest = planner.rank(Resources(provider="aws", accelerators="A100:8"), 2,
+    cheapest = ranking.rank(Resources(provider="aws", accelerators="A100:8"), 2,
                             load_catalog(None).offers).ranked[0].offer
     assert f"region       {cheapest.region}" in out
     assert f"2 x {cheapest.instance_type} on-demand" in out

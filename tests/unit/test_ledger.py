@@ -393,11 +393,11 @@ def test_cost_report_json_contract(home: Path, state: State) -> None:
 def test_spot_cluster_is_billed_at_its_spot_price_across_stop_and_start(state: State) -> None:
     """The planner prices a spot task at the offer's spot price; that is what the ledger
     records and bills, interval by interval, and nothing while the cluster is stopped."""
-    from cloudtrain import planner
+    from cloudtrain import ranking
     from cloudtrain.taskmodel import Resources
     from test_planner import OFFERS
 
-    pick = planner.rank(Resources.model_validate({"accelerators": "A100:8"}), 2, OFFERS,
+    pick = ranking.rank(Resources.model_validate({"accelerators": "A100:8"}), 2, OFFERS,
                         spot=True).require()
     assert (pick.offer.provider, pick.per_node, pick.offer.price) == ("azure", 3.0, 27.20)
     row = ClusterRow(name="sp", provider=pick.offer.provider, status="UP", num_nodes=2,

@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from cloudtrain import credentials, planner
+from cloudtrain import credentials, planner, ranking
 from cloudtrain.provider import registry
 from cloudtrain.catalog.model import Offer
 from cloudtrain.errors import CapacityError, UserError
@@ -47,7 +47,7 @@ def res(**kw: Any) -> Resources:
     return Resources.model_validate(kw)
 
 
-def order(result: planner.PlanResult) -> list[tuple[str, str, str]]:
+def order(result: ranking.PlanResult) -> list[tuple[str, str, str]]:
     return [(r.offer.provider, r.offer.region, r.offer.instance_type) for r in result.ranked]
 
 
@@ -59,7 +59,7 @@ def needed_gib(params: float, bytes_per_param: int, shards: int = 1) -> float:
 # --- ranking ----------------------------------------------------------------------------------
 
 def test_cheapest_cluster_first_across_providers() -> None:
-    r = planner.rank(res(accelerators="A100:8"), 2, OFFERS)
+    r = ranking.rank(res(accelerators="A100:8"), 2, OFFERS)
     assert order(r) == [("azure", "eastus", "Standard_ND96asr_v4"),
                         ("gcp", "us-central1", "a2-highgpu-8g"),
                         ("aws", "us-east-1", "p4d.24xlarge"),
@@ -83,17 +83,17 @@ def test_ties_broken_by_provider_region_instance_whatever_the_input_order() -> N
     rng = random.Random(7)
     for _ in range(5):
         rng.shuffle(same)
-        assert order(planner.rank(res(accelerators="H100:8"), 1, same)) == expected
+        assert order(ranking.rank(res(accelerators="H100:8"), 1, same)) == expected
 
 
 def test_spot_market_ranks_by_spot_price_and_drops_offers_without_one() -> None:
-    r = planner.rank(res(accelerators="A100:8"), 2, OFFERS, spot=True)
+    r = ranking.rank(res(accelerators="A100:8"), 2, OFFERS, spot=True)
     assert order(r)[0] == ("azure", "eastus", "Standard_ND96asr_v4")
     assert [x.per_node for x in r.ranked] == [3.0, 8.8, 12.0]
     assert any(j.constraint == "market" and j.reason == "no spot price" and j.count == 1
                for j in r.rejected)
     # on-demand: the spot alternative and its saving are reported with each offer
-    od = planner.rank(res(accelerators="A100:8"), 2, OFFERS)
+    od = ranking.rank(res(accelerators="A100:8"), 2, OFFERS)
     gcp = next(x for x in od.ranked if x.offer.provider == "gcp")
     assert gcp.alternative_per_node == 8.8
     assert gcp.spot_saving == pytest.approx(1 - 8.8 / 29.39)
@@ -107,28 +107,28 @@ def test_spot_market_ranks_by_spot_price_and_drops_offers_without_one() -> None:
 
 def test_max_hourly_cost_caps_the_whole_cluster_not_one_node() -> None:
     # 3 nodes: azure 3 x 27.20 = 81.60, gcp 3 x 29.39 = 88.17, aws 3 x 32.77 = 98.31
-    r = planner.rank(res(accelerators="A100:8"), 3, OFFERS, max_hourly_cost=90)
+    r = ranking.rank(res(accelerators="A100:8"), 3, OFFERS, max_hourly_cost=90)
     assert order(r) == [("azure", "eastus", "Standard_ND96asr_v4"),
                         ("gcp", "us-central1", "a2-highgpu-8g")]
     over = [j for j in r.rejected if j.constraint == "max_hourly_cost"]
     assert len(over) == 1 and over[0].count == 2 and "$90/h" in over[0].reason
     assert "<= max_hourly_cost $90/h" in r.ranked[0].why
     # the cap is inclusive, and a single node of each would pass it
-    assert len(planner.rank(res(accelerators="A100:8"), 3, OFFERS, max_hourly_cost=81.60).ranked) == 1
-    assert len(planner.rank(res(accelerators="A100:8"), 1, OFFERS, max_hourly_cost=35).ranked) == 3
+    assert len(ranking.rank(res(accelerators="A100:8"), 3, OFFERS, max_hourly_cost=81.60).ranked) == 1
+    assert len(ranking.rank(res(accelerators="A100:8"), 1, OFFERS, max_hourly_cost=35).ranked) == 3
 
 
 def test_task_budget_and_market_come_from_the_task() -> None:
     task = parse_task("num_nodes: 3\nresources:\n  accelerators: A100:8\n  use_spot: true\n"
                       "  max_hourly_cost: 25\nrun: x\n")
-    r = planner.rank_task(task, OFFERS)
+    r = ranking.rank_task(task, OFFERS)
     # spot x 3 nodes: azure 9.00, gcp 26.40, aws 36.00; the cap of $25/h leaves azure
     assert [(x.offer.provider, x.cluster) for x in r.ranked] == [("azure", pytest.approx(9.0))]
     assert r.ranked[0].spot and r.want == "A100:8 x 3 nodes, spot"
 
 
 def test_nothing_under_the_cap_says_what_removed_what_and_the_nearest_relaxation() -> None:
-    r = planner.rank(res(accelerators="A100:8"), 2, OFFERS, max_hourly_cost=20)
+    r = ranking.rank(res(accelerators="A100:8"), 2, OFFERS, max_hourly_cost=20)
     assert r.ranked == []
     with pytest.raises(UserError) as e:
         r.require()
@@ -139,66 +139,66 @@ def test_nothing_under_the_cap_says_what_removed_what_and_the_nearest_relaxation
 
 
 def test_region_and_zone_constraints() -> None:
-    r = planner.rank(res(accelerators="A100:8", region="us-east-1"), 1, OFFERS)
+    r = ranking.rank(res(accelerators="A100:8", region="us-east-1"), 1, OFFERS)
     assert order(r) == [("aws", "us-east-1", "p4d.24xlarge")]
     assert any(j.constraint == "region" and j.count == 3 for j in r.rejected)
     # GCP lists zone names: only a listed zone passes
-    assert order(planner.rank(res(accelerators="A100:8", zone="us-central1-b"), 1, OFFERS)) == \
+    assert order(ranking.rank(res(accelerators="A100:8", zone="us-central1-b"), 1, OFFERS)) == \
         [("gcp", "us-central1", "a2-highgpu-8g")]
-    none = planner.rank(res(accelerators="A100:8", zone="us-central1-f"), 1, OFFERS)
+    none = ranking.rank(res(accelerators="A100:8", zone="us-central1-f"), 1, OFFERS)
     assert none.ranked == [] and any("us-central1-f" in j.reason for j in none.rejected)
     # AWS lists zone IDs (use1-az1), which map to names per account: a name of the region passes
-    assert order(planner.rank(res(accelerators="A100:8", zone="us-east-1a"), 1, OFFERS)) == \
+    assert order(ranking.rank(res(accelerators="A100:8", zone="us-east-1a"), 1, OFFERS)) == \
         [("aws", "us-east-1", "p4d.24xlarge")]
     # nothing in the region: the suggestion is another region
-    eu = planner.rank(res(accelerators="A100-80GB:8", region="eu-west-1"), 1, OFFERS)
+    eu = ranking.rank(res(accelerators="A100-80GB:8", region="eu-west-1"), 1, OFFERS)
     assert eu.ranked == [] and "in another region: $40.55/h on gcp" in str(eu.error())
 
 
 def test_provider_in_the_task_restricts_the_offers() -> None:
-    r = planner.rank(res(provider="aws", accelerators="A100:8"), 1, OFFERS)
+    r = ranking.rank(res(provider="aws", accelerators="A100:8"), 1, OFFERS)
     assert {x.offer.provider for x in r.ranked} == {"aws"}
     assert any(j.constraint == "provider" and j.reason == "on azure, the task asks for aws"
                for j in r.rejected)
 
 
 def test_instance_type_alone_picks_that_type_and_an_unknown_one_is_named() -> None:
-    r = planner.rank(res(instance_type="P4D.24xlarge"), 1, OFFERS)
+    r = ranking.rank(res(instance_type="P4D.24xlarge"), 1, OFFERS)
     assert order(r) == [("aws", "us-east-1", "p4d.24xlarge"), ("aws", "eu-west-1", "p4d.24xlarge")]
     assert r.ranked[0].gpus() == "8xA100"
-    bad = planner.rank(res(instance_type="p4d.24xlarg"), 1, OFFERS)
+    bad = ranking.rank(res(instance_type="p4d.24xlarg"), 1, OFFERS)
     assert bad.ranked == []
     assert "did you mean p4d.24xlarge?" in str(bad.error())
     # both given: both must match
-    assert planner.rank(res(instance_type="p4d.24xlarge", accelerators="A100-80GB:8"), 1,
+    assert ranking.rank(res(instance_type="p4d.24xlarge", accelerators="A100-80GB:8"), 1,
                         OFFERS).ranked == []
 
 
 def test_gpu_aliases_are_canonical_and_80gb_is_another_model() -> None:
-    r40 = planner.rank(res(accelerators="a100-40gb:8"), 1, OFFERS)
+    r40 = ranking.rank(res(accelerators="a100-40gb:8"), 1, OFFERS)
     assert {x.offer.accelerator for x in r40.ranked} == {"A100"}
-    r80 = planner.rank(res(accelerators="nvidia a100-80g:8"), 1, OFFERS)
+    r80 = ranking.rank(res(accelerators="nvidia a100-80g:8"), 1, OFFERS)
     assert {x.offer.accelerator for x in r80.ranked} == {"A100-80GB"}
     assert any(j.reason == "another GPU model (not A100-80GB)" for j in r80.rejected)
 
 
 def test_gpu_count_is_per_node_and_exact() -> None:
-    r = planner.rank(res(accelerators="A100:4"), 2, OFFERS)
+    r = ranking.rank(res(accelerators="A100:4"), 2, OFFERS)
     assert order(r) == [("gcp", "us-central1", "a2-highgpu-4g")]
     assert r.ranked[0].cluster == pytest.approx(2 * 14.69)
-    two = planner.rank(res(accelerators="A100:2"), 1, OFFERS)
+    two = ranking.rank(res(accelerators="A100:2"), 1, OFFERS)
     assert two.ranked == [] and "A100 comes with 4, 8 per node" in str(two.error())
 
 
 def test_unknown_gpu_is_a_user_error_with_a_suggestion() -> None:
     with pytest.raises(UserError) as e:
-        planner.rank(res(accelerators="A1000:8"), 1, OFFERS)
+        ranking.rank(res(accelerators="A1000:8"), 1, OFFERS)
     assert "unknown GPU 'A1000'" in e.value.message and "Did you mean" in e.value.hint
 
 
 def test_neither_gpus_nor_instance_type_is_a_user_error() -> None:
     with pytest.raises(UserError, match="accelerators"):
-        planner.rank(res(provider="aws"), 1, OFFERS)
+        ranking.rank(res(provider="aws"), 1, OFFERS)
 
 
 # --- memory fit -------------------------------------------------------------------------------
@@ -274,11 +274,11 @@ def test_memory_fit_components_and_verdicts_by_hand() -> None:
     # 70e9 bf16 AdamW on 80 GiB GPUs (72 usable): fsdp over 2 x 8 needs 79.2311 (no), over
     # 4 x 8 needs 40.1155 (yes); 40 GiB A100s (36 usable) do not hold it even over 4 x 8.
     fit = MemoryEstimate(70e9, "bf16", "adamw", "fsdp")
-    two = planner.rank(res(accelerators="A100-80GB:8"), 2, OFFERS, fit=fit)
+    two = ranking.rank(res(accelerators="A100-80GB:8"), 2, OFFERS, fit=fit)
     assert two.ranked == []
     assert [j.reason for j in two.rejected if j.constraint == "memory"] == \
         ["80 GiB per GPU: 72 GiB usable < 79.2 GiB needed"]
-    four = planner.rank(res(accelerators="any:8"), 4, OFFERS, fit=fit)
+    four = ranking.rank(res(accelerators="any:8"), 4, OFFERS, fit=fit)
     assert {r.offer.accelerator for r in four.ranked} == {"A100-80GB"}
     assert four.ranked[0].fit is not None and four.ranked[0].fit.shards == 32
     assert {j.reason for j in four.rejected if j.constraint == "memory"} == \
@@ -286,7 +286,7 @@ def test_memory_fit_components_and_verdicts_by_hand() -> None:
     # 7e9 fp16 SGD fsdp on 2 nodes x 1 GPU: 2 shards, 7e9 x 12 / 2 / 2^30 = 39.1155 GiB of
     # states, x 1.2 + 1 = 47.9387 GiB: only the 80 GiB GPU (72 usable) holds it, not the
     # 22.35 GiB A10G (20.1 usable) nor the 24 GiB L4 (21.6 usable).
-    small = planner.rank(res(accelerators="any:1"), 2, OFFERS,
+    small = ranking.rank(res(accelerators="any:1"), 2, OFFERS,
                          fit=MemoryEstimate(7e9, "fp16", "sgd", "fsdp"))
     assert [r.offer.accelerator for r in small.ranked] == ["A100-80GB"]      # 80 GiB: 72 usable
     assert small.ranked[0].fit is not None
@@ -308,7 +308,7 @@ def test_parse_params_refuses(text: str) -> None:
 def test_7b_bf16_adamw_ddp_does_not_fit_80gb_but_fsdp_over_16_gpus_does() -> None:
     ddp = MemoryEstimate(7e9, "bf16", "adamw", "ddp")
     assert needed_gib(7e9, 16) > 80 * 0.9      # the premise, from the formula
-    r = planner.rank(res(accelerators="A100-80GB:8"), 2, OFFERS, fit=ddp)
+    r = ranking.rank(res(accelerators="A100-80GB:8"), 2, OFFERS, fit=ddp)
     assert r.ranked == []
     reason = f"80 GiB per GPU: 72 GiB usable < {needed_gib(7e9, 16):.1f} GiB needed"
     assert [(j.constraint, j.reason, j.count) for j in r.rejected if j.constraint == "memory"] == \
@@ -317,7 +317,7 @@ def test_7b_bf16_adamw_ddp_does_not_fit_80gb_but_fsdp_over_16_gpus_does() -> Non
 
     fsdp = MemoryEstimate(7e9, "bf16", "adamw", "fsdp")
     assert needed_gib(7e9, 16, 16) <= 80 * 0.9
-    ok = planner.rank(res(accelerators="A100-80GB:8"), 2, OFFERS, fit=fsdp)
+    ok = ranking.rank(res(accelerators="A100-80GB:8"), 2, OFFERS, fit=fsdp)
     assert order(ok) == [("gcp", "us-central1", "a2-ultragpu-8g"), ("aws", "us-east-1", "p4de.24xlarge")]
     assert ok.ranked[0].fit is not None and ok.ranked[0].fit.shards == 16
     assert f"{needed_gib(7e9, 16, 16):.1f} GiB needed fits 80 GiB" in ok.ranked[0].why
@@ -328,13 +328,13 @@ def test_memory_fit_keeps_the_gpus_that_hold_the_model_and_says_why_not_the_othe
     fit = MemoryEstimate(3e9)
     need = needed_gib(3e9, 16)
     assert 40 * 0.9 < need <= 80 * 0.9
-    r = planner.rank(res(accelerators="any:8"), 1, OFFERS, fit=fit)
+    r = ranking.rank(res(accelerators="any:8"), 1, OFFERS, fit=fit)
     assert {x.offer.accelerator for x in r.ranked} == {"A100-80GB"}
     mem = [j for j in r.rejected if j.constraint == "memory"]
     assert [(j.reason, j.count) for j in mem] == \
         [(f"40 GiB per GPU: 36 GiB usable < {need:.1f} GiB needed", 4)]
     # asking for the 40 GB part: nothing fits, and the 80 GB part is suggested
-    a100 = planner.rank(res(accelerators="A100:8"), 1, OFFERS, fit=fit)
+    a100 = ranking.rank(res(accelerators="A100:8"), 1, OFFERS, fit=fit)
     assert a100.ranked == [] and "A100-80GB:8 fits: $40.55/h on gcp" in str(a100.error())
 
 
@@ -564,7 +564,7 @@ def test_ranking_over_the_shipped_snapshot_agrees_with_the_catalog() -> None:
 
     cat = load_catalog(None)
     for spot in (False, True):
-        r = planner.rank(res(accelerators="A100:8"), 2, cat.offers, spot=spot)
+        r = ranking.rank(res(accelerators="A100:8"), 2, cat.offers, spot=spot)
         assert r.ranked, "the snapshot sells A100:8"
         assert all(x.offer.accelerator == "A100" and x.offer.accelerator_count == 8
                    for x in r.ranked)
@@ -576,9 +576,9 @@ def test_ranking_over_the_shipped_snapshot_agrees_with_the_catalog() -> None:
         assert sum(j.count for j in r.rejected) + len(r.ranked) == len(cat.offers)
     # H100:8 on one node cannot hold 7e9 params with AdamW under ddp; the planner says so and
     # points at fsdp
-    h = planner.rank(res(accelerators="H100:8"), 1, cat.offers, fit=MemoryEstimate(7e9))
+    h = ranking.rank(res(accelerators="H100:8"), 1, cat.offers, fit=MemoryEstimate(7e9))
     assert h.ranked == [] and "fsdp" in h.error().hint
-    ok = planner.rank(res(accelerators="H100:8"), 1, cat.offers,
+    ok = ranking.rank(res(accelerators="H100:8"), 1, cat.offers,
                       fit=MemoryEstimate(7e9, strategy="fsdp"))
     assert ok.ranked and ok.ranked[0].fit is not None and ok.ranked[0].fit.shards == 8
 
@@ -643,7 +643,6 @@ class PlacingCloud(FakeCloud):
 
 def test_the_offers_are_ranked_once_and_the_request_carries_the_targets(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from cloudtrain import ranking
     from cloudtrain.pipeline.place import placed
     from cloudtrain.pipeline.plan import plan
     from cloudtrain.pipeline.provision import provision
@@ -652,7 +651,6 @@ def test_the_offers_are_ranked_once_and_the_request_carries_the_targets(
     ranked: list[int] = []
     real = ranking.rank
     monkeypatch.setattr(ranking, "rank", lambda *a, **k: ranked.append(1) or real(*a, **k))
-    monkeypatch.setattr(planner, "rank", ranking.rank)
     cloud = PlacingCloud("aws")
     assert isinstance(cloud, Places) and not isinstance(FakeCloud("aws"), Places)
     env = _env(tmp_path, {"aws": cloud})
