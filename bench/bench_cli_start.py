@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import fmt, machine_line, median, percentile, real_script, table, verdict  # noqa: E402
+from _common import fmt, machine_line, median, percentile, real_script, table, verdict  # noqa: E402 - imported after the sys.path set-up above
 
 
 def time_runs(cmd: list[str], n: int, env: dict[str, str], cwd: str) -> list[float]:

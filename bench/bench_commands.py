@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import begin, cloudtrain_cmd, ct_env, fmt, median, table, teardown, verdict  # noqa: E402
+from _common import begin, cloudtrain_cmd, ct_env, fmt, median, table, teardown, verdict  # noqa: E402 - imported after the sys.path set-up above
 
 SMALL = ("bc-a", "bc-b", "bc-c", "bc-d")
 BIG = "bc-big"

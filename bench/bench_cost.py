@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import cloudtrain_cmd, fmt, machine_line, median, percentile, table, verdict  # noqa: E402
+from _common import cloudtrain_cmd, fmt, machine_line, median, percentile, table, verdict  # noqa: E402 - imported after the sys.path set-up above
 
 TASK = "name: bench\nnum_nodes: 2\nresources:\n  accelerators: any:8\nrun: 'true'\n"
 

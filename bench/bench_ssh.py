@@ -32,7 +32,7 @@ from typing import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (begin, cloudtrain_cmd, ct_env, fmt, iter_csv_ints, median, run_counts,  # noqa: E402
+from _common import (begin, cloudtrain_cmd, ct_env, fmt, iter_csv_ints, median, run_counts,  # noqa: E402 - imported after the sys.path set-up above
                      table)
 
 

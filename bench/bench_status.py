@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import begin, cloudtrain_cmd, ct_env, fmt, median, percentile, table, teardown  # noqa: E402
+from _common import begin, cloudtrain_cmd, ct_env, fmt, median, percentile, table, teardown  # noqa: E402 - imported after the sys.path set-up above
 
 FAKE = Path(__file__).resolve().parent.parent / "tests" / "fakes" / "nvidia_smi"
 

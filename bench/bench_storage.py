@@ -32,9 +32,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "fakes"))
-import storage_emulators as emus  # noqa: E402
+import storage_emulators as emus  # noqa: E402 - imported after the sys.path set-up above
 
-from cloudtrain.node import store  # noqa: E402
+from cloudtrain.node import store  # noqa: E402 - imported after the sys.path set-up above
 
 STORE = REPO / "cloudtrain" / "node" / "store.py"
 

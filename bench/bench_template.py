@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import fmt, iter_csv_ints, table  # noqa: E402
+from _common import fmt, iter_csv_ints, table  # noqa: E402 - imported after the sys.path set-up above
 
 REPO = Path(__file__).resolve().parent.parent
 TRAIN = REPO / "templates" / "train" / "train.py"

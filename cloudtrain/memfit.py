@@ -80,7 +80,7 @@ class Breakdown:
         return self.needed_gib <= gpu_memory_gib * USABLE_FRACTION + 1e-9
 
     def to_dict(self) -> dict[str, object]:
-        r = lambda v: round(v, 2)  # noqa: E731
+        r = lambda v: round(v, 2)  # noqa: E731 - a named one-line callable, read once below
         return {
             "params": self.params, "precision": self.precision, "optimizer": self.optimizer,
             "strategy": self.strategy, "shards": self.shards,

@@ -136,7 +136,7 @@ def _check_chart_deps() -> None:
     from cloudtrain.errors import UserError
 
     try:
-        import matplotlib  # noqa: F401
+        import matplotlib  # noqa: F401 - only whether matplotlib is installed
     except ImportError:
         raise UserError("--chart needs matplotlib, which is not installed.",
                         f"Install it with: {CHART_EXTRA}") from None

@@ -186,7 +186,7 @@ class Controller:
         """run_task under the health watch; a loss the cloud reports (or a node silent past
         the window) is the attempt's outcome, not the error it caused."""
         job_id = start.job_id
-        head_log = lambda: self.env.logs_dir(self.name) / job_id / "node-0.log"  # noqa: E731
+        head_log = lambda: self.env.logs_dir(self.name) / job_id / "node-0.log"  # noqa: E731 - a named one-line callable, read once below
         health = self.health = HealthWatch(self.env, handle, group, self.rec.poll_seconds,
                                            task, watch, head_log)
         done = threading.Event()

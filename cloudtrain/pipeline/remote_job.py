@@ -236,11 +236,11 @@ class RemoteJob:
         elif self.before is not None:
             first, data = self.before(node)
             stdin = data + stdin
-            command = lambda off: bash(  # noqa: E731
+            command = lambda off: bash(  # noqa: E731 - a named one-line callable, read once below
                 f"head -c {len(data)} | {{ {first} >&2; cat > /dev/null; }}; "
                 + run_command(jdir, off, node.python_bin))
         else:
-            command = lambda off: run_command(jdir, off, node.python_bin)  # noqa: E731
+            command = lambda off: run_command(jdir, off, node.python_bin)  # noqa: E731 - a named one-line callable, read once below
         r = self.group.follow(node, command, self.sink, self.env.ui.warn, stdin=stdin)
         if turn is not None and turn.queued_on(r):
             try:

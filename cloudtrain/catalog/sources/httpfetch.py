@@ -147,7 +147,7 @@ def _http_error_detail(e: urllib.error.HTTPError) -> str:
     """The server's own words, briefly (Google and Azure put them in a JSON error object)."""
     try:
         body = e.read(4096).decode("utf-8", "replace")
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - an unreadable error body: the status code says enough
         return ""
     try:
         data = json.loads(body)

@@ -12,7 +12,7 @@ exists instead of creating a second one.
 
 from __future__ import annotations
 
-from cloudtrain.provider import (CLUSTER, CREATED, OWNER, RANK, SHARED_RANK,  # noqa: F401
+from cloudtrain.provider import (CLUSTER, CREATED, OWNER, RANK, SHARED_RANK,  # noqa: F401 - the door's marks, this cloud's tag names (tags.CLUSTER)
                                  check_name, default_owner, now, owner_hash)
 
 REGION = "cloudtrain:region"

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import re
 
-from cloudtrain.provider import (check_name, default_owner, now, owner_hash,  # noqa: F401
+from cloudtrain.provider import (check_name, default_owner, now, owner_hash,  # noqa: F401 - the door's marks, this cloud's tag names (tags.CLUSTER)
                                  split_owner)
 
 CLUSTER = "cloudtrain-cluster"
