@@ -68,10 +68,12 @@ def open_env(quiet: bool = False, contact: bool = True) -> Env:
 
     if contact:
         from cloudtrain.connection import node_timeout
+        from cloudtrain.pipeline.policy import guard_poll
         from cloudtrain.sshmux import persist_seconds
 
         node_timeout()   # a bad CLOUDTRAIN_NODE_TIMEOUT is refused before anything is created
         persist_seconds()   # the same for CLOUDTRAIN_SSH_PERSIST
+        guard_poll()   # and CLOUDTRAIN_GUARD_POLL
     return open_context(UI(quiet=quiet), handed_providers())
 
 

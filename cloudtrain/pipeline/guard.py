@@ -21,7 +21,7 @@ from cloudtrain.errors import CloudtrainError
 from cloudtrain.pipeline import bootstrap, outputs
 from cloudtrain.pipeline.lastseen import (View, contacted, describe, idle_words, policy_file,
                                           saved)
-from cloudtrain.pipeline.policy import Policy
+from cloudtrain.pipeline.policy import Policy, guard_poll
 from cloudtrain.pipeline.rules import budget_change, budget_words
 from cloudtrain.provider.contract import Node, SelfStops
 from cloudtrain.remote import Group, GroupResult
@@ -73,9 +73,9 @@ def desired(env: Env, handle: Handle, task: Task | None, **changes: Any) -> Poli
     if task is not None:
         pol = pol.changed(max_hours=task.max_hours, grace_s=task.stop_grace)
     pol = pol.changed(**changes)
-    poll = os.environ.get("CLOUDTRAIN_GUARD_POLL")     # tests: a faster loop on the nodes
-    if poll:
-        pol = pol.changed(poll_s=float(poll))
+    poll = guard_poll()
+    if poll is not None:
+        pol = pol.changed(poll_s=poll)
     now = time.time()
     return pol.changed(cluster=row.name, started_at=row.created_at or now, lease_at=now,
                        cluster_hourly_usd=None if row.hourly_price is None

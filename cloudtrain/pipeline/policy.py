@@ -37,7 +37,7 @@ class Policy:
     budget_grace_s: float | None = None
     """The time the nodes leave an attached launch after the budget was reached."""
     poll_s: float | None = None
-    """The guard's loop (tests: CLOUDTRAIN_GUARD_POLL)."""
+    """The guard's loop, seconds (the user's CLOUDTRAIN_GUARD_POLL, else the node's 2 s)."""
     started_at: float | None = None
     lease_at: float | None = None
     """The last CLI contact that wrote it."""
@@ -89,3 +89,18 @@ def asdict_deep(v: Any) -> Any:
         return {k: asdict_deep(x) for k, x in v.items()}
     return v
 
+
+GUARD_POLL_VAR = "CLOUDTRAIN_GUARD_POLL"
+
+
+def guard_poll() -> float | None:
+    """The guard's loop the user set (``CLOUDTRAIN_GUARD_POLL``, seconds), None: the node's
+    own 2 s. Bad input (exit 2 naming the variable) is refused when a command opens its
+    environment, before anything is created."""
+    import os
+
+    from cloudtrain.connection import seconds_setting
+
+    if not os.environ.get(GUARD_POLL_VAR, "").strip():
+        return None
+    return seconds_setting(GUARD_POLL_VAR, 2.0)

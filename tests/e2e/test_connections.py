@@ -355,13 +355,14 @@ def test_ctrl_c_during_sync_exits_130_at_once(cli: CLI, tmp_path: Path) -> None:
     assert wait_until(lambda: not [p for p in processes_with(str(proj)) if _comm(p) == "rsync"], 10)
 
 
+@pytest.mark.parametrize("var", ["CLOUDTRAIN_NODE_TIMEOUT", "CLOUDTRAIN_GUARD_POLL"])
 @pytest.mark.parametrize("value", ["abc", "0", "-5", "inf", "nan"])
 def test_bad_node_timeout_is_refused_before_anything_exists(cli: CLI, tmp_path: Path,
-                                                            value: str) -> None:
+                                                            value: str, var: str) -> None:
     task = _task(tmp_path, "t", "name: badto\nnum_nodes: 1\nrun: 'true'\n")
-    r = cli.run("launch", str(task), CLOUDTRAIN_NODE_TIMEOUT=value)
+    r = cli.run("launch", str(task), **{var: value})
     assert r.returncode == 2, r.stderr
-    assert "CLOUDTRAIN_NODE_TIMEOUT" in r.stderr and "Traceback" not in r.stderr
+    assert var in r.stderr and "Traceback" not in r.stderr
     assert not (cli.home / "clusters").exists() or not any((cli.home / "clusters").iterdir())
 
 
