@@ -129,6 +129,10 @@ wait
     r = cli.run("launch", str(never), "-c", "c", "-y", "--now", **FAST)
     assert r.returncode == 2 and long_id in r.stderr and "--now" in r.stderr, r.stderr
     assert [x["id"] for x in _queue(cli, "c")] == [long_id]      # nothing queued
+    # --recover runs the same chain: its --now refuses too (before issue 22 it was ignored)
+    r = cli.run("launch", str(never), "-c", "c", "-y", "--now", "--recover", **FAST)
+    assert r.returncode == 2 and long_id in r.stderr and "--now" in r.stderr, r.stderr
+    assert [x["id"] for x in _queue(cli, "c")] == [long_id]
 
     r = cli.run("launch", str(never), "-c", "c", "-y", "-d", **FAST)
     assert r.returncode == 0, r.stderr
