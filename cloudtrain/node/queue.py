@@ -2,17 +2,26 @@
 busy cluster waits its turn here, and the node starts it when the job before it has ended,
 with no CLI connected (docs/queue.md).
 
-    python3 queue.py submit ROOT JOB_ID SUBMITTER SUBMITTED_AT TASK   (job script on stdin)
-    python3 queue.py run ROOT JOB_ID SUBMITTER SUBMITTED_AT TASK OFFSET
+    python3 queue.py submit ROOT JOB_ID SUBMITTER SUBMITTED_AT TASK [--gpus N]
+                                           (the job script on stdin)
+    python3 queue.py run ROOT JOB_ID SUBMITTER SUBMITTED_AT TASK OFFSET [--gpus N]
                                            submit once and follow the job in the same session
                                            (stdin: "LENGTH\n", the script, then held open)
     python3 queue.py wait ROOT JOB_ID      the waiter (started by submit; in its own session)
     python3 queue.py list ROOT             every record, oldest first (one JSON list)
+    python3 queue.py slots ROOT            the node's GPU slot count
     python3 queue.py cancel ROOT JOB_ID    a queued job removed; a running one marked (the CLI
                                            stops it with the job's stop_grace)
 
+GPU slots: the node has slots(ROOT) of them (ROOT/.cloudtrain/slots, written by the bootstrap:
+the node's GPUs, or the local provider's declared count; 1 when absent). A job submitted with
+--gpus N waits for N free slots of this node and runs with CUDA_VISIBLE_DEVICES set to them; one
+without --gpus (a whole-node job) waits for all of them and holds them all. Jobs start in
+submission order: a job never starts before an earlier one that still waits.
+
 Files in ROOT/.cloudtrain/queue: JOB_ID.json (the record: id, submitter, submitted_at, task,
-state, started_at, ended_at, exit_code), JOB_ID.sh (the job's script, 0600, until it starts),
+state, started_at, ended_at, exit_code, gpus: N or null, held: the slot indices while running,
+[] otherwise), JOB_ID.sh (the job's script, 0600, until it starts),
 lock (flock). A job starts as ctjob.sh starts one (ROOT/jobs/JOB_ID: run.sh, node.log, pid,
 rc), so ``logs --job`` and the stop path work on it unchanged. Every node of a cluster holds
 the same queue (the CLI submits to each, with one SUBMITTED_AT), so each node starts its part
@@ -134,7 +143,7 @@ def refresh(root: str, rec: dict) -> dict:
     else:
         return rec
     state = "cancelled" if rec.get("cancel") else ("succeeded" if code == 0 else "failed")
-    rec = dict(rec, state=state, exit_code=code, ended_at=ended)
+    rec = dict(rec, state=state, exit_code=code, ended_at=ended, held=[])
     write_json(os.path.join(qdir(root), rec["id"] + ".json"), rec)
     return rec
 
@@ -154,6 +163,43 @@ def records(root: str) -> list[dict]:
     return sorted(out, key=lambda r: (r.get("submitted_at") or 0, r["id"]))
 
 
+def slots(root: str) -> int:
+    """The node's GPU slot count: ROOT/.cloudtrain/slots (1 when absent or unreadable)."""
+    try:
+        with open(os.path.join(root, ".cloudtrain", "slots")) as f:
+            return max(1, int(f.read().strip()))
+    except (OSError, ValueError):
+        return 1
+
+
+def held(rec: dict, n: int) -> list[int]:
+    """The slots a record holds: its ``held`` while running (all ``n`` for a record written
+    before slots existed), none otherwise."""
+    if rec.get("state") != "running":
+        return []
+    got = rec.get("held")
+    return [i for i in got if isinstance(i, int)] if isinstance(got, list) else list(range(n))
+
+
+def allocate(recs: list[dict], job_id: str, n: int) -> list[int] | None:
+    """The slots ``job_id`` gets now out of ``n`` (the lowest free ones), or None while it
+    must wait: a job submitted before it still waits, or too few slots are free."""
+    busy: set[int] = set()
+    mine = None
+    for rec in recs:
+        if rec["id"] == job_id:
+            mine = rec
+        elif rec.get("state") == "queued" and mine is None:
+            return None
+        busy.update(held(rec, n))
+    if mine is None:
+        return None
+    want = mine.get("gpus")
+    need = want if isinstance(want, int) and want > 0 else n
+    free = [i for i in range(n) if i not in busy]
+    return free[:need] if len(free) >= need else None
+
+
 def ahead(root: str, job_id: str) -> list[dict]:
     """The queued or running jobs submitted before ``job_id``."""
     out = []
@@ -165,8 +211,9 @@ def ahead(root: str, job_id: str) -> list[dict]:
     return out
 
 
-def start(root: str, rec: dict) -> int:
-    """Start the job as ctjob.sh --detach does: its own session, node.log, pid, rc."""
+def start(root: str, rec: dict, slots_held: list[int]) -> int:
+    """Start the job as ctjob.sh --detach does: its own session, node.log, pid, rc; a job
+    that asked for GPUs sees only its slots (CUDA_VISIBLE_DEVICES)."""
     q = qdir(root)
     jdir = os.path.join(root, "jobs", rec["id"])
     old = os.umask(0o077)
@@ -178,35 +225,45 @@ def start(root: str, rec: dict) -> int:
         log = open(os.path.join(jdir, "node.log"), "wb")
     finally:
         os.umask(old)
+    env = dict(os.environ)
+    if isinstance(rec.get("gpus"), int):
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in slots_held)
     with log:
         proc = subprocess.Popen(["bash", "-c", RUN, "_", jdir], stdin=subprocess.DEVNULL,
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                env=env)
     with open(os.path.join(jdir, "pid"), "w") as f:
         f.write(str(proc.pid))
     write_json(os.path.join(q, rec["id"] + ".json"),
-               dict(rec, state="running", started_at=time.time()))
+               dict(rec, state="running", started_at=time.time(), held=slots_held))
     return proc.pid
 
 
 def submit(root: str, job_id: str, submitter: str, submitted_at: float, task: str,
-           script: bytes) -> str:
-    """Queue the job (its script) and start it when nothing is ahead of it: "::started PID"
-    or "::queued POSITION FIRST_AHEAD". Called with the queue locked."""
+           script: bytes, gpus: int | None = None) -> str:
+    """Queue the job (its script) and start it when its slots are free and no earlier job
+    waits: "::started PID" or "::queued POSITION FIRST_AHEAD"; "::refused WHY" (nothing
+    queued) when it asks for more GPUs than the node has. Called with the queue locked."""
+    if gpus is not None and gpus > slots(root):
+        return (f"::refused gpus_per_job is {gpus}, but this node has {slots(root)} GPU "
+                "slot(s)")
     q = qdir(root)
     path = os.path.join(q, job_id + ".sh")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as f:
         f.write(script)
     rec = {"id": job_id, "submitter": submitter, "submitted_at": submitted_at, "task": task,
-           "state": "queued", "started_at": None, "ended_at": None, "exit_code": None}
+           "state": "queued", "started_at": None, "ended_at": None, "exit_code": None,
+           "gpus": gpus, "held": []}
     write_json(os.path.join(q, job_id + ".json"), rec)
     prune(root)
-    before = ahead(root, job_id)
-    if not before and not stopped(root):
-        return f"::started {start(root, rec)}"
+    got = allocate(records(root), job_id, slots(root))
+    if got is not None and not stopped(root):
+        return f"::started {start(root, rec, got)}"
     write_json(os.path.join(q, job_id + ".json"),
                dict(rec, waiter=spawn_waiter(root, job_id), queue_py=os.path.abspath(__file__)))
-    return f"::queued {len(before)} {before[0]['id']}"
+    before = ahead(root, job_id)
+    return f"::queued {len(before)} {before[0]['id'] if before else '-'}"
 
 
 def spawn_waiter(root: str, job_id: str) -> int:
@@ -238,7 +295,7 @@ def read_framed() -> bytes:
 
 
 def run(root: str, job_id: str, submitter: str, submitted_at: float, task: str,
-        offset: str) -> int:
+        offset: str, gpus: int | None = None) -> int:
     """Submit once and follow, in one session (the launch's): the framed script on stdin,
     then stdin held open as the follower's EOF watch. A repeat of the same command (a
     reconnect) submits nothing: it follows from ``offset``. A job that waits its turn says
@@ -252,7 +309,10 @@ def run(root: str, job_id: str, submitter: str, submitted_at: float, task: str,
     with Locked(root):
         rec = read_json(os.path.join(qdir(root), job_id + ".json"))
         if rec is None:
-            said = submit(root, job_id, submitter, submitted_at, task, script)
+            said = submit(root, job_id, submitter, submitted_at, task, script, gpus)
+            if said.startswith("::refused "):
+                print(f"::ctjob bad-input: {said[10:]}", file=sys.stderr)
+                return 2
             state: str | None = "running" if said.startswith("::started") else "queued"
         else:
             state = rec.get("state")
@@ -312,8 +372,9 @@ def wait(root: str, job_id: str) -> int:
                 write_json(path, dict(rec, state="cancelled", ended_at=time.time(),
                                       reason="the node guard stopped the node"))
                 return 0
-            if not ahead(root, job_id):
-                start(root, rec)
+            got = allocate(records(root), job_id, slots(root))
+            if got is not None:
+                start(root, rec, got)
                 return 0
         time.sleep(POLL_S)
     return 0
@@ -340,16 +401,36 @@ def cancel(root: str, job_id: str) -> int:
     return 0
 
 
+def gpus_option(args: list[str]) -> tuple[list[str], int | None]:
+    """``--gpus N`` taken out of ``args`` (N a whole number >= 1; ValueError otherwise)."""
+    if "--gpus" not in args:
+        return args, None
+    i = args.index("--gpus")
+    value = args[i + 1] if i + 1 < len(args) else ""
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"--gpus wants a whole number of GPU slots >= 1, not '{value}'")
+    return args[:i] + args[i + 2:], int(value)
+
+
 def main(argv: list[str]) -> int:
     cmd, args = (argv[1], argv[2:]) if len(argv) > 2 else ("", [])
+    try:
+        args, gpus = gpus_option(args)
+    except ValueError as exc:
+        print(f"::bad-input {exc}", file=sys.stderr)
+        return 2
     args = [os.path.abspath(os.path.expanduser(args[0]))] + args[1:] if args else args
     if cmd == "submit" and len(args) == 5:
         with Locked(args[0]):
-            print(submit(args[0], args[1], args[2], float(args[3]), args[4],
-                         sys.stdin.buffer.read()))
-        return 0
+            said = submit(args[0], args[1], args[2], float(args[3]), args[4],
+                          sys.stdin.buffer.read(), gpus)
+        print(said)
+        return 2 if said.startswith("::refused ") else 0
     if cmd == "run" and len(args) == 6:
-        return run(args[0], args[1], args[2], float(args[3]), args[4], args[5])
+        return run(args[0], args[1], args[2], float(args[3]), args[4], args[5], gpus)
+    if cmd == "slots" and len(args) == 1:
+        print(slots(args[0]))
+        return 0
     if cmd == "wait" and len(args) == 2:
         return wait(args[0], args[1])
     if cmd == "cancel" and len(args) == 2:
