@@ -22,6 +22,7 @@
 #   CLOUDTRAIN_OS_RELEASE     the os-release file to read (tests)
 #   CLOUDTRAIN_RCLONE         install: install rclone when missing (cloud nodes); check: only look
 #   CLOUDTRAIN_CUDA_HOME      where a CUDA toolkit would be (default /usr/local/cuda)
+#   CLOUDTRAIN_SLOTS          the node's GPU slot count for the job queue (default: its GPUs)
 # shellcheck source-path=SCRIPTDIR
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -127,6 +128,13 @@ fi
 result gpus "$GPUS"
 result gpu_name "$GPU_NAME"
 result gpu_gen "$GEN"
+# The node's GPU slots, read by the job queue (node/queue.py slots, docs/queue.md): its GPUs,
+# or the count the provider declares (CLOUDTRAIN_SLOTS: resources.local.gpus); 1 without.
+SLOTS=${CLOUDTRAIN_SLOTS:-$GPUS}
+case "$SLOTS" in ''|*[!0-9]*) SLOTS=1 ;; esac
+[ "$SLOTS" -ge 1 ] || SLOTS=1
+mkdir -p "$ROOT/.cloudtrain" && printf '%s\n' "$SLOTS" > "$ROOT/.cloudtrain/slots"
+result slots "$SLOTS"
 
 # ---------------------------------------------------------------------------------------------
 step driver

@@ -133,6 +133,8 @@ class Resources(BaseModel):
     ssh_proxy: str | None = None        # a jump host or a proxy command: cloudtrain.sshproxy
     max_hourly_cost: float | None = Field(None, gt=0, le=MAX_USD_PER_HOUR,   # whole cluster
                                           allow_inf_nan=False)
+    # A job's share of each node: N GPU slots (docs/queue.md); None: every node whole.
+    gpus_per_job: int | None = Field(None, ge=1, le=64)
 
     @model_validator(mode="before")
     @classmethod
@@ -196,6 +198,26 @@ class Resources(BaseModel):
     @classmethod
     def _proxy(cls, v: Any) -> Any:
         return v if v is None else sshproxy.check(v)
+
+    @model_validator(mode="after")
+    def _gpus_fit(self) -> Resources:
+        """gpus_per_job within what a node has, where the task file says it: the GPUs of
+        ``accelerators`` (per node), or the local provider's declared ``gpus`` slots."""
+        if self.gpus_per_job is None:
+            return self
+        local = (self.model_extra or {}).get("local")
+        declared = local.get("gpus") if isinstance(local, dict) else None
+        if self.provider == "local" and isinstance(declared, int) and not isinstance(declared, bool):
+            have, what = declared, f"resources.local.gpus declares {declared} GPU slot(s)"
+        elif self.accelerators is not None:
+            have = self.accelerators.count
+            what = f"resources.accelerators gives each node {have} GPU(s)"
+        else:
+            return self
+        if self.gpus_per_job > have:
+            raise ValueError(f"gpus_per_job is {self.gpus_per_job}, but {what}: a job's share "
+                             f"of a node is at most {have}")
+        return self
 
     def provider_options_raw(self) -> dict[str, Any]:
         return dict(self.model_extra or {})

@@ -26,9 +26,10 @@ JOB_ID = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{6}$")
 @guard
 def queue_(cluster_name: str, as_json: bool) -> None:
     """List the jobs of the cluster's queue, oldest first: state (queued, running,
-    succeeded, failed, cancelled), submitted and started time, duration, exit code and who
-    submitted them. The queue lives on the head node: jobs queued with 'launch -d' start
-    there when their turn comes, with no CLI connected.
+    succeeded, failed, cancelled), the GPU slots a running job holds (what a queued one
+    waits for), submitted and started time, duration, exit code and who submitted them.
+    The queue lives on the nodes: jobs queued with 'launch -d' start there when their
+    turn comes, with no CLI connected.
 
     \b
     Example:
@@ -48,10 +49,11 @@ def queue_(cluster_name: str, as_json: bool) -> None:
     if not recs:
         click.echo(f"No jobs in the queue of '{cluster_name}'.")
         return
-    head = ("JOB", "STATE", "SUBMITTED", "STARTED", "DURATION", "EXIT", "SUBMITTER", "TASK")
-    table = [head] + [tuple(_cell(r[k]) for k in ("id", "state", "submitted", "started",
-                                                   "duration_s", "exit_code", "submitter",
-                                                   "task")) for r in recs]
+    head = ("JOB", "STATE", "GPUS", "SUBMITTED", "STARTED", "DURATION", "EXIT", "SUBMITTER",
+            "TASK")
+    table = [head] + [tuple(_cell(r[k]) for k in ("id", "state", "gpus_cell", "submitted",
+                                                   "started", "duration_s", "exit_code",
+                                                   "submitter", "task")) for r in recs]
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]
     for row in table:
         click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
@@ -124,8 +126,21 @@ def rows(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     "started": when(start), "ended": when(end),
                     "duration_s": None if dur is None else round(dur, 1),
                     "exit_code": r.get("exit_code"), "reason": r.get("reason"),
-                    "waiter_restarts": r.get("waiter_restarts") or 0})
+                    "waiter_restarts": r.get("waiter_restarts") or 0,
+                    "gpus": r.get("gpus"), "held": r.get("held") or [],
+                    "gpus_cell": gpus_cell(r)})
     return out
+
+
+def gpus_cell(r: dict[str, Any]) -> str:
+    """The GPUS column: the slots a running job holds ("0,1"; "all" for a record from before
+    slots), what a queued one waits for ("wants 2", "wants all"), "-" once it has ended."""
+    held = r.get("held")
+    if r.get("state") == "running":
+        return ",".join(str(i) for i in held) if isinstance(held, list) and held else "all"
+    if r.get("state") == "queued":
+        return f"wants {r['gpus']}" if isinstance(r.get("gpus"), int) else "wants all"
+    return "-"
 
 
 def _cell(v: Any) -> str:

@@ -125,9 +125,12 @@ class Turn:
     the command that submits the job on each node, the wait (attached) until every node has
     started it, and its withdrawal when the launch is stopped (Ctrl-C)."""
 
-    def __init__(self, env: Env, handle: Handle, group: Group, job_id: str, task: str) -> None:
+    def __init__(self, env: Env, handle: Handle, group: Group, job_id: str, task: str,
+                 gpus: int | None = None) -> None:
         self.env, self.handle, self.group = env, handle, group
         self.job_id, self.task = job_id, task
+        # resources.gpus_per_job: the job's GPU slots on each node (None: each node whole)
+        self.gpus_args = ("--gpus", str(gpus)) if gpus is not None else ()
         self.at = f"{time.time():.6f}"
         self.who = submitter()
         self.queued = False   # set by wait(): some node queued the job behind another
@@ -135,17 +138,18 @@ class Turn:
         self._lock = threading.Lock()
 
     def command(self, node: NodeRow) -> str:
-        """Submit (``-d``): "::started PID" or "::queued POSITION FIRST_AHEAD"."""
+        """Submit (``-d``): "::started PID" or "::queued POSITION FIRST_AHEAD" ("::refused
+        WHY", exit 2, when the job asks for more GPU slots than the node has)."""
         return node_command(self.handle, node, "submit", self.job_id, self.who, self.at,
-                            self.task, marker=cluster_uid(self.env, self.handle.name),
-                            bundled=True)
+                            self.task, *self.gpus_args,
+                            marker=cluster_uid(self.env, self.handle.name), bundled=True)
 
     def run_command(self, node: NodeRow, offset: int) -> str:
         """Submit once and follow, in one session (the framed script on stdin): exits with
         the job's code, or 253 with "::ctjob queued POSITION FIRST_AHEAD" when it waits."""
         return node_command(self.handle, node, "run", self.job_id, self.who, self.at,
-                            self.task, str(offset), marker=cluster_uid(self.env, self.handle.name),
-                            bundled=True)
+                            self.task, str(offset), *self.gpus_args,
+                            marker=cluster_uid(self.env, self.handle.name), bundled=True)
 
     def _say_queued(self, words: list[str], detach: bool) -> None:
         with self._lock:
@@ -159,6 +163,14 @@ class Turn:
     def wait(self, res: Mapping[int, Result], detach: bool) -> None:
         # Each node says "::started PID" or "::queued POSITION FIRST_AHEAD"; the head's word
         # is the one shown, but the launch waits while any node's part is queued.
+        refused = [ln[10:] for x in res.values() for ln in x.stdout.splitlines()
+                   if ln.startswith("::refused ")]
+        if refused:
+            self.withdraw()
+            self.env.state.finish_launch(self.job_id, "FAILED", 2, None)
+            raise UserError(f"resources.gpus_per_job: {refused[0]}.",
+                            "Ask for at most that many (gpus_per_job), or launch on a cluster "
+                            "whose nodes have more GPUs (-c).")
         said = {rank: ln.split() for rank, x in sorted(res.items(), reverse=True)
                 for ln in x.stdout.splitlines() if ln.startswith("::queued ") and x.ok}
         if not said:

@@ -92,7 +92,7 @@ def script(node: NodeRow, env_vars: dict[str, str], body: str) -> str:
 def train_body(handle: Handle, node: NodeRow, task: Task, job_id: str) -> str:
     assert task.train is not None
     head = handle.nodes[0]
-    gpus = min((n.gpus or 0) for n in handle.nodes)
+    gpus = min([(n.gpus or 0) for n in handle.nodes] + [task.resources.gpus_per_job or 64])
     info = torchrun.NodeInfo(rank=node.rank, num_nodes=len(handle.nodes), node_ip=node.internal_ip,
                              head_ip=head.internal_ip, master_port=handle.row.master_port, gpus=gpus)
     wrapper = str(PurePosixPath(bootstrap.script_dir(node)) / "ctworker.sh")
@@ -339,7 +339,7 @@ def _started(r: Running, logs: Path) -> tuple[RemoteJob, dict[int, Result], queu
         f.write(f"job_id={job_id}\ncluster={handle.name}\nnodes={len(nodes)}\n")
     env.ui.step(f"Running job {job_id} on {len(nodes)} node(s)")
     outputs.record(env, handle.name, job_id, task)
-    turn = queue.Turn(env, handle, r.group, job_id, task.name or "-")
+    turn = queue.Turn(env, handle, r.group, job_id, task.name or "-", task.resources.gpus_per_job)
     job = RemoteJob(env, handle, r.group, JobParts(job_id, scripts, sink, [n.rank for n in nodes],
                                                    grace=task.stop_grace, turn=turn))
     try:

@@ -34,6 +34,11 @@ class LocalOptions(BaseModel):
     price_per_hour: float = Field(
         0.0, ge=0, le=100_000, allow_inf_nan=False,
         description="Pretend price per node-hour in USD, for trying budgets (default 0).")
+    gpus: int | None = Field(
+        None, ge=1, le=64,
+        description="GPU slots per node, a test and demo aid: the node's queue runs that many "
+                    "gpus_per_job: 1 jobs at once, each with its own CUDA_VISIBLE_DEVICES "
+                    "(the nodes have no GPUs; default: the node's real GPUs, 1 slot without).")
 
     @field_validator("python")
     @classmethod
@@ -150,6 +155,7 @@ class LocalProvider:
                 "network": opts.network, "tag": tag, "subnet": subnet, "user": getpass.getuser(),
                 "marker": f"{tag}-{request.name}",
                 "python": opts.python or sys.executable,
+                "gpus": opts.gpus,
                 "master_port": 29500 if opts.network == "netns" else _free_port(addrs[0]),
                 "nodes": [{"rank": r, "address": a, "port": p}
                           for r, (a, p) in enumerate(zip(addrs, ports))],
@@ -214,9 +220,13 @@ class LocalProvider:
         return int(layout.get("master_port") or 29500)
 
     def node_env(self, cluster: str) -> dict[str, str]:
-        """Hints for bootstrap: local nodes use an existing Python environment."""
+        """Hints for bootstrap: local nodes use an existing Python environment, and have the
+        GPU slots ``resources.local.gpus`` declares (CLOUDTRAIN_SLOTS)."""
         layout = self._read_layout(cluster) or {}
-        return {"CLOUDTRAIN_PYTHON": str(layout.get("python") or sys.executable)}
+        env = {"CLOUDTRAIN_PYTHON": str(layout.get("python") or sys.executable)}
+        if layout.get("gpus"):   # resources.local.gpus: the declared GPU slot count
+            env["CLOUDTRAIN_SLOTS"] = str(int(layout["gpus"]))
+        return env
 
     # --- node health (the recovery controller's evidence) ----------------------------------
 
