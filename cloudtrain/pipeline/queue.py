@@ -166,11 +166,7 @@ class Turn:
         refused = [ln[10:] for x in res.values() for ln in x.stdout.splitlines()
                    if ln.startswith("::refused ")]
         if refused:
-            self.withdraw()
-            self.env.state.finish_launch(self.job_id, "FAILED", 2, None)
-            raise UserError(f"resources.gpus_per_job: {refused[0]}.",
-                            "Ask for at most that many (gpus_per_job), or launch on a cluster "
-                            "whose nodes have more GPUs (-c).")
+            raise self.refuse(refused[0])
         said = {rank: ln.split() for rank, x in sorted(res.items(), reverse=True)
                 for ln in x.stdout.splitlines() if ln.startswith("::queued ") and x.ok}
         if not said:
@@ -194,12 +190,32 @@ class Turn:
             time.sleep(WAIT_POLL_S)
 
     def queued_on(self, res: Result) -> bool:
-        """Did the run command say the job waits its turn on this node (exit 253)?"""
-        return res.exit_code == 253 and "::ctjob queued" in res.stderr
+        """Did the run command say the job waits its turn on this node (exit 253), or that
+        the node refused it (exit 2: more GPU slots asked than it has; wait_node raises)?"""
+        return ((res.exit_code == 253 and "::ctjob queued" in res.stderr)
+                or self._refusal(res) is not None)
+
+    def _refusal(self, res: Result) -> str | None:
+        said = [ln.split(": ", 1)[1] for ln in res.stderr.splitlines()
+                if ln.startswith("::ctjob bad-input: gpus_per_job ")]
+        return said[0] if res.exit_code == 2 and said else None
+
+    def refuse(self, why: str) -> UserError:
+        """The node refused the job (gpus_per_job above its slots): withdrawn everywhere,
+        the launch recorded as failed, and the error (exit 2) naming the field."""
+        self.withdraw()
+        self.env.state.finish_launch(self.job_id, "FAILED", 2, None)
+        return UserError(f"resources.gpus_per_job: {why}.",
+                         "Ask for at most that many (gpus_per_job), or launch on a cluster "
+                         "whose nodes have more GPUs (-c).")
 
     def wait_node(self, res: Result) -> None:
         """A node whose part waits its turn (run_command exited 253): say so (once), then
-        wait until that node has started it. Raises JobFailed when it was cancelled first."""
+        wait until that node has started it. Raises JobFailed when it was cancelled first,
+        UserError when the node refused it (see queued_on)."""
+        why = self._refusal(res)
+        if why is not None:
+            raise self.refuse(why)
         words = next((ln.split()[2:] for ln in res.stderr.splitlines()
                       if ln.startswith("::ctjob queued ")), [])
         self._say_queued(words, False)
