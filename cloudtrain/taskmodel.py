@@ -202,21 +202,15 @@ class Resources(BaseModel):
     @model_validator(mode="after")
     def _gpus_fit(self) -> Resources:
         """gpus_per_job within what a node has, where the task file says it: the GPUs of
-        ``accelerators`` (per node), or the local provider's declared ``gpus`` slots."""
-        if self.gpus_per_job is None:
-            return self
+        ``accelerators`` (per node), or the slots the local provider declares (local.gpus)."""
         local = (self.model_extra or {}).get("local")
-        declared = local.get("gpus") if isinstance(local, dict) else None
-        if self.provider == "local" and isinstance(declared, int) and not isinstance(declared, bool):
-            have, what = declared, f"resources.local.gpus declares {declared} GPU slot(s)"
-        elif self.accelerators is not None:
-            have = self.accelerators.count
-            what = f"resources.accelerators gives each node {have} GPU(s)"
-        else:
-            return self
-        if self.gpus_per_job > have:
-            raise ValueError(f"gpus_per_job is {self.gpus_per_job}, but {what}: a job's share "
-                             f"of a node is at most {have}")
+        own = local.get("gpus") if self.provider == "local" and isinstance(local, dict) else None
+        have, what = ((own, "resources.local.gpus declares") if type(own) is int else
+                      (self.accelerators and self.accelerators.count, "resources.accelerators "
+                       "gives each node"))
+        if self.gpus_per_job is not None and have and self.gpus_per_job > have:
+            raise ValueError(f"gpus_per_job is {self.gpus_per_job}, but {what} {have} GPU "
+                             f"slot(s): a job's share of a node is at most {have}")
         return self
 
     def provider_options_raw(self) -> dict[str, Any]:

@@ -238,10 +238,12 @@ BAD_VALUES.update({
                                               "bastion:22:22", "x" * 1100 + " %h %p")]
                            + ["5", "[bastion]", "{host: b}", "true"],
     "resources.max_hourly_cost": ["0", "-1", "1.0e9", "'cheap'", "[1]", *NON_FINITE],
+    "resources.gpus_per_job": ["0", "-1", "65", "1.5", "'one'", "[1]", *NON_FINITE],
     "resources.local.network": ["netns2", "[loopback]", "5", "''"],
     "resources.local.python": ["relative/python", "5", _j("/" + "p/" * 2500),
                                _j("/usr/bin/py\nthon"), "''"],
     "resources.local.price_per_hour": ["-1", "1.0e9", "'free'", "[1]", *NON_FINITE],
+    "resources.local.gpus": ["0", "-1", "65", "1.5", "'two'", "[2]", *NON_FINITE],
     "resources.local.typo": ["1"],
     "resources.ssh.hosts": ["[]", "5", "[5]", "[[h1]]", _j(["-oProxyCommand=touch x"]),
                             _j(["u@-oProxyCommand=x"]), _j(["-x@h1"]), _j(["h1:port"]),
