@@ -1,0 +1,166 @@
+"""The node-side sweep driver (cloudtrain/node/sweep.py), run in-process with a tiny stand-in
+queue: real bash trials that write metrics lines, a real Optuna study in a journal file."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cloudtrain.node import sweep
+from cloudtrain.node.sweep import JobView, Worker
+
+# A trial: 6 steps of val_loss = (lr - 0.003)^2 * 1e4 + 1/step, except the trial whose number
+# is $HOPELESS, which reports 100 every step and runs long (the median pruner stops it).
+TRIAL = r"""
+python3 - "$@" <<'PY'
+import json, os, sys, time
+args = dict(zip(sys.argv[1::2], sys.argv[2::2]))
+lr = float(os.environ["CLOUDTRAIN_PARAM_LR"])
+assert float(args["--lr"]) == lr and args["--bs"] == os.environ["CLOUDTRAIN_PARAM_BS"]
+hopeless = os.environ["CLOUDTRAIN_TRIAL"] == os.environ.get("HOPELESS", "-1")
+with open(os.environ["CLOUDTRAIN_METRICS_FILE"], "a") as f:
+    for step in range(1, 7 if not hopeless else 200):
+        loss = 100.0 if hopeless else (lr - 0.003) ** 2 * 1e4 + 1 / step
+        f.write(json.dumps({"step": step, "@OBJ@": loss}) + "\n")
+        f.flush()
+        time.sleep(0.03)
+PY
+"""
+
+
+class StandInQueue:
+    """The queue's three calls, each job a bash process in its own session."""
+
+    def __init__(self, root: Path, env: dict[str, str]) -> None:
+        self.root, self.env = root, env
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.cancelled: set[str] = set()
+        self.gpus_asked: list[int] = []
+
+    def submit(self, job_id: str, script: str, gpus: int) -> None:
+        self.gpus_asked.append(gpus)
+        self.procs[job_id] = subprocess.Popen(["bash", "-c", script], start_new_session=True,
+                                              env={**os.environ, **self.env})
+
+    def jobs(self) -> dict[str, JobView]:
+        out = {}
+        for job_id, p in self.procs.items():
+            rc = p.poll()
+            state = "running" if rc is None else "cancelled" if job_id in self.cancelled \
+                else "succeeded" if rc == 0 else "failed"
+            out[job_id] = JobView(state, rc, ("0",))
+        return out
+
+    def cancel(self, job_id: str) -> None:
+        self.cancelled.add(job_id)
+        os.killpg(self.procs[job_id].pid, signal.SIGTERM)
+
+
+def _spec(**over: Any) -> dict:
+    spec = {"params": {"lr": {"kind": "loguniform", "low": 1e-4, "high": 1e-1},
+                       "bs": {"kind": "choice", "choices": [16, 32]}},
+            "objective": {"metric": "val_loss", "goal": "minimize"}, "trials": 6,
+            "parallel": "auto", "gpus_per_trial": 1, "sampler": "random", "pruner": "none",
+            "seed": 7, "slots": 2, "script": TRIAL.replace("@OBJ@", "val_loss")}
+    spec.update(over)
+    return spec
+
+
+def _run(tmp_path: Path, spec: dict, hopeless: int = -1) -> tuple[dict, StandInQueue]:
+    study = sweep.open_study(sweep.journal(str(tmp_path), "s1"), "s1", spec)
+    queue = StandInQueue(tmp_path, {"HOPELESS": str(hopeless)})
+    Worker(str(tmp_path), study, queue, "node0").run(poll_s=0.02)
+    return sweep.report(sweep.read_study(str(tmp_path), "s1"), with_trials=True), queue
+
+
+@pytest.mark.parametrize("sampler", ["random", "tpe"])
+def test_a_six_trial_sweep_runs_to_the_end_and_names_the_best(tmp_path: Path,
+                                                              sampler: str) -> None:
+    rep, queue = _run(tmp_path, _spec(sampler=sampler))
+    assert rep["finished"] and rep["stopped"] is None
+    assert rep["counts"]["complete"] == 6 and len(rep["trials_list"]) == 6
+    values = [t["value"] for t in rep["trials_list"]]
+    assert rep["best"]["value"] == min(values)
+    for t in rep["trials_list"]:
+        assert t["intermediate"] == 6 and t["node"] == "node0" and t["gpus"] == ["0"]
+        assert t["duration_s"] > 0 and set(t["params"]) == {"lr", "bs"}
+        lines = (tmp_path / ".cloudtrain/sweeps/s1/trials" / str(t["number"]) / "metrics.jsonl")
+        assert json.loads(lines.read_text().splitlines()[-1])["val_loss"] == t["value"]
+    assert queue.gpus_asked == [1] * 6
+
+
+def test_at_most_the_slots_run_at_once(tmp_path: Path) -> None:
+    rep, _ = _run(tmp_path, _spec(slots=4, gpus_per_trial=2))
+    spans = sorted((t["started"], t["ended"]) for t in rep["trials_list"])
+    overlap = max(sum(1 for s, e in spans if s <= at < e) for at, _ in spans)
+    assert overlap == 2
+
+
+def test_the_median_pruner_stops_a_hopeless_trial(tmp_path: Path) -> None:
+    rep, queue = _run(tmp_path, _spec(pruner="median", slots=1), hopeless=5)
+    states = {t["number"]: t["state"] for t in rep["trials_list"]}
+    assert states == {0: "complete", 1: "complete", 2: "complete", 3: "complete",
+                      4: "complete", 5: "pruned"}
+    assert queue.cancelled == {"sweep-s1-t5"}
+    lines = (tmp_path / ".cloudtrain/sweeps/s1/trials/5/metrics.jsonl").read_text().splitlines()
+    assert len(lines) < 199                      # SIGTERM ended it early
+    assert rep["best"]["number"] != 5 and rep["finished"]
+
+
+def test_a_metric_the_trials_never_report_stops_the_sweep_with_the_reason(tmp_path: Path) -> None:
+    rep, _ = _run(tmp_path, _spec(script=TRIAL.replace("@OBJ@", "loss"), slots=1))
+    assert rep["stopped"] and "never" not in rep["stopped"]
+    assert "trial 0 ended without reporting the metric 'val_loss'" in rep["stopped"]
+    assert len(rep["trials_list"]) == 1 and rep["counts"]["fail"] == 1 and rep["best"] is None
+
+
+def test_failing_trials_stop_the_sweep_after_three_in_a_row(tmp_path: Path) -> None:
+    rep, _ = _run(tmp_path, _spec(script="exit 3", slots=1))
+    assert rep["counts"]["fail"] == 3 and "3 trials in a row failed" in rep["stopped"]
+    assert "exit code 3" in rep["stopped"]
+
+
+def test_cancel_stops_running_trials(tmp_path: Path) -> None:
+    spec = _spec(slots=2, script="sleep 30")
+    study = sweep.open_study(sweep.journal(str(tmp_path), "s1"), "s1", spec)
+    queue = StandInQueue(tmp_path, {})
+    w = Worker(str(tmp_path), study, queue, "node0")
+    w.poll()
+    assert len(w.running) == 2
+    assert sweep.main(["sweep.py", "cancel", str(tmp_path), "s1"]) == 0
+    w.run(poll_s=0.02)
+    rep = sweep.report(sweep.read_study(str(tmp_path), "s1"), with_trials=True)
+    assert rep["counts"]["fail"] == 2 and rep["stopped"] == "cancelled (sweep cancel)"
+    assert queue.cancelled == {"sweep-s1-t0", "sweep-s1-t1"}
+
+
+def test_grid_runs_each_point_once(tmp_path: Path) -> None:
+    spec = _spec(sampler="grid", trials=10, slots=2,
+                 params={"lr": {"kind": "choice", "choices": [0.001, 0.003]},
+                         "bs": {"kind": "int", "low": 16, "high": 32, "log": False, "step": 16}})
+    rep, _ = _run(tmp_path, spec)
+    assert sorted((t["params"]["lr"], t["params"]["bs"]) for t in rep["trials_list"]) == \
+        [(0.001, 16), (0.001, 32), (0.003, 16), (0.003, 32)]
+    assert rep["best"]["params"]["lr"] == 0.003
+
+
+def test_the_commands_read_a_sweep_from_the_journal(tmp_path: Path) -> None:
+    _run(tmp_path, _spec())
+    out = subprocess.run([sys.executable, sweep.__file__, "results", str(tmp_path), "s1"],
+                         capture_output=True, text=True, check=True).stdout
+    doc = json.loads(out)
+    assert doc["counts"]["complete"] == 6 and doc["best"]["number"] in range(6)
+    out = subprocess.run([sys.executable, sweep.__file__, "status", str(tmp_path), "s1"],
+                         capture_output=True, text=True, check=True).stdout
+    assert "trials_list" not in json.loads(out)
+    missing = subprocess.run([sys.executable, sweep.__file__, "status", str(tmp_path), "nope"],
+                             capture_output=True, text=True)
+    assert missing.returncode == 1 and "no such sweep" in missing.stdout
+    assert subprocess.run([sys.executable, sweep.__file__, "bogus"]).returncode == 2
