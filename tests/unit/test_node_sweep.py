@@ -164,3 +164,34 @@ def test_the_commands_read_a_sweep_from_the_journal(tmp_path: Path) -> None:
                              capture_output=True, text=True)
     assert missing.returncode == 1 and "no such sweep" in missing.stdout
     assert subprocess.run([sys.executable, sweep.__file__, "bogus"]).returncode == 2
+
+
+def test_a_worker_on_another_node_shares_the_study_through_the_grpc_proxy(
+        tmp_path: Path) -> None:
+    """The head keeps the journal and serves it with Optuna's gRPC storage proxy; a second
+    worker (here a thread, as another node) reaches the same study through GrpcStorageProxy.
+    Together they run exactly the spec's trials, each node filling its own slots."""
+    pytest.importorskip("grpc")
+    import socket
+    import threading
+
+    import optuna
+    from optuna.storages import GrpcStorageProxy
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    storage = sweep.journal(str(tmp_path), "s1")
+    head = sweep.open_study(storage, "s1", _spec(trials=8, slots=2))
+    threading.Thread(target=optuna.storages.run_grpc_proxy_server, args=(storage,),
+                     kwargs={"host": "127.0.0.1", "port": port}, daemon=True).start()
+    proxy = GrpcStorageProxy(host="127.0.0.1", port=port)
+    proxy.wait_server_ready(timeout=30)
+    other = Worker(str(tmp_path / "n1"), sweep.open_study(proxy, "s1"), StandInQueue(tmp_path, {}),
+                   "node1")
+    t = threading.Thread(target=other.run, kwargs={"poll_s": 0.02})
+    t.start()
+    Worker(str(tmp_path), head, StandInQueue(tmp_path, {}), "node0").run(poll_s=0.02)
+    t.join(timeout=120)
+    rep = sweep.report(sweep.read_study(str(tmp_path), "s1"), with_trials=True)
+    assert rep["finished"] and rep["counts"]["complete"] == 8 and len(rep["trials_list"]) == 8
+    assert {t["node"] for t in rep["trials_list"]} == {"node0", "node1"}
