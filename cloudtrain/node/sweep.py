@@ -1,17 +1,13 @@
-"""The sweep driver, run on the nodes (docs/sweep.md). Optuna does the search: its samplers
-pick each trial's params, its pruners judge the intermediate values, its JournalStorage (a
-journal file on the head) keeps the study. This module only turns trials into jobs of the
-node's queue (node/queue.py, beside it) and metrics lines into reports. It is the one node
-module that imports something outside the standard library: optuna (and, for the workers on
-other nodes, grpcio), imported inside the functions that need them, installed on the nodes by
-bootstrap when a sweep runs.
+"""The sweep driver, run on the nodes (docs/sweep.md). Optuna does the search (samplers,
+pruners, a JournalStorage file on the head); this module turns trials into jobs of the node's
+queue (queue.py, beside it) and metrics lines into reports. The one node module allowed a
+package outside the standard library: optuna (grpcio too, for the other nodes' workers),
+imported inside the functions that use it, installed on the nodes when a sweep runs.
 
-    python3 sweep.py start ROOT NAME SPEC_JSON_FILE   head: the study, the gRPC storage proxy
-                                                      (spec "port") and the head's worker,
-                                                      detached in its own session
+    python3 sweep.py start ROOT NAME SPEC_JSON_FILE   the head (study, gRPC storage proxy on
+                                                      spec "port", its worker), detached
     python3 sweep.py worker ROOT NAME HEAD_ADDR PORT  another node's worker, detached
-    python3 sweep.py status ROOT NAME                 one JSON document: counts, best, stop
-    python3 sweep.py results ROOT NAME                the same with every trial
+    python3 sweep.py status|results ROOT NAME         one JSON document (results: every trial)
     python3 sweep.py cancel ROOT NAME                 stop the sweep (running trials: SIGTERM)
 
 Files in ROOT/.cloudtrain/sweeps/NAME: journal.log (the study), spec.json, head.log,
@@ -119,14 +115,18 @@ def distributions(spec: dict) -> dict[str, Any]:
     return out
 
 
+def grid_space(spec: dict) -> dict[str, list]:
+    """Every point of the grid sampler's axes (the spec has choice and int params only)."""
+    return {k: p["choices"] if p["kind"] == "choice"
+            else list(range(p["low"], p["high"] + 1, p["step"]))
+            for k, p in spec["params"].items()}
+
+
 def sampler(spec: dict) -> Any:
     import optuna
     seed, kind = spec.get("seed"), spec.get("sampler", "tpe")
     if kind == "grid":
-        space = {k: list(d.choices) if hasattr(d, "choices")
-                 else list(range(d.low, d.high + 1, d.step))
-                 for k, d in distributions(spec).items()}
-        return optuna.samplers.GridSampler(space, seed=seed)
+        return optuna.samplers.GridSampler(grid_space(spec), seed=seed)
     return {"tpe": optuna.samplers.TPESampler, "nsga2": optuna.samplers.NSGAIISampler,
             "random": optuna.samplers.RandomSampler}[kind](seed=seed)
 
@@ -199,17 +199,15 @@ class Worker:
         self.name: str = study.study_name
         self.metric: str = self.spec["objective"]["metric"]
         self.dists = distributions(self.spec)
-        per = max(1, int(self.spec.get("slots", 1)) // int(self.spec.get("gpus_per_trial", 1)))
-        self.capacity = per
+        self.capacity = max(1, int(self.spec.get("slots", 1))
+                            // int(self.spec.get("gpus_per_trial", 1)))
         self.running: dict[int, Running] = {}
         self.failed_in_a_row = 0
 
     def total(self) -> int:
         total = int(self.spec["trials"])
         if self.spec.get("sampler") == "grid":
-            sizes = [len(getattr(d, "choices", ())) or len(range(d.low, d.high + 1, d.step))
-                     for d in self.dists.values()]
-            total = min(total, math.prod(sizes))
+            total = min(total, math.prod(len(v) for v in grid_space(self.spec).values()))
         return total
 
     def stop_reason(self) -> str | None:
@@ -241,15 +239,16 @@ class Worker:
         self.dispatch.submit(job_id, script, int(self.spec.get("gpus_per_trial", 1)))
         self.running[trial.number] = Running(trial, job_id, metrics)
 
-    def follow(self, run: Running) -> None:
-        """Report the metric's new values; prune when Optuna says so."""
+    def follow(self, run: Running, ended: bool = False) -> None:
+        """Report the metric's new values (a last line without its newline once the job
+        ended); prune when Optuna says so."""
         try:
             with open(run.metrics, "rb") as f:
                 f.seek(run.offset)
                 chunk = f.read()
         except OSError:
             return
-        whole = chunk[:chunk.rfind(b"\n") + 1]
+        whole = chunk if ended else chunk[:chunk.rfind(b"\n") + 1]
         run.offset += len(whole)
         for line in whole.splitlines():
             value, step = _metric_of(line, self.metric, run.steps)
@@ -258,14 +257,14 @@ class Worker:
             run.final = value
             run.trial.report(value, step)
             run.steps += 1
-        if run.steps and not run.pruned and run.trial.should_prune():
+        if run.steps and not (run.pruned or ended) and run.trial.should_prune():
             run.pruned = True
             self.dispatch.cancel(run.job_id)
 
     def finish(self, run: Running, job: JobView) -> None:
         """Tell Optuna how the ended trial went; stop the sweep when the contract is broken."""
         from optuna.trial import TrialState
-        self.follow(run)
+        self.follow(run, ended=True)
         run.trial.set_user_attr("ended", time.time())
         run.trial.set_user_attr("exit_code", job.exit_code)
         del self.running[run.trial.number]
@@ -412,10 +411,7 @@ def run_head(root: str, name: str) -> int:
         threading.Thread(target=optuna.storages.run_grpc_proxy_server, args=(storage,),
                          kwargs={"host": "0.0.0.0", "port": int(spec["port"])},
                          daemon=True).start()
-    worker = Worker(root, study, QueueDispatch(root, f"sweep:{name}",
-                                               float(spec.get("stop_grace", 10))),
-                    socket.gethostname())
-    worker.run()
+    work(root, study)
     print(json.dumps(report(study, with_trials=False)), flush=True)
     return 0
 
@@ -423,13 +419,15 @@ def run_head(root: str, name: str) -> int:
 def run_worker(root: str, name: str, host: str, port: int) -> int:
     """Another node's worker: the study through the head's gRPC storage proxy."""
     from optuna.storages import GrpcStorageProxy
-    study = open_study(GrpcStorageProxy(host=host, port=port), name)
-    spec = study.user_attrs["spec"]
-    worker = Worker(root, study, QueueDispatch(root, f"sweep:{name}",
-                                               float(spec.get("stop_grace", 10))),
-                    socket.gethostname())
-    worker.run()
+    work(root, open_study(GrpcStorageProxy(host=host, port=port), name))
     return 0
+
+
+def work(root: str, study: Any) -> None:
+    """This node's worker over the node's queue, until the sweep has ended."""
+    grace = float(study.user_attrs["spec"].get("stop_grace", 10))
+    dispatch = QueueDispatch(root, f"sweep:{study.study_name}", grace)
+    Worker(root, study, dispatch, socket.gethostname()).run()
 
 
 def start(root: str, name: str, spec_file: str) -> int:
