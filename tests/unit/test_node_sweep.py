@@ -195,3 +195,95 @@ def test_a_worker_on_another_node_shares_the_study_through_the_grpc_proxy(
     rep = sweep.report(sweep.read_study(str(tmp_path), "s1"), with_trials=True)
     assert rep["finished"] and rep["counts"]["complete"] == 8 and len(rep["trials_list"]) == 8
     assert {t["node"] for t in rep["trials_list"]} == {"node0", "node1"}
+
+
+# The node's queue as the driver calls it (queue.py beside sweep.py: submit/list/cancel), in
+# a few lines: each job is bash in its own session under ROOT/jobs/JOB_ID (pid, rc).
+STAND_IN_QUEUE_PY = r'''
+import json, os, subprocess, sys
+cmd, root = sys.argv[1], sys.argv[2]
+jobs = os.path.join(root, "jobs")
+if cmd == "submit":
+    job_id, gpus = sys.argv[3], sys.argv[sys.argv.index("--gpus") + 1]
+    d = os.path.join(jobs, job_id)
+    os.makedirs(d)
+    open(os.path.join(d, "run.sh"), "wb").write(sys.stdin.buffer.read())
+    open(os.path.join(d, "gpus"), "w").write(gpus)
+    p = subprocess.Popen(["bash", "-c", 'trap : TERM; bash "$1/run.sh"; echo $? > "$1/rc"',
+                          "_", d], start_new_session=True, stdin=subprocess.DEVNULL,
+                         stdout=open(os.path.join(d, "node.log"), "wb"), stderr=subprocess.STDOUT)
+    open(os.path.join(d, "pid"), "w").write(str(p.pid))
+elif cmd == "list":
+    out = []
+    for job_id in sorted(os.listdir(jobs)) if os.path.isdir(jobs) else []:
+        d = os.path.join(jobs, job_id)
+        rc = open(os.path.join(d, "rc")).read().strip() if os.path.exists(os.path.join(d, "rc")) else None
+        try:
+            os.kill(int(open(os.path.join(d, "pid")).read()), 0)
+        except OSError:                                  # killed: no rc written
+            rc = "137" if rc is None else rc
+        state = "running" if rc is None else "cancelled" if os.path.exists(os.path.join(d, "cancel")) \
+            else "succeeded" if rc == "0" else "failed"
+        out.append({"id": job_id, "state": state, "exit_code": None if rc is None else int(rc),
+                    "gpus": list(range(int(open(os.path.join(d, "gpus")).read()))), "held": rc is None})
+    print(json.dumps(out))
+elif cmd == "cancel":
+    open(os.path.join(jobs, sys.argv[3], "cancel"), "w").close()
+'''
+
+
+def _shipped(tmp_path: Path) -> Path:
+    """sweep.py as the nodes hold it: a plain file beside queue.py, run with python3."""
+    node = tmp_path / "node"
+    node.mkdir()
+    (node / "sweep.py").write_text(Path(sweep.__file__).read_text())
+    (node / "queue.py").write_text(STAND_IN_QUEUE_PY)
+    return node / "sweep.py"
+
+
+def _cmd(script: Path, *args: str) -> dict:
+    out = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_start_runs_the_sweep_detached_through_the_queue_and_prunes_with_sigterm(
+        tmp_path: Path) -> None:
+    import time
+    script, root = _shipped(tmp_path), tmp_path / "root"
+    trial = TRIAL.replace("@OBJ@", "val_loss").replace(
+        '"-1")', '"5")').replace("python3 - ", "exec python3 - ")
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(_spec(pruner="median", slots=1, script=trial, stop_grace=1)))
+    env_poll = {**os.environ, "CLOUDTRAIN_SWEEP_POLL": "0.05"}
+    started = subprocess.run([sys.executable, str(script), "start", str(root), "s1", str(spec)],
+                             capture_output=True, text=True, env=env_poll, check=True)
+    assert json.loads(started.stdout)["pid"] > 0
+    deadline = time.time() + 120
+    while not (doc := _cmd(script, "results", str(root), "s1") if (
+            root / ".cloudtrain/sweeps/s1/journal.log").exists() else {}).get("finished"):
+        assert time.time() < deadline, doc
+        time.sleep(0.3)
+    states = [t["state"] for t in doc["trials_list"]]
+    assert states == ["complete"] * 5 + ["pruned"], doc
+    assert doc["trials_list"][0]["gpus"] == ["0"] and doc["trials_list"][0]["job_id"] == "sweep-s1-t0"
+    assert (root / "jobs/sweep-s1-t5/cancel").exists()
+    lines = (root / ".cloudtrain/sweeps/s1/trials/5/metrics.jsonl").read_text().splitlines()
+    assert len(lines) < 199
+
+
+def test_a_pruned_trial_that_ignores_sigterm_is_killed_after_its_grace(tmp_path: Path) -> None:
+    import time
+    script = _shipped(tmp_path)
+    q = sweep.QueueDispatch(str(tmp_path / "root"), "sweep:s1", 0.5)
+    q.queue_py = str(script.with_name("queue.py"))
+    q.submit("j1", "trap '' TERM; sleep 30", 2)
+    time.sleep(0.3)
+    assert q.jobs()["j1"] == JobView("running", None, ("0", "1"))
+    t0 = time.time()
+    q.cancel("j1")
+    while q.jobs()["j1"].state == "running":
+        assert time.time() - t0 < 10
+        time.sleep(0.1)
+    assert 0.4 < time.time() - t0 < 5 and q.jobs()["j1"].state == "cancelled"
