@@ -381,7 +381,7 @@ def report(study: Any, with_trials: bool) -> dict:
     stop = study.user_attrs.get("stop")
     out = {"name": study.study_name, "trials": spec.get("trials"), "counts": counts,
            "objective": spec.get("objective"), "best": best,
-           "stopped": stop["reason"] if stop else None,
+           "stopped": stop["reason"] if stop else None, "lost": study.user_attrs.get("lost", []),
            "finished": bool(stop) or (len(trials) >= int(spec.get("trials", 0))
                                       and counts["running"] == 0 and counts["waiting"] == 0)}
     if with_trials:
@@ -401,12 +401,19 @@ def detach(root: str, name: str, args: list[str], log: str) -> int:
 
 
 def run_head(root: str, name: str) -> int:
-    """The head: the study from spec.json, the gRPC storage proxy, the head's worker."""
+    """The head: the study from spec.json, the gRPC storage proxy, the head's worker. Trials
+    left running by an earlier head (a recovered cluster resuming the journal) are told FAIL."""
     import optuna
+    from optuna.trial import TrialState
     with open(os.path.join(sdir(root, name), "spec.json")) as f:
         spec = json.load(f)
     storage = journal(root, name)
     study = open_study(storage, name, spec)
+    lost = [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))]
+    for number in lost:
+        tell(study, number, TrialState.FAIL)
+    if lost:
+        study.set_user_attr("lost", study.user_attrs.get("lost", []) + lost)
     if spec.get("port"):
         threading.Thread(target=optuna.storages.run_grpc_proxy_server, args=(storage,),
                          kwargs={"host": "0.0.0.0", "port": int(spec["port"])},
@@ -451,25 +458,17 @@ def read_study(root: str, name: str) -> Any:
     return optuna.load_study(study_name=name, storage=journal(root, name))
 
 
-def show(root: str, name: str, with_trials: bool) -> int:
+def show(root: str, name: str, cmd: str) -> int:
+    """status, results, or cancel: mark the study stopped (every worker then cancels its
+    running trials on its next poll)."""
     study = read_study(root, name)
     if study is None:
         print(json.dumps({"name": name, "error": "no such sweep on this node"}))
         return 1
-    print(json.dumps(report(study, with_trials)))
-    return 0
-
-
-def cancel(root: str, name: str) -> int:
-    """Mark the study stopped: every worker cancels its running trials on its next poll."""
-    study = read_study(root, name)
-    if study is None:
-        print(json.dumps({"name": name, "error": "no such sweep on this node"}))
-        return 1
-    if "stop" not in study.user_attrs:
+    if cmd == "cancel" and "stop" not in study.user_attrs:
         study.set_user_attr("stop", {"reason": "cancelled (sweep cancel)", "at": time.time(),
                                      "by": "cancel"})
-    print(json.dumps({"name": name, "stopped": study.user_attrs["stop"]["reason"]}))
+    print(json.dumps(report(study, with_trials=cmd == "results")))
     return 0
 
 
@@ -486,10 +485,8 @@ def main(argv: list[str]) -> int:
         return run_head(*args)
     if cmd == "worker-run" and len(args) == 4:
         return run_worker(args[0], args[1], args[2], int(args[3]))
-    if cmd in ("status", "results") and len(args) == 2:
-        return show(args[0], args[1], with_trials=cmd == "results")
-    if cmd == "cancel" and len(args) == 2:
-        return cancel(*args)
+    if cmd in ("status", "results", "cancel") and len(args) == 2:
+        return show(args[0], args[1], cmd)
     print(__doc__, file=sys.stderr)
     return 2
 

@@ -287,3 +287,22 @@ def test_a_pruned_trial_that_ignores_sigterm_is_killed_after_its_grace(tmp_path:
         assert time.time() - t0 < 10
         time.sleep(0.1)
     assert 0.4 < time.time() - t0 < 5 and q.jobs()["j1"].state == "cancelled"
+
+
+def test_a_restarted_head_resumes_the_journal_and_fails_the_trials_it_lost(tmp_path: Path) -> None:
+    """Recovery: the journal comes back (from the checkpoints bucket) with a trial the lost
+    head left running; the new head tells it FAIL and runs the rest of the sweep."""
+    import time
+    script, root = _shipped(tmp_path), tmp_path / "root"
+    spec = _spec(trials=3, slots=2)
+    sweep.open_study(sweep.journal(str(root), "s1"), "s1", spec).ask()
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    subprocess.run([sys.executable, str(script), "start", str(root), "s1",
+                    str(tmp_path / "spec.json")], check=True, capture_output=True,
+                   env={**os.environ, "CLOUDTRAIN_SWEEP_POLL": "0.05"})
+    deadline = time.time() + 120
+    while not (doc := _cmd(script, "results", str(root), "s1"))["finished"]:
+        assert time.time() < deadline, doc
+        time.sleep(0.3)
+    assert [t["state"] for t in doc["trials_list"]] == ["fail", "complete", "complete"]
+    assert doc["lost"] == [0]
