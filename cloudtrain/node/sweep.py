@@ -150,8 +150,11 @@ def journal(root: str, name: str) -> Any:
 
 def open_study(storage: Any, name: str, spec: dict | None = None) -> Any:
     """The study (created from ``spec`` when given, else loaded as the head made it)."""
+    import warnings
+
     import optuna
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)  # gRPC
     if spec is None:
         spec = optuna.load_study(study_name=name, storage=storage).user_attrs["spec"]
     study = optuna.create_study(study_name=name, storage=storage, load_if_exists=True,
