@@ -251,7 +251,7 @@ class Worker:
                 chunk = f.read()
         except OSError:
             return
-        whole = chunk if ended else chunk[:chunk.rfind(b"\n") + 1]
+        whole, before = chunk if ended else chunk[:chunk.rfind(b"\n") + 1], run.steps
         run.offset += len(whole)
         for line in whole.splitlines():
             value, step = _metric_of(line, self.metric, run.steps)
@@ -260,7 +260,7 @@ class Worker:
             run.final = value
             run.trial.report(value, step)
             run.steps += 1
-        if run.steps and not (run.pruned or ended) and run.trial.should_prune():
+        if run.steps > before and not (run.pruned or ended) and run.trial.should_prune():
             run.pruned = True
             self.dispatch.cancel(run.job_id)
 
