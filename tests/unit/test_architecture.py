@@ -307,3 +307,31 @@ def test_one_import_path_per_name() -> None:
                         f"it is {imported[n.module][a.name]}" for a in n.names
                         if a.name not in defined[n.module] and a.name in imported[n.module]]
     assert not bad, "; ".join(bad)
+
+
+NODE_THIRD_PARTY = {"sweep.py": {"optuna"}}
+"""The one exception to "node/*.py is standard library only": the sweep driver imports optuna
+(its samplers, pruners and storages; grpcio comes with its gRPC storage proxy), which
+bootstrap installs on the nodes only when a sweep runs. It imports it inside the functions
+that use it, never at module level, so the other node scripts never need it (docs/sweep.md)."""
+
+
+def test_node_scripts_are_standard_library_only_but_the_sweep_driver() -> None:
+    import sys
+    node = REPO / "cloudtrain" / "node"
+    bad = []
+    for path in sorted(node.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        siblings = {p.stem for p in node.glob("*.py")}       # shipped side by side
+        allowed = set(sys.stdlib_module_names) | siblings | {"__future__", "cloudtrain"}
+        for n in ast.walk(tree):
+            if not isinstance(n, (ast.Import, ast.ImportFrom)):
+                continue
+            names = [a.name for a in n.names] if isinstance(n, ast.Import) else \
+                [n.module] if isinstance(n, ast.ImportFrom) and n.module and not n.level else []
+            for top in {m.split(".")[0] for m in names} - allowed:
+                at_top = n in tree.body
+                if top not in NODE_THIRD_PARTY.get(path.name, set()) or at_top:
+                    bad.append(f"{path.name}:{n.lineno} imports {top}"
+                               + (" at module level" if at_top else ""))
+    assert not bad, "node scripts run with the node's bare python3: " + "; ".join(bad)
