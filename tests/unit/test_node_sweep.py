@@ -197,47 +197,17 @@ def test_a_worker_on_another_node_shares_the_study_through_the_grpc_proxy(
     assert {t["node"] for t in rep["trials_list"]} == {"node0", "node1"}
 
 
-# The node's queue as the driver calls it (queue.py beside sweep.py: submit/list/cancel), in
-# a few lines: each job is bash in its own session under ROOT/jobs/JOB_ID (pid, rc).
-STAND_IN_QUEUE_PY = r'''
-import json, os, subprocess, sys
-cmd, root = sys.argv[1], sys.argv[2]
-jobs = os.path.join(root, "jobs")
-if cmd == "submit":
-    job_id, gpus = sys.argv[3], sys.argv[sys.argv.index("--gpus") + 1]
-    d = os.path.join(jobs, job_id)
-    os.makedirs(d)
-    open(os.path.join(d, "run.sh"), "wb").write(sys.stdin.buffer.read())
-    open(os.path.join(d, "gpus"), "w").write(gpus)
-    p = subprocess.Popen(["bash", "-c", 'trap : TERM; bash "$1/run.sh"; echo $? > "$1/rc"',
-                          "_", d], start_new_session=True, stdin=subprocess.DEVNULL,
-                         stdout=open(os.path.join(d, "node.log"), "wb"), stderr=subprocess.STDOUT)
-    open(os.path.join(d, "pid"), "w").write(str(p.pid))
-elif cmd == "list":
-    out = []
-    for job_id in sorted(os.listdir(jobs)) if os.path.isdir(jobs) else []:
-        d = os.path.join(jobs, job_id)
-        rc = open(os.path.join(d, "rc")).read().strip() if os.path.exists(os.path.join(d, "rc")) else None
-        try:
-            os.kill(int(open(os.path.join(d, "pid")).read()), 0)
-        except OSError:                                  # killed: no rc written
-            rc = "137" if rc is None else rc
-        state = "running" if rc is None else "cancelled" if os.path.exists(os.path.join(d, "cancel")) \
-            else "succeeded" if rc == "0" else "failed"
-        out.append({"id": job_id, "state": state, "exit_code": None if rc is None else int(rc),
-                    "gpus": list(range(int(open(os.path.join(d, "gpus")).read()))), "held": rc is None})
-    print(json.dumps(out))
-elif cmd == "cancel":
-    open(os.path.join(jobs, sys.argv[3], "cancel"), "w").close()
-'''
+def _shipped(tmp_path: Path, slots: int = 2) -> Path:
+    """sweep.py as the nodes hold it: a plain file beside the node's real queue.py (with
+    ``slots`` GPU slots on the node ROOT = tmp_path/root), run with python3."""
+    from cloudtrain.node import queue
 
-
-def _shipped(tmp_path: Path) -> Path:
-    """sweep.py as the nodes hold it: a plain file beside queue.py, run with python3."""
     node = tmp_path / "node"
     node.mkdir()
     (node / "sweep.py").write_text(Path(sweep.__file__).read_text())
-    (node / "queue.py").write_text(STAND_IN_QUEUE_PY)
+    (node / "queue.py").write_text(Path(queue.__file__).read_text())
+    (tmp_path / "root" / ".cloudtrain").mkdir(parents=True)
+    (tmp_path / "root" / ".cloudtrain" / "slots").write_text(str(slots))
     return node / "sweep.py"
 
 
@@ -268,7 +238,8 @@ def test_start_runs_the_sweep_detached_through_the_queue_and_prunes_with_sigterm
     states = [t["state"] for t in doc["trials_list"]]
     assert states == ["complete"] * 5 + ["pruned"], doc
     assert doc["trials_list"][0]["gpus"] == ["0"] and doc["trials_list"][0]["job_id"] == "sweep-s1-t0"
-    assert (root / "jobs/sweep-s1-t5/cancel").exists()
+    pruned = json.loads((root / ".cloudtrain/queue/sweep-s1-t5.json").read_text())
+    assert pruned.get("cancel") is True      # the queue was told, and the trial got SIGTERM
     lines = (root / ".cloudtrain/sweeps/s1/trials/5/metrics.jsonl").read_text().splitlines()
     assert len(lines) < 199
 
