@@ -1,0 +1,204 @@
+"""Reading a sweep from the laptop (docs/sweep.md): ``sweep status``, ``sweep results``,
+``sweep cancel``. The head's driver (cloudtrain/node/sweep.py) answers one JSON document
+(``status``/``results``); this module turns it into typed, frozen records, adds the money
+(each trial's share of the cluster's price: its GPUs' share of the cluster's slots for its
+duration) and renders it (table, JSON, CSV; the plot is pipeline/sweepplot.py)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from cloudtrain.pipeline import sweepnode
+from cloudtrain.pipeline.sweep import Record, find_record
+
+if TYPE_CHECKING:
+    from cloudtrain.context import Env
+
+STATES = ("running", "complete", "pruned", "fail", "waiting")
+
+
+def _num(d: dict[str, Any], key: str) -> float | None:
+    v = d.get(key)
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One trial as the driver reports it, with its cost."""
+
+    number: int
+    state: str
+    params: dict[str, Any]
+    value: float | None
+    intermediates: int
+    started_at: float | None
+    ended_at: float | None
+    duration_s: float | None
+    gpus: tuple[str, ...]
+    node: int | None
+    cost_usd: float | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"number": self.number, "state": self.state, "params": self.params,
+                "value": self.value, "intermediates": self.intermediates,
+                "started_at": self.started_at, "ended_at": self.ended_at,
+                "duration_s": self.duration_s, "gpus": list(self.gpus), "node": self.node,
+                "cost_usd": self.cost_usd}
+
+
+def slot_price(rec: Record) -> float | None:
+    """$/h of one GPU slot: the node's price over its slots."""
+    return None if rec.hourly_price is None else rec.hourly_price / max(1, rec.slots_per_node)
+
+
+def trial_of(d: dict[str, Any], price: float | None, now: float) -> Trial:
+    started, ended = _num(d, "started_at"), _num(d, "ended_at")
+    dur = _num(d, "duration_s")
+    if dur is None and started is not None:
+        dur = (ended or now) - started
+    gpus = tuple(str(g) for g in d.get("gpus") or [])
+    cost = None if price is None or dur is None else price * max(1, len(gpus)) * dur / 3600
+    node = d.get("node")
+    return Trial(int(d.get("number", -1)), str(d.get("state") or "?").lower(),
+                 dict(d.get("params") or {}), _num(d, "value"), int(d.get("intermediates") or 0),
+                 started, ended, dur, gpus, node if isinstance(node, int) else None,
+                 None if cost is None else round(cost, 6))
+
+
+@dataclass(frozen=True)
+class Results:
+    """A sweep's trials, its best, its money."""
+
+    record: Record
+    trials: tuple[Trial, ...]
+    best: int | None
+    spent_usd: float | None
+    estimate_usd: float | None
+    finished: bool
+
+    def count(self, state: str) -> int:
+        return sum(1 for t in self.trials if t.state == state)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"sweep": self.record.name, "cluster": self.record.cluster,
+                "trials_asked": self.record.spec.get("trials"),
+                "counts": {s: self.count(s) for s in STATES}, "best": self.best,
+                "spent_usd": self.spent_usd, "estimate_usd": self.estimate_usd,
+                "finished": self.finished, "trials": [t.as_dict() for t in self.trials]}
+
+
+def estimate_to_end(rec: Record, trials: tuple[Trial, ...], spent: float | None) -> float | None:
+    """Spend so far plus the trials left, at the mean duration of the ended ones, on their
+    share of the cluster."""
+    price = slot_price(rec)
+    ended = [t for t in trials if t.ended_at is not None and t.duration_s is not None]
+    if price is None or spent is None or not ended:
+        return spent
+    left = max(0, int(rec.spec.get("trials") or 0) - len(ended))
+    mean_h = sum(t.duration_s or 0.0 for t in ended) / len(ended) / 3600
+    per = int(rec.spec.get("gpus_per_trial") or 1)
+    return round(spent + left * mean_h * price * per, 6)
+
+
+def sweep_spend(rec: Record, trials: tuple[Trial, ...]) -> float | None:
+    """What the sweep has cost: its trials' costs (None when the price is unknown)."""
+    costs = [t.cost_usd for t in trials if t.cost_usd is not None]
+    return round(math.fsum(costs), 6) if slot_price(rec) is not None else None
+
+
+def read(env: Env, name: str, cmd: str = "results") -> Results:
+    """The driver's document for sweep ``name``, as records."""
+    from cloudtrain.cluster import connect, get_handle
+
+    rec = find_record(env, name)
+    handle = get_handle(env, rec.cluster)
+    group = connect(env, handle, timeout=30)
+    try:
+        doc = sweepnode.document(handle, group, cmd, name)
+    finally:
+        group.close()
+    return parsed(rec, doc)
+
+
+def parsed(rec: Record, doc: dict[str, Any]) -> Results:
+    now, price = time.time(), slot_price(rec)
+    trials = tuple(trial_of(d, price, now) for d in doc.get("trials") or []
+                   if isinstance(d, dict))
+    best = doc.get("best")
+    best_n = best.get("number") if isinstance(best, dict) else best
+    spent = sweep_spend(rec, trials)
+    return Results(rec, trials, best_n if isinstance(best_n, int) else None, spent,
+                   estimate_to_end(rec, trials, spent), bool(doc.get("finished")))
+
+
+def cancel(env: Env, name: str) -> str:
+    """Stop the sweep on the head (running trials get SIGTERM and their grace)."""
+    from cloudtrain.cluster import connect, get_handle
+
+    rec = find_record(env, name)
+    handle = get_handle(env, rec.cluster)
+    group = connect(env, handle, timeout=30)
+    try:
+        return sweepnode.on_head(handle, group, "cancel", name).strip()
+    finally:
+        group.close()
+
+
+def bar(done: int, total: int, width: int = 30) -> str:
+    total = max(total, 1)
+    filled = min(width, round(width * done / total))
+    return f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total}"
+
+
+def status_lines(res: Results) -> list[str]:
+    """``sweep status``: the counts, the progress bar, the best, the money."""
+    total = int(res.record.spec.get("trials") or len(res.trials))
+    ended = res.count("complete") + res.count("pruned") + res.count("fail")
+    lines = [f"Sweep {res.record.name} on cluster {res.record.cluster}"
+             + (" (finished)" if res.finished else ""),
+             bar(ended, total),
+             "  ".join(f"{s}: {res.count(s)}" for s in ("running", "complete", "pruned", "fail"))]
+    best = next((t for t in res.trials if t.number == res.best), None)
+    if best is not None:
+        lines.append(f"best: trial {best.number} = {best.value} with {best.params}")
+    lines.append(f"spent: {money(res.spent_usd)}, estimate to the end: {money(res.estimate_usd)}")
+    return lines
+
+
+def money(x: float | None) -> str:
+    return "unknown" if x is None else f"${x:.4f}"
+
+
+COLUMNS = ("trial", "state", "value", "duration_s", "gpus", "node", "cost_usd", "params")
+
+
+def rows(res: Results) -> list[list[str]]:
+    """One row per trial (the best marked), for the table and the CSV."""
+    out = []
+    for t in res.trials:
+        mark = "*" if t.number == res.best else ""
+        out.append([f"{t.number}{mark}", t.state, "" if t.value is None else f"{t.value:g}",
+                    "" if t.duration_s is None else f"{t.duration_s:.1f}", ",".join(t.gpus),
+                    "" if t.node is None else str(t.node),
+                    "" if t.cost_usd is None else f"{t.cost_usd:.6f}",
+                    " ".join(f"{k}={v}" for k, v in sorted(t.params.items()))])
+    return out
+
+
+def table(res: Results) -> str:
+    body = [list(COLUMNS)] + rows(res)
+    widths = [max(len(r[i]) for r in body) for i in range(len(COLUMNS))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in body)
+
+
+def csv_text(res: Results) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(COLUMNS)
+    w.writerows(rows(res))
+    return buf.getvalue()
