@@ -16,7 +16,9 @@ if TYPE_CHECKING:
 
 def history(trials: list[Trial], minimize: bool) -> tuple[list[int], list[float], list[float]]:
     """Trial numbers, their values, the best value so far."""
-    xs, ys, best = [], [], []
+    xs: list[int] = []
+    ys: list[float] = []
+    best: list[float] = []
     for t in sorted(trials, key=lambda t: t.number):
         if t.value is None:
             continue
