@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 from cloudtrain.errors import UserError
 from cloudtrain.pipeline import sweepnode
 from cloudtrain.provider.contract import Plan
+from cloudtrain.schema import SweepRow
 
 if TYPE_CHECKING:
     from cloudtrain.context import Env
@@ -47,24 +48,6 @@ class Sweep:
     task: Task
     name: str
     cluster: str
-
-
-@dataclass(frozen=True)
-class Record:
-    """The sweep as this laptop recorded it (``clusters/CLUSTER/sweeps/NAME.json``)."""
-
-    name: str
-    cluster: str
-    spec: dict[str, Any]
-    started_at: float
-    hourly_price: float | None
-    """The price of one node, $/h."""
-    slots_per_node: int
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "cluster": self.cluster, "spec": self.spec,
-                "started_at": self.started_at, "hourly_price": self.hourly_price,
-                "slots_per_node": self.slots_per_node}
 
 
 def load(path: str, cluster: str | None) -> Sweep:
@@ -160,31 +143,18 @@ def check_budget(sw: Sweep, plan: Plan) -> Estimate | None:
     return est
 
 
-def record_path(env: Env, cluster: str, name: str) -> Path:
-    return env.cluster_dir(cluster) / "sweeps" / f"{name}.json"
-
-
-def save_record(env: Env, rec: Record) -> None:
-    p = record_path(env, rec.cluster, rec.name)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps(rec.as_dict(), indent=1))
-
-
-def find_record(env: Env, name: str) -> Record:
-    """The sweep this laptop started under ``name`` (exit 2 when there is none)."""
+def find_record(env: Env, name: str) -> SweepRow:
+    """The sweep this machine started under ``name`` (exit 2 when there is none)."""
     from cloudtrain.names import check
 
-    check(name)
-    for p in sorted((env.home / "clusters").glob(f"*/sweeps/{name}.json")):
-        d = json.loads(p.read_text())
-        return Record(str(d["name"]), str(d["cluster"]), dict(d["spec"]),
-                      float(d["started_at"]), d.get("hourly_price"),
-                      int(d.get("slots_per_node") or 1))
-    raise UserError(f"No sweep named '{name}' was started from this machine.",
-                    "'cloudtrain sweep SWEEP.yaml' starts one; the name is the file's stem.")
+    row = env.state.get_sweep(check(name))
+    if row is None:
+        raise UserError(f"No sweep named '{name}' was started from this machine.",
+                        "'cloudtrain sweep SWEEP.yaml' starts one; the name is the file's stem.")
+    return row
 
 
-def start(env: Env, sw: Sweep, plan: Plan, confirm: Callable[[Plan], None]) -> Record:
+def start(env: Env, sw: Sweep, plan: Plan, confirm: Callable[[Plan], None]) -> SweepRow:
     """Bring the cluster up (the launch chain's ``up``; ``confirm`` asks before a new one is
     paid for), put the sweep's rules on the node guards, start the driver on the head."""
     from cloudtrain.cluster import cluster_lock, connect
@@ -204,10 +174,10 @@ def start(env: Env, sw: Sweep, plan: Plan, confirm: Callable[[Plan], None]) -> R
     finally:
         group.close()
     row = env.state.get_cluster(sw.cluster)
-    rec = Record(sw.name, sw.cluster, sw.spec.model_dump(mode="json"), time.time(),
+    rec = SweepRow(sw.name, sw.cluster, sw.spec.model_dump(mode="json"), time.time(),
                  row.hourly_price if row else plan.hourly_price_per_node,
                  slots_per_node(sw.task))
-    save_record(env, rec)
+    env.state.add_sweep(rec)
     return rec
 
 

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from cloudtrain.pipeline import sweepnode
-from cloudtrain.pipeline.sweep import Record, find_record
+from cloudtrain.pipeline.sweep import find_record
+from cloudtrain.schema import SweepRow, SweepTrialRow
 
 if TYPE_CHECKING:
     from cloudtrain.context import Env
@@ -51,7 +52,7 @@ class Trial:
                 "cost_usd": self.cost_usd}
 
 
-def slot_price(rec: Record) -> float | None:
+def slot_price(rec: SweepRow) -> float | None:
     """$/h of one GPU slot: the node's price over its slots."""
     return None if rec.hourly_price is None else rec.hourly_price / max(1, rec.slots_per_node)
 
@@ -74,7 +75,7 @@ def trial_of(d: dict[str, Any], price: float | None, now: float) -> Trial:
 class Results:
     """A sweep's trials, its best, its money."""
 
-    record: Record
+    record: SweepRow
     trials: tuple[Trial, ...]
     best: int | None
     spent_usd: float | None
@@ -92,7 +93,7 @@ class Results:
                 "finished": self.finished, "trials": [t.as_dict() for t in self.trials]}
 
 
-def estimate_to_end(rec: Record, trials: tuple[Trial, ...], spent: float | None) -> float | None:
+def estimate_to_end(rec: SweepRow, trials: tuple[Trial, ...], spent: float | None) -> float | None:
     """Spend so far plus the trials left, at the mean duration of the ended ones, on their
     share of the cluster."""
     price = slot_price(rec)
@@ -105,27 +106,52 @@ def estimate_to_end(rec: Record, trials: tuple[Trial, ...], spent: float | None)
     return round(spent + left * mean_h * price * per, 6)
 
 
-def sweep_spend(rec: Record, trials: tuple[Trial, ...]) -> float | None:
+def sweep_spend(rec: SweepRow, trials: tuple[Trial, ...]) -> float | None:
     """What the sweep has cost: its trials' costs (None when the price is unknown)."""
     costs = [t.cost_usd for t in trials if t.cost_usd is not None]
     return round(math.fsum(costs), 6) if slot_price(rec) is not None else None
 
 
 def read(env: Env, name: str, cmd: str = "results") -> Results:
-    """The driver's document for sweep ``name``, as records."""
+    """Sweep ``name``: the driver's document, read from the head and kept in the ledger (the
+    sweep's spend and its per-trial rows); once its cluster is gone (``down: true``), the
+    ledger's last reading."""
     from cloudtrain.cluster import connect, get_handle
 
     rec = find_record(env, name)
+    if env.state.get_cluster(rec.cluster) is None:
+        return from_ledger(rec, env.state.sweep_trials(name))
     handle = get_handle(env, rec.cluster)
     group = connect(env, handle, timeout=30)
     try:
         doc = sweepnode.document(handle, group, cmd, name)
     finally:
         group.close()
-    return parsed(rec, doc)
+    res = parsed(rec, doc)
+    env.state.set_sweep_trials(name, res.spent_usd, ledger_rows(res))
+    return res
 
 
-def parsed(rec: Record, doc: dict[str, Any]) -> Results:
+def ledger_rows(res: Results) -> list[SweepTrialRow]:
+    return [SweepTrialRow(res.record.name, t.number, t.state, t.value, t.started_at, t.ended_at,
+                          ",".join(t.gpus), t.node, t.cost_usd, t.params) for t in res.trials]
+
+
+def from_ledger(rec: SweepRow, rows: list[SweepTrialRow]) -> Results:
+    """The sweep as the ledger last saw it (its cluster is gone: nothing runs any more)."""
+    trials = tuple(Trial(r.number, r.state, r.params, r.value, 0, r.started_at, r.ended_at,
+                         None if r.started_at is None or r.ended_at is None
+                         else r.ended_at - r.started_at,
+                         tuple(g for g in r.gpus.split(",") if g), r.node, r.cost_usd)
+                   for r in rows)
+    done = [t for t in trials if t.state == "complete" and t.value is not None]
+    goal = str((rec.spec.get("objective") or {}).get("goal", "minimize"))
+    pick = min if goal.startswith("min") else max
+    best = pick(done, key=lambda t: t.value or 0.0).number if done else None
+    return Results(rec, trials, best, rec.spent_usd, rec.spent_usd, True)
+
+
+def parsed(rec: SweepRow, doc: dict[str, Any]) -> Results:
     now, price = time.time(), slot_price(rec)
     trials = tuple(trial_of(d, price, now) for d in doc.get("trials") or []
                    if isinstance(d, dict))

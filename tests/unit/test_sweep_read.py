@@ -10,10 +10,11 @@ from typing import Any
 
 import pytest
 
-from cloudtrain.pipeline.sweep import Estimate, Record
+from cloudtrain.pipeline.sweep import Estimate
 from cloudtrain.pipeline.sweepread import bar, csv_text, parsed, status_lines, table
+from cloudtrain.schema import SweepRow
 
-REC = Record("search", "exp", {"trials": 4, "gpus_per_trial": 1,
+REC = SweepRow("search", "exp", {"trials": 4, "gpus_per_trial": 1,
                                "objective": {"metric": "val_loss", "goal": "minimize"}},
              1000.0, 4.0, 2)      # $4/h a node of 2 slots: $2/h a slot
 
@@ -70,3 +71,21 @@ def test_the_plot_is_written(tmp_path: Path) -> None:
     assert set(importances(list(res.trials), True)) == {"lr", "bs"}
     out = plot(res, str(tmp_path / "s.png"))
     assert out.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_ledger_keeps_the_sweep_and_its_trials(tmp_path: Path) -> None:
+    from cloudtrain.pipeline.sweepread import from_ledger, ledger_rows
+    from cloudtrain.state import open_state
+
+    state = open_state(tmp_path)
+    state.add_sweep(REC)
+    res = parsed(REC, doc())
+    state.set_sweep_trials("search", res.spent_usd, ledger_rows(res))
+    row = state.get_sweep("search")
+    assert row is not None and row.spent_usd == pytest.approx(7.0) and row.slots_per_node == 2
+    kept = from_ledger(row, state.sweep_trials("search"))
+    assert kept.best == 2 and kept.finished
+    assert [t.as_dict() for t in kept.trials] == [
+        {**t.as_dict(), "intermediates": 0} for t in res.trials]
+    state.add_sweep(REC)                   # the same name started again: a fresh entry
+    assert state.sweep_trials("search") == []
