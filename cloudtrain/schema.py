@@ -133,7 +133,7 @@ CREATE TABLE IF NOT EXISTS sweep_trials (
     started_at REAL,
     ended_at REAL,
     gpus TEXT NOT NULL DEFAULT '',
-    node INTEGER,
+    node TEXT,
     cost_usd REAL,
     params_json TEXT NOT NULL DEFAULT '{}',
     PRIMARY KEY (sweep, number)
@@ -305,6 +305,6 @@ class SweepTrialRow:
     started_at: float | None
     ended_at: float | None
     gpus: str
-    node: int | None
+    node: str | None
     cost_usd: float | None
     params: dict[str, Any] = field(default_factory=dict)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 from cloudtrain.errors import UserError
 from cloudtrain.pipeline import sweepnode
 from cloudtrain.provider.contract import Plan
-from cloudtrain.schema import SweepRow
+from cloudtrain.schema import NodeRow, SweepRow
 
 if TYPE_CHECKING:
     from cloudtrain.context import Env
@@ -170,7 +170,7 @@ def start(env: Env, sw: Sweep, plan: Plan, confirm: Callable[[Plan], None]) -> S
     try:
         sweepnode.put_rules(env, handle, group, sw.task, sweepnode.Rules(
             sweepnode.driver_job(sw.name), sw.spec.max_cost_usd, sw.spec.down))
-        sweepnode.start_driver(handle, group, sw.name, spec_json(sw))
+        sweepnode.start_driver(handle, group, sw.name, spec_json(sw, handle.nodes[0]))
     finally:
         group.close()
     row = env.state.get_cluster(sw.cluster)
@@ -181,9 +181,12 @@ def start(env: Env, sw: Sweep, plan: Plan, confirm: Callable[[Plan], None]) -> S
     return rec
 
 
-def spec_json(sw: Sweep) -> str:
-    """The spec the driver is started with: the sweep file's fields, the task inlined."""
+def spec_json(sw: Sweep, head: NodeRow) -> str:
+    """The spec the driver is started with: the sweep file's fields, the trial's ``script``
+    (pipeline/sweepscript.py) and the task's ``stop_grace`` (a pruned trial's)."""
+    from cloudtrain.pipeline.sweepscript import trial_script
+
     doc = sw.spec.model_dump(mode="json")
-    doc["task"] = sw.task.model_dump(mode="json")
-    doc["name"] = sw.name
+    doc.update(name=sw.name, stop_grace=sw.task.stop_grace,
+               script=trial_script(sw.task, head, sw.spec.gpus_per_trial))
     return json.dumps(doc)

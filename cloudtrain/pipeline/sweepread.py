@@ -23,9 +23,13 @@ if TYPE_CHECKING:
 STATES = ("running", "complete", "pruned", "fail", "waiting")
 
 
-def _num(d: dict[str, Any], key: str) -> float | None:
-    v = d.get(key)
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+def _num(d: dict[str, Any], *keys: str) -> float | None:
+    """The first of ``keys`` that holds a number."""
+    for key in keys:
+        v = d.get(key)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return float(v)
+    return None
 
 
 @dataclass(frozen=True)
@@ -41,7 +45,8 @@ class Trial:
     ended_at: float | None
     duration_s: float | None
     gpus: tuple[str, ...]
-    node: int | None
+    node: str | None
+    """The node (its host name, as the driver names it) the trial ran on."""
     cost_usd: float | None
 
     def as_dict(self) -> dict[str, Any]:
@@ -58,7 +63,7 @@ def slot_price(rec: SweepRow) -> float | None:
 
 
 def trial_of(d: dict[str, Any], price: float | None, now: float) -> Trial:
-    started, ended = _num(d, "started_at"), _num(d, "ended_at")
+    started, ended = _num(d, "started", "started_at"), _num(d, "ended", "ended_at")
     dur = _num(d, "duration_s")
     if dur is None and started is not None:
         dur = (ended or now) - started
@@ -66,8 +71,9 @@ def trial_of(d: dict[str, Any], price: float | None, now: float) -> Trial:
     cost = None if price is None or dur is None else price * max(1, len(gpus)) * dur / 3600
     node = d.get("node")
     return Trial(int(d.get("number", -1)), str(d.get("state") or "?").lower(),
-                 dict(d.get("params") or {}), _num(d, "value"), int(d.get("intermediates") or 0),
-                 started, ended, dur, gpus, node if isinstance(node, int) else None,
+                 dict(d.get("params") or {}), _num(d, "value"),
+                 int(_num(d, "intermediate", "intermediates") or 0),
+                 started, ended, dur, gpus, None if node is None else str(node),
                  None if cost is None else round(cost, 6))
 
 
@@ -153,7 +159,8 @@ def from_ledger(rec: SweepRow, rows: list[SweepTrialRow]) -> Results:
 
 def parsed(rec: SweepRow, doc: dict[str, Any]) -> Results:
     now, price = time.time(), slot_price(rec)
-    trials = tuple(trial_of(d, price, now) for d in doc.get("trials") or []
+    listed = doc.get("trials_list", doc.get("trials"))
+    trials = tuple(trial_of(d, price, now) for d in (listed if isinstance(listed, list) else [])
                    if isinstance(d, dict))
     best = doc.get("best")
     best_n = best.get("number") if isinstance(best, dict) else best
@@ -210,7 +217,7 @@ def rows(res: Results) -> list[list[str]]:
         mark = "*" if t.number == res.best else ""
         out.append([f"{t.number}{mark}", t.state, "" if t.value is None else f"{t.value:g}",
                     "" if t.duration_s is None else f"{t.duration_s:.1f}", ",".join(t.gpus),
-                    "" if t.node is None else str(t.node),
+                    t.node or "",
                     "" if t.cost_usd is None else f"{t.cost_usd:.6f}",
                     " ".join(f"{k}={v}" for k, v in sorted(t.params.items()))])
     return out

@@ -20,14 +20,16 @@ REC = SweepRow("search", "exp", {"trials": 4, "gpus_per_trial": 1,
 
 
 def doc() -> dict[str, Any]:
+    # the keys node/sweep.py writes: started/ended, intermediate, the list in trials_list
     t = [{"number": 0, "state": "COMPLETE", "params": {"lr": 0.01, "bs": 32}, "value": 0.5,
-          "intermediates": 3, "started_at": 1000.0, "ended_at": 4600.0, "gpus": ["0"], "node": 0},
+          "intermediate": 3, "started": 1000.0, "ended": 4600.0, "gpus": ["0"], "node": "n0"},
          {"number": 1, "state": "PRUNED", "params": {"lr": 0.1, "bs": 64}, "value": 0.9,
-          "intermediates": 1, "started_at": 1000.0, "ended_at": 2800.0, "gpus": ["1"], "node": 0},
+          "intermediate": 1, "started": 1000.0, "ended": 2800.0, "gpus": ["1"], "node": "n0"},
          {"number": 2, "state": "COMPLETE", "params": {"lr": 0.001, "bs": 32}, "value": 0.3,
-          "intermediates": 3, "started_at": 1000.0, "ended_at": 4600.0, "gpus": ["0", "1"],
-          "node": 1}]
-    return {"trials": t, "best": {"number": 2, "value": 0.3}, "finished": False}
+          "intermediate": 3, "started": 1000.0, "ended": 4600.0, "gpus": ["0", "1"],
+          "node": "n1"}]
+    return {"trials": 4, "trials_list": t, "best": {"number": 2, "value": 0.3},
+            "finished": False}
 
 
 def test_the_estimate_counts_rounds_of_parallel_trials_and_says_what_fits() -> None:
