@@ -6,9 +6,11 @@ The driver travels in the bootstrap bundle (pipeline/bootstrap.py) and, like the
 when it changed, so that a head bootstrapped by an older version runs this one. Optuna is
 installed into the node's Python on the head when it is missing, before ``start``.
 
-The driver's own process is the sweep's job on the head: ``ROOT/jobs/sweep-NAME`` holds its
-``pid`` while it runs and its ``rc`` when it ends, so the guard counts it as work and its end
-is a job end (``down_on_end``, the budget's stop: docs/guard.md)."""
+The driver's own process is the sweep's job on the head: once ``start`` says its pid, the
+laptop writes it to ``ROOT/jobs/sweep-NAME/pid``, so the guard counts the driver as work, stops
+it with the jobs when the budget is reached, and takes its end (the pid gone) as the end of
+the job ``sweep-NAME``, which ``down: true`` adds to the cluster's ``down_on_end``
+(docs/guard.md): the nodes go down once it has ended and nothing runs or waits."""
 
 from __future__ import annotations
 
@@ -80,7 +82,31 @@ def start_driver(handle: Handle, group: Group, name: str, spec_json: str) -> Non
     res = group.run(write, timeout=60, stdin=spec_json.encode(), ranks=[head.rank])[head.rank]
     if not res.ok:
         raise RemoteError(f"Could not write the sweep's spec on the head: {res.stderr.strip()}")
-    on_head(handle, group, "start", name, f"{head.root_dir}/{path}", optuna=True)
+    said = on_head(handle, group, "start", name, f"{head.root_dir}/{path}", optuna=True)
+    mark_job(handle, group, name, driver_pid(said))
+
+
+def driver_pid(said: str) -> int:
+    """The driver's pid from what ``sweep.py start`` printed (``{"pid": N, ...}``)."""
+    try:
+        pid = json.loads(said.strip().splitlines()[-1]).get("pid")
+    except (json.JSONDecodeError, IndexError, AttributeError):
+        pid = None
+    if not isinstance(pid, int) or pid <= 0:
+        raise RemoteError(f"The sweep driver's 'start' did not say its pid: {said[:200]!r}")
+    return pid
+
+
+def mark_job(handle: Handle, group: Group, name: str, pid: int) -> None:
+    """``ROOT/jobs/sweep-NAME/pid`` on the head: the guard counts the driver as work, and its
+    end (the pid gone) as the end of the sweep's job (``down_on_end``)."""
+    head = handle.nodes[0]
+    d = f"jobs/{driver_job(name)}"
+    line = bash(f"r={shlex.quote(head.root_dir)}; case $r in /*) ;; *) r=$HOME/$r ;; esac; "
+                f"mkdir -p \"$r/{d}\" && echo {pid} > \"$r/{d}/pid\"")
+    res = group.run(line, timeout=60, ranks=[head.rank])[head.rank]
+    if not res.ok:
+        raise RemoteError(f"Could not record the sweep's driver on the head: {res.stderr.strip()}")
 
 
 def document(handle: Handle, group: Group, cmd: str, name: str) -> dict[str, Any]:
