@@ -1,10 +1,9 @@
 """The sweep driver (cloudtrain/node/sweep.py) from the laptop: the command that runs it on
 the head, the workdir sent before it starts, and the sweep's rules on the node guards.
 
-The driver travels in the bootstrap bundle (pipeline/bootstrap.py) and, like the queue
-(pipeline/queue.py), in the command itself, written to ``ROOT/.cloudtrain/sweep/sweep.py``
-when it changed, so that a head bootstrapped by an older version runs this one. Optuna is
-installed into the node's Python on the head when it is missing, before ``start``.
+The driver travels in the bootstrap bundle (pipeline/bootstrap.py), beside the node's queue
+(node/queue.py) that it submits the trials to. Optuna is installed into the node's Python on
+the head when it is missing, before ``start``.
 
 The driver's own process is the sweep's job on the head: once ``start`` says its pid, the
 laptop writes it to ``ROOT/jobs/sweep-NAME/pid``, so the guard counts the driver as work, stops
@@ -14,11 +13,9 @@ the job ``sweep-NAME``, which ``down: true`` adds to the cluster's ``down_on_end
 
 from __future__ import annotations
 
-import base64
 import json
 import shlex
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cloudtrain.errors import RemoteError
@@ -32,31 +29,28 @@ if TYPE_CHECKING:
     from cloudtrain.taskmodel import Task  # annotations only: no pydantic at import
 
 
-def driver_file() -> Path:
-    return Path(__file__).resolve().parent.parent / "node" / "sweep.py"
-
-
 def driver_job(name: str) -> str:
     """The sweep's job id on the head (its driver's job folder ``ROOT/jobs/sweep-NAME``)."""
     return f"sweep-{name}"
 
 
 def node_command(handle: Handle, node: NodeRow, cmd: str, *args: str, optuna: bool = False) -> str:
-    """``sweep.py CMD ROOT ARGS`` on ``node`` with the node's Python, the driver travelling in
-    the command. ``optuna``: install Optuna into that Python first when it is missing."""
+    """``sweep.py CMD ROOT ARGS`` on ``node`` with the node's Python: the copy the bootstrap
+    bundle put in script_dir(node), beside the queue it submits trials to (``sweep`` runs
+    the launch chain's ``up`` first, which bootstraps a node of an older version).
+    ``optuna``: install Optuna into that Python first when it is missing."""
     python = bootstrap.provider_node_env(handle).get("CLOUDTRAIN_PYTHON", "python3")
-    src = base64.b64encode(driver_file().read_bytes()).decode()
     rest = " ".join(shlex.quote(a) for a in args)
     install = ("\"$py\" -c 'import optuna' 2>/dev/null || \"$py\" -m pip install -q optuna "
                ">&2 || exit 1; ") if optuna else ""
+    where = shlex.quote(bootstrap.script_dir(node) + "/sweep.py")
     return bash(
         f"r={shlex.quote(node.root_dir)}; case $r in /*) ;; *) r=$HOME/$r ;; esac; "
-        "d=$r/.cloudtrain/sweep; mkdir -p \"$d\" && chmod 700 \"$d\" || exit 1; "
-        f"echo {src} | base64 -d > \"$d/sweep.py.$$\" || exit 1; "
-        "if cmp -s \"$d/sweep.py.$$\" \"$d/sweep.py\"; then rm -f \"$d/sweep.py.$$\"; "
-        "else mv \"$d/sweep.py.$$\" \"$d/sweep.py\" || exit 1; fi; "
+        f"s={where}; case $s in /*) ;; *) s=$HOME/$s ;; esac; "
+        "[ -f \"$s\" ] || { echo \"the sweep driver is not on this node ($s): run "
+        "'cloudtrain up' on the cluster to bootstrap it with this version\" >&2; exit 2; }; "
         f"py={shlex.quote(python)}; [ -x \"$py\" ] || py=$(command -v \"$py\" || command -v python3); "
-        + install + f"exec \"$py\" \"$d/sweep.py\" {shlex.quote(cmd)} \"$r\" {rest}")
+        + install + f"exec \"$py\" \"$s\" {shlex.quote(cmd)} \"$r\" {rest}")
 
 
 def on_head(handle: Handle, group: Group, cmd: str, *args: str, optuna: bool = False,

@@ -124,7 +124,10 @@ def read(env: Env, name: str, cmd: str = "results") -> Results:
     ledger's last reading."""
     from cloudtrain.cluster import connect, get_handle
 
+    from cloudtrain.pipeline.guard import reconcile
+
     rec = find_record(env, name)
+    reconcile(env, rec.cluster)          # nodes that went down by themselves (down: true)
     if env.state.get_cluster(rec.cluster) is None:
         return from_ledger(rec, env.state.sweep_trials(name))
     handle = get_handle(env, rec.cluster)
