@@ -62,9 +62,24 @@ def load(path: str, cluster: str | None) -> Sweep:
     spec: SweepFile = load_sweep(path)
     task_path = Path(path).resolve().parent / spec.task
     task = load_checked(str(task_path))
+    check_gpus(spec, task, path)
     name = check(Path(path).stem)
     return Sweep(Path(path), spec, task, name,
                  resolve_name(task, cluster or spec.cluster, str(task_path)))
+
+
+def check_gpus(spec: SweepFile, task: Task, path: str) -> None:
+    """``gpus_per_trial`` above a node's GPU slots: exit 2 naming the field (no trial could
+    ever start)."""
+    from cloudtrain.errors import SpecError
+
+    have = slots_per_node(task)
+    if spec.gpus_per_trial > have:
+        raise SpecError(
+            f"is {spec.gpus_per_trial}, but a node of the task's cluster has {have} GPU "
+            "slot(s), so no trial could start.",
+            "Lower gpus_per_trial, or pick nodes with more GPUs (resources.accelerators; on "
+            "local nodes resources.local.gpus).", field="gpus_per_trial", source=path)
 
 
 def trial_hours(spec: SweepFile, task: Task) -> float | None:
@@ -119,27 +134,30 @@ def estimate(spec: SweepFile, task: Task, plan: Plan) -> Estimate | None:
     return Estimate(spec.trials, parallel, hours, plan.hourly_price_per_node * plan.num_nodes)
 
 
-def check_budget(sw: Sweep, plan: Plan) -> Estimate | None:
-    """Refuse (exit 2, nothing created) when trials x trial time x price cannot fit the
-    sweep's ``max_cost_usd``; say what would."""
+def check_budget(sw: Sweep, plan: Plan, spent: float = 0.0) -> Estimate | None:
+    """Refuse (exit 2, nothing created) when what the cluster has cost (``spent``: the budget
+    on the guards is the cluster's) plus trials x trial time x price cannot fit the sweep's
+    ``max_cost_usd``; say what would."""
     cap = sw.spec.max_cost_usd
-    if cap is None:
-        return estimate(sw.spec, sw.task, plan)
     est = estimate(sw.spec, sw.task, plan)
+    if cap is None:
+        return est
     if est is None:
         raise UserError(
             f"The sweep has a budget of ${cap:.2f} (max_cost_usd), but its cost cannot be "
             "estimated: the price of the nodes or the time of one trial is unknown.",
             "Add 'trial_hours: H' to the sweep file (or max_hours to the task) and pick "
             "resources with a known price.")
-    if est.usd > cap + 1e-12:
-        fit = est.trials_within(cap)
+    if spent + est.usd > cap + 1e-12:
+        fit = est.trials_within(max(0.0, cap - spent))
+        already = f" plus ${spent:.4f} the cluster has already cost" if spent > 0 else ""
         raise UserError(
             f"The sweep's estimate is ${est.usd:.4f}: {est.trials} trials, {est.parallel} at a "
-            f"time, so {est.waves} round(s) of {est.hours:g} h on ${est.rate:.4f}/h. That is "
-            f"more than its budget of ${cap:.4f} (max_cost_usd), so nothing was created.",
+            f"time, so {est.waves} round(s) of {est.hours:g} h on ${est.rate:.4f}/h{already}. "
+            f"That is more than its budget of ${cap:.4f} (max_cost_usd), so nothing was "
+            "created.",
             f"{fit} trial(s) fit this budget (trials: {fit}); or raise max_cost_usd to "
-            f"${est.usd:.2f}, or shorten trial_hours.")
+            f"${spent + est.usd:.2f}, or shorten trial_hours.")
     return est
 
 
@@ -160,8 +178,11 @@ def start(env: Env, sw: Sweep, plan: Plan, confirm: Callable[[Plan], None]) -> S
     from cloudtrain.cluster import cluster_lock, connect
     from cloudtrain.pipeline import job
 
-    check_budget(sw, plan)
-    if env.state.get_cluster(sw.cluster) is None:
+    from cloudtrain.ledger import cluster_spend
+
+    existing = env.state.get_cluster(sw.cluster) is not None
+    check_budget(sw, plan, (cluster_spend(env.state, sw.cluster) or 0.0) if existing else 0.0)
+    if not existing:
         confirm(plan)
     with cluster_lock(env, sw.cluster):
         handle = job.up(env, sw.task, sw.cluster, planned=plan)

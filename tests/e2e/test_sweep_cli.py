@@ -73,6 +73,16 @@ def test_bad_sweep_file_exits_2_naming_the_field(cli: CLI, tmp_path: Path) -> No
     created_nothing(cli)
 
 
+def test_gpus_per_trial_above_a_nodes_gpus_exits_2_naming_the_field(
+        cli: CLI, tmp_path: Path) -> None:
+    f = write(tmp_path)
+    f.write_text(f.read_text().replace("gpus_per_trial: 1", "gpus_per_trial: 2"))
+    r = run(cli, str(f), "-y", cwd=tmp_path)        # the task's local nodes have 1 slot each
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "field 'gpus_per_trial'" in r.stderr and "1 GPU slot(s)" in r.stderr
+    created_nothing(cli)
+
+
 def test_budget_refused_before_anything_is_created(cli: CLI, tmp_path: Path) -> None:
     # 40 trials, 2 at a time (2 nodes x 1 slot), 0.5 h each on $4/h: $40 > $10.
     f = write(tmp_path, trials=40, budget=10)
@@ -165,3 +175,18 @@ def test_a_small_sweep_on_local_nodes_runs_every_trial_and_names_the_best(
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "s.png").read_bytes()[:4] == b"\x89PNG"
     assert "complete" in run(cli, "results", "small", "--csv", cwd=tmp_path).stdout
+
+
+@pytest.mark.e2e
+@needs_sshd
+def test_the_budget_counts_what_an_existing_cluster_has_cost(cli: CLI, tmp_path: Path) -> None:
+    # The budget on the guards is the cluster's: a sweep on a cluster that is up adds its
+    # trials to what the cluster has already cost, and is refused without touching it.
+    f = write(tmp_path, trials=20, budget=20)        # $20 exactly for 10 rounds of $2...
+    r = cli.run("up", str(tmp_path / "task.yaml"), "-y", "--no-bootstrap", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    r = run(cli, str(f), "-y", cwd=tmp_path)          # ...plus what exp has cost since up
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "the cluster has already cost" in r.stderr and "18 trial(s) fit" in r.stderr
+    assert [e["name"] for e in cli.status()] == ["exp"]
+    assert run(cli, "status", "search", cwd=tmp_path).returncode == 2     # no sweep recorded
