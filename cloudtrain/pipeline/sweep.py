@@ -175,7 +175,7 @@ def find_record(env: Env, name: str) -> SweepRow:
 def start(env: Env, sw: Sweep, plan: Plan, confirm: Callable[[Plan], None]) -> SweepRow:
     """Bring the cluster up (the launch chain's ``up``; ``confirm`` asks before a new one is
     paid for), put the sweep's rules on the node guards, start the driver on the head."""
-    from cloudtrain.cluster import cluster_lock, connect
+    from cloudtrain.cluster import connect
     from cloudtrain.pipeline import job
 
     from cloudtrain.ledger import cluster_spend
@@ -184,8 +184,7 @@ def start(env: Env, sw: Sweep, plan: Plan, confirm: Callable[[Plan], None]) -> S
     check_budget(sw, plan, (cluster_spend(env.state, sw.cluster) or 0.0) if existing else 0.0)
     if not existing:
         confirm(plan)
-    with cluster_lock(env, sw.cluster):
-        handle = job.up(env, sw.task, sw.cluster, planned=plan)
+    handle = job.up(env, sw.task, sw.cluster, planned=plan)    # it takes the cluster's lock
     sweepnode.send_workdir(env, handle, sw.task)
     group = connect(env, handle)
     try:
