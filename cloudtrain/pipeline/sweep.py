@@ -59,7 +59,7 @@ def load(path: str, cluster: str | None) -> Sweep:
     from cloudtrain.provider.options import load_checked
     from cloudtrain.sweepspec import load_sweep
 
-    spec: SweepFile = load_sweep(path)
+    spec: SweepFile = load_sweep(Path(path))
     task_path = Path(path).resolve().parent / spec.task
     task = load_checked(str(task_path))
     check_gpus(spec, task, path)
