@@ -1,9 +1,10 @@
 """``cloudtrain sweep``: many trials searched by Optuna on one cluster (docs/sweep.md).
 
 One group takes a sweep file or a subcommand: ``cloudtrain sweep SWEEP.yaml [-c NAME] [-y]``
-starts a sweep (the group hands a first argument that is not one of its subcommands to its
-hidden ``start`` command), ``sweep status NAME``, ``sweep results NAME [--json|--csv|--plot
-FILE.png]`` and ``sweep cancel NAME`` read and stop it. Only click is imported at module level.
+starts a sweep (the group hands arguments whose first is not one of its subcommands, nor
+--help, to its hidden ``start`` command, so options may come before the file);
+``sweep status NAME``, ``sweep results NAME [--json|--csv|--plot FILE.png]`` and
+``sweep cancel NAME`` read and stop it. Only click is imported at module level.
 """
 
 from __future__ import annotations
@@ -18,12 +19,12 @@ class SweepGroup(click.Group):
 
     def resolve_command(self, ctx: click.Context,
                         args: list[str]) -> tuple[str | None, click.Command | None, list[str]]:
-        if args and args[0] not in self.commands and not args[0].startswith("-"):
+        if args and args[0] not in self.commands and args[0] not in ("-h", "--help"):
             return "start", self.commands["start"], args
         return super().resolve_command(ctx, args)
 
 
-@click.group(cls=SweepGroup, context_settings=CONTEXT, invoke_without_command=False)
+@click.group(cls=SweepGroup, context_settings={**CONTEXT, "ignore_unknown_options": True})
 def sweep() -> None:
     """Search hyperparameters with Optuna on one cluster: SWEEP.yaml starts a sweep.
 
@@ -38,7 +39,7 @@ def sweep() -> None:
 
 
 @sweep.command(name="start", hidden=True, context_settings=CONTEXT)
-@click.argument("sweep_file", type=click.Path(dir_okay=False))
+@click.argument("sweep_file", type=click.Path(dir_okay=False, exists=True))
 @click.option("-c", "--cluster", "cluster_name", help="Cluster (default: the file's cluster:).")
 @click.option("-y", "--yes", is_flag=True, help="Do not ask before spending money.")
 @guard

@@ -156,8 +156,9 @@ def check_budget(sw: Sweep, plan: Plan, spent: float = 0.0) -> Estimate | None:
             f"time, so {est.waves} round(s) of {est.hours:g} h on ${est.rate:.4f}/h{already}. "
             f"That is more than its budget of ${cap:.4f} (max_cost_usd), so nothing was "
             "created.",
-            f"{fit} trial(s) fit this budget (trials: {fit}); or raise max_cost_usd to "
-            f"${spent + est.usd:.2f}, or shorten trial_hours.")
+            (f"{fit} trial(s) fit this budget (trials: {fit}); or raise" if fit else
+             f"Not one round of {est.parallel} trial(s) fits this budget: raise") +
+            f" max_cost_usd to ${spent + est.usd:.2f}, or shorten trial_hours.")
     return est
 
 

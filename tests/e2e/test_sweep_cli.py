@@ -93,6 +93,17 @@ def test_budget_refused_before_anything_is_created(cli: CLI, tmp_path: Path) -> 
     created_nothing(cli)
 
 
+def test_options_may_come_before_the_file_and_a_missing_file_exits_2(
+        cli: CLI, tmp_path: Path) -> None:
+    f = write(tmp_path, trials=40, budget=0.5)
+    r = run(cli, "-c", "other", "-y", str(f), cwd=tmp_path)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "Not one round of 2 trial(s) fits this budget" in r.stderr
+    r = run(cli, str(tmp_path / "nosuch.yaml"), cwd=tmp_path)
+    assert r.returncode == 2 and "does not exist" in r.stderr, r.stderr
+    created_nothing(cli)
+
+
 def test_reading_an_unknown_sweep_exits_2(cli: CLI, tmp_path: Path) -> None:
     for cmd in ("status", "results", "cancel"):
         r = run(cli, cmd, "nosuch", cwd=tmp_path)
