@@ -317,6 +317,12 @@ class State:
             r["name"], r["cluster"], dict(json.loads(r["spec_json"])), r["started_at"],
             r["hourly_price"], r["slots_per_node"], r["spent_usd"], r["updated_at"])
 
+    def sweeps(self) -> list[SweepRow]:
+        """Every sweep started from this machine, oldest first."""
+        with self._read() as db:
+            names = [r["name"] for r in db.execute("SELECT name FROM sweeps ORDER BY started_at")]
+        return [row for row in (self.get_sweep(n) for n in names) if row is not None]
+
     def set_sweep_trials(self, name: str, spent_usd: float | None,
                          trials: list[SweepTrialRow]) -> None:
         """The sweep's spend and its trials as last read from the head."""

@@ -63,6 +63,10 @@ def created_nothing(cli: CLI) -> None:
     clusters = cli.home / "clusters"
     assert not clusters.exists() or not any(clusters.iterdir())
     assert cli.status() == []
+    r = cli.run("cost-report", "--json", "--offline")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["sweeps"] == [] and doc["clusters"] == []
 
 
 def test_bad_sweep_file_exits_2_naming_the_field(cli: CLI, tmp_path: Path) -> None:

@@ -91,3 +91,21 @@ def test_the_ledger_keeps_the_sweep_and_its_trials(tmp_path: Path) -> None:
         {**t.as_dict(), "intermediates": 0} for t in res.trials]
     state.add_sweep(REC)                   # the same name started again: a fresh entry
     assert state.sweep_trials("search") == []
+
+
+def test_cost_report_lists_the_sweep_as_one_entry_with_its_trials(tmp_path: Path) -> None:
+    from cloudtrain.ledger import sweeps_json
+    from cloudtrain.pipeline.sweepread import ledger_rows
+    from cloudtrain.state import open_state
+
+    state = open_state(tmp_path)
+    state.add_sweep(REC)
+    res = parsed(REC, doc())
+    state.set_sweep_trials("search", res.spent_usd, ledger_rows(res))
+    (entry,) = sweeps_json(state)
+    assert entry["name"] == "search" and entry["cluster"] == "exp"
+    assert entry["spent_usd"] == pytest.approx(7.0)
+    trials = entry["trials"]
+    assert isinstance(trials, list) and [t["number"] for t in trials] == [0, 1, 2]
+    assert trials[2]["gpus"] == ["0", "1"] and trials[2]["cost_usd"] == pytest.approx(4.0)
+    assert trials[0]["params"] == {"lr": 0.01, "bs": 32}
