@@ -100,8 +100,7 @@ def cancel(name: str) -> None:
     """Stop the sweep: no new trial starts; running ones get SIGTERM and their stop_grace."""
     from cloudtrain.pipeline import sweepread
 
-    said = sweepread.cancel(open_env(), name)
-    click.echo(said or f"Sweep {name} cancelled.")
+    click.echo(sweepread.cancel(open_env(), name))
 
 
 def register(cli: click.Group) -> None:

@@ -175,11 +175,12 @@ def find_record(env: Env, name: str) -> SweepRow:
 
 def start(env: Env, sw: Sweep, plan: Plan, confirm: Callable[[Plan], None]) -> SweepRow:
     """Bring the cluster up (the launch chain's ``up``; ``confirm`` asks before a new one is
-    paid for), put the sweep's rules on the node guards, start the driver on the head."""
+    paid for), record the sweep, put its rules on the node guards, start the driver on the
+    head. The record comes before the driver: a CLI killed once the driver runs leaves a
+    sweep that ``sweep status``/``results`` can read."""
     from cloudtrain.cluster import connect
-    from cloudtrain.pipeline import job
-
     from cloudtrain.ledger import cluster_spend
+    from cloudtrain.pipeline import job
 
     existing = env.state.get_cluster(sw.cluster) is not None
     check_budget(sw, plan, (cluster_spend(env.state, sw.cluster) or 0.0) if existing else 0.0)
@@ -187,6 +188,9 @@ def start(env: Env, sw: Sweep, plan: Plan, confirm: Callable[[Plan], None]) -> S
         confirm(plan)
     handle = job.up(env, sw.task, sw.cluster, planned=plan)    # it takes the cluster's lock
     sweepnode.send_workdir(env, handle, sw.task)
+    rec = SweepRow(sw.name, sw.cluster, sw.spec.model_dump(mode="json"), time.time(),
+                   handle.row.hourly_price, slots_per_node(sw.task))
+    env.state.add_sweep(rec)
     group = connect(env, handle)
     try:
         sweepnode.put_rules(env, handle, group, sw.task, sweepnode.Rules(
@@ -194,11 +198,6 @@ def start(env: Env, sw: Sweep, plan: Plan, confirm: Callable[[Plan], None]) -> S
         sweepnode.start_driver(handle, group, sw.name, spec_json(sw, handle.nodes[0]))
     finally:
         group.close()
-    row = env.state.get_cluster(sw.cluster)
-    rec = SweepRow(sw.name, sw.cluster, sw.spec.model_dump(mode="json"), time.time(),
-                 row.hourly_price if row else plan.hourly_price_per_node,
-                 slots_per_node(sw.task))
-    env.state.add_sweep(rec)
     return rec
 
 

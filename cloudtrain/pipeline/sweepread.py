@@ -180,9 +180,27 @@ def cancel(env: Env, name: str) -> str:
     handle = get_handle(env, rec.cluster)
     group = connect(env, handle, timeout=30)
     try:
-        return sweepnode.on_head(handle, group, "cancel", name).strip()
+        said = sweepnode.on_head(handle, group, "cancel", name).strip()
     finally:
         group.close()
+    return cancel_words(name, said)
+
+
+def cancel_words(name: str, said: str) -> str:
+    """What ``sweep cancel`` says: the driver's stop reason and the trials it stops (its
+    JSON answer), or its words as they are."""
+    import json
+
+    try:
+        doc = json.loads(said.splitlines()[-1]) if said else {}
+    except json.JSONDecodeError:
+        return said
+    if not isinstance(doc, dict) or not doc.get("stopped"):
+        return said or f"Sweep {name} cancelled."
+    running = (doc.get("counts") or {}).get("running") if isinstance(doc.get("counts"), dict) \
+        else None
+    tail = f"; {running} running trial(s) get SIGTERM and their stop_grace" if running else ""
+    return f"Sweep {name} stopped: {doc['stopped']}{tail}."
 
 
 def bar(done: int, total: int, width: int = 30) -> str:

@@ -109,3 +109,14 @@ def test_cost_report_lists_the_sweep_as_one_entry_with_its_trials(tmp_path: Path
     assert isinstance(trials, list) and [t["number"] for t in trials] == [0, 1, 2]
     assert trials[2]["gpus"] == ["0", "1"] and trials[2]["cost_usd"] == pytest.approx(4.0)
     assert trials[0]["params"] == {"lr": 0.01, "bs": 32}
+
+
+def test_cancel_says_the_drivers_reason_and_the_trials_it_stops() -> None:
+    from cloudtrain.pipeline.sweepread import cancel_words
+
+    said = json.dumps({"name": "s", "stopped": "cancelled (sweep cancel)",
+                       "counts": {"running": 2}})
+    assert cancel_words("s", said) == ("Sweep s stopped: cancelled (sweep cancel); 2 running "
+                                       "trial(s) get SIGTERM and their stop_grace.")
+    assert cancel_words("s", "") == "Sweep s cancelled."
+    assert cancel_words("s", "not json") == "not json"
