@@ -335,6 +335,20 @@ def recoveries_json(rows: Iterable[RecoveryRow]) -> list[dict[str, object]]:
     } for r in rows]
 
 
+def sweeps_json(state: State) -> list[dict[str, object]]:
+    """Each sweep (docs/sweep.md) as one entry: its cluster, when it started, its spend as
+    last read, and one row per trial (state, objective, times, GPUs, node, cost). A trial's
+    cost is its GPUs' share of the node's price; the cluster's own cost is in ``clusters``."""
+    return [{
+        "name": s.name, "cluster": s.cluster, "started_at": _iso(s.started_at),
+        "spent_usd": _r(s.spent_usd), "as_of": _iso(s.updated_at),
+        "trials": [{"number": t.number, "state": t.state, "value": t.value, "params": t.params,
+                    "started_at": _iso(t.started_at), "ended_at": _iso(t.ended_at),
+                    "gpus": [g for g in t.gpus.split(",") if g], "node": t.node,
+                    "cost_usd": _r(t.cost_usd)} for t in state.sweep_trials(s.name)],
+    } for s in state.sweeps()]
+
+
 def recovery_line(r: RecoveryRow) -> str:
     """One recovery, in words, for ``status`` and ``cost-report``."""
     when = _iso(r.lost_at)

@@ -11,12 +11,15 @@ the dollars); 4 adds ``recoveries.resumed_from`` (what the restarted job could r
 "restarted from step 0" when nothing, issue 21). Older databases are migrated in place when
 opened (``state``). The ``outputs`` table (issue 21: per job, the outputs its task declared,
 where they go here, and whether they were pulled back or lost) is created when missing, like
-every table: it needs no version.
+every table: it needs no version; so are ``sweeps`` (issue 23: one row per sweep, the ledger's
+entry for its spend) and ``sweep_trials`` (its per-trial rows: state, objective, times, GPUs,
+cost), both written by the laptop each time it reads the sweep.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS clusters (
@@ -112,6 +115,29 @@ CREATE TABLE IF NOT EXISTS outputs (
     lost TEXT
 );
 CREATE INDEX IF NOT EXISTS outputs_cluster ON outputs(cluster);
+CREATE TABLE IF NOT EXISTS sweeps (
+    name TEXT PRIMARY KEY,
+    cluster TEXT NOT NULL,
+    spec_json TEXT NOT NULL,
+    started_at REAL NOT NULL,
+    hourly_price REAL,
+    slots_per_node INTEGER NOT NULL DEFAULT 1,
+    spent_usd REAL,
+    updated_at REAL
+);
+CREATE TABLE IF NOT EXISTS sweep_trials (
+    sweep TEXT NOT NULL,
+    number INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    value REAL,
+    started_at REAL,
+    ended_at REAL,
+    gpus TEXT NOT NULL DEFAULT '',
+    node TEXT,
+    cost_usd REAL,
+    params_json TEXT NOT NULL DEFAULT '{}',
+    PRIMARY KEY (sweep, number)
+);
 """
 
 SCHEMA_VERSION = 4
@@ -249,3 +275,36 @@ class OutputsRow:
     started_at: float
     pulled_at: float | None = None
     lost: str | None = None
+
+
+@dataclass(frozen=True)
+class SweepRow:
+    """A sweep started from this machine (``cloudtrain sweep``): its cluster, its validated
+    spec (as JSON), the node's price and GPU slots when it started, and what it had cost when
+    last read (``spent_usd``, at ``updated_at``)."""
+
+    name: str
+    cluster: str
+    spec: dict[str, Any]
+    started_at: float
+    hourly_price: float | None
+    slots_per_node: int
+    spent_usd: float | None = None
+    updated_at: float | None = None
+
+
+@dataclass(frozen=True)
+class SweepTrialRow:
+    """One trial of a sweep in the ledger: its state and objective, when it ran, the GPUs it
+    held on which node, and its cost (its GPUs' share of the node's price for its duration)."""
+
+    sweep: str
+    number: int
+    state: str
+    value: float | None
+    started_at: float | None
+    ended_at: float | None
+    gpus: str
+    node: str | None
+    cost_usd: float | None
+    params: dict[str, Any] = field(default_factory=dict)

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Iterator
 
 from cloudtrain.schema import (ADDED_COLUMNS, SCHEMA, SCHEMA_VERSION, ClusterRow, LaunchRow,
-                               NodeRow, OutputsRow, RecoveryRow, UsageRow)
+                               NodeRow, OutputsRow, RecoveryRow, SweepRow, SweepTrialRow,
+                               UsageRow)
 
 
 class State:
@@ -298,6 +299,48 @@ class State:
                                (time.time(), job_id))
                 else:
                     db.execute("UPDATE outputs SET lost=? WHERE job_id=?", (lost, job_id))
+
+    # --- sweeps (issue 23): one entry per sweep, its per-trial rows ----------------------------
+
+    def add_sweep(self, row: SweepRow) -> None:
+        with self._write() as db:
+            db.execute("INSERT OR REPLACE INTO sweeps (name, cluster, spec_json, started_at, "
+                       "hourly_price, slots_per_node) VALUES (?,?,?,?,?,?)",
+                       (row.name, row.cluster, json.dumps(row.spec), row.started_at,
+                        row.hourly_price, row.slots_per_node))
+            db.execute("DELETE FROM sweep_trials WHERE sweep=?", (row.name,))
+
+    def get_sweep(self, name: str) -> SweepRow | None:
+        with self._read() as db:
+            r = db.execute("SELECT * FROM sweeps WHERE name=?", (name,)).fetchone()
+        return None if r is None else SweepRow(
+            r["name"], r["cluster"], dict(json.loads(r["spec_json"])), r["started_at"],
+            r["hourly_price"], r["slots_per_node"], r["spent_usd"], r["updated_at"])
+
+    def sweeps(self) -> list[SweepRow]:
+        """Every sweep started from this machine, oldest first."""
+        with self._read() as db:
+            names = [r["name"] for r in db.execute("SELECT name FROM sweeps ORDER BY started_at")]
+        return [row for row in (self.get_sweep(n) for n in names) if row is not None]
+
+    def set_sweep_trials(self, name: str, spent_usd: float | None,
+                         trials: list[SweepTrialRow]) -> None:
+        """The sweep's spend and its trials as last read from the head."""
+        with self._write() as db:
+            db.execute("UPDATE sweeps SET spent_usd=?, updated_at=? WHERE name=?",
+                       (spent_usd, time.time(), name))
+            db.executemany("INSERT OR REPLACE INTO sweep_trials VALUES (?,?,?,?,?,?,?,?,?,?)",
+                           [(t.sweep, t.number, t.state, t.value, t.started_at, t.ended_at,
+                             t.gpus, t.node, t.cost_usd, json.dumps(t.params))
+                            for t in trials])
+
+    def sweep_trials(self, name: str) -> list[SweepTrialRow]:
+        with self._read() as db:
+            rows = db.execute("SELECT * FROM sweep_trials WHERE sweep=? ORDER BY number",
+                              (name,)).fetchall()
+        return [SweepTrialRow(r["sweep"], r["number"], r["state"], r["value"], r["started_at"],
+                              r["ended_at"], r["gpus"], r["node"], r["cost_usd"],
+                              dict(json.loads(r["params_json"]))) for r in rows]
 
     def outputs(self, cluster: str) -> list[OutputsRow]:
         """The cluster's jobs that declared outputs, oldest first."""

@@ -76,6 +76,7 @@ def _run(days: float | None, as_json: bool, as_csv: bool, chart: str | None,
 
         doc = ledger.to_json(rep)
         doc["recoveries"] = ledger.recoveries_json(env.state.recoveries())
+        doc["sweeps"] = ledger.sweeps_json(env.state)
         click.echo(json.dumps(doc, indent=2))
     elif as_csv:
         import csv

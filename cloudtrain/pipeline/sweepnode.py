@@ -1,0 +1,153 @@
+"""The sweep driver (cloudtrain/node/sweep.py) from the laptop: the command that runs it on
+the head, the workdir sent before it starts, and the sweep's rules on the node guards.
+
+The driver travels in the bootstrap bundle (pipeline/bootstrap.py), beside the node's queue
+(node/queue.py) that it submits the trials to. Optuna is installed into the node's Python on
+the head when it is missing, before ``start``.
+
+The driver's own process is the sweep's job on the head: once ``start`` says its pid, the
+laptop writes it to ``ROOT/jobs/sweep-NAME/pid``, so the guard counts the driver as work, stops
+it with the jobs when the budget is reached, and takes its end (the pid gone) as the end of
+the job ``sweep-NAME``, which ``down: true`` adds to the cluster's ``down_on_end``
+(docs/guard.md): the nodes go down once it has ended and nothing runs or waits."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from cloudtrain.errors import RemoteError
+from cloudtrain.pipeline import bootstrap
+from cloudtrain.remote import Group, bash
+from cloudtrain.schema import NodeRow
+
+if TYPE_CHECKING:
+    from cloudtrain.cluster import Handle
+    from cloudtrain.context import Env
+    from cloudtrain.taskmodel import Task  # annotations only: no pydantic at import
+
+
+def driver_job(name: str) -> str:
+    """The sweep's job id on the head (its driver's job folder ``ROOT/jobs/sweep-NAME``)."""
+    return f"sweep-{name}"
+
+
+def node_command(handle: Handle, node: NodeRow, cmd: str, *args: str, optuna: bool = False) -> str:
+    """``sweep.py CMD ROOT ARGS`` on ``node`` with the node's Python: the copy the bootstrap
+    bundle put in script_dir(node), beside the queue it submits trials to (``sweep`` runs
+    the launch chain's ``up`` first, which bootstraps a node of an older version).
+    ``optuna``: install Optuna into that Python first when it is missing."""
+    python = bootstrap.provider_node_env(handle).get("CLOUDTRAIN_PYTHON", "python3")
+    rest = " ".join(shlex.quote(a) for a in args)
+    install = ("\"$py\" -c 'import optuna' 2>/dev/null || \"$py\" -m pip install -q optuna "
+               ">&2 || exit 1; ") if optuna else ""
+    where = shlex.quote(bootstrap.script_dir(node) + "/sweep.py")
+    return bash(
+        f"r={shlex.quote(node.root_dir)}; case $r in /*) ;; *) r=$HOME/$r ;; esac; "
+        f"s={where}; case $s in /*) ;; *) s=$HOME/$s ;; esac; "
+        "[ -f \"$s\" ] || { echo \"the sweep driver is not on this node ($s): run "
+        "'cloudtrain up' on the cluster to bootstrap it with this version\" >&2; exit 2; }; "
+        f"py={shlex.quote(python)}; [ -x \"$py\" ] || py=$(command -v \"$py\" || command -v python3); "
+        + install + f"exec \"$py\" \"$s\" {shlex.quote(cmd)} \"$r\" {rest}")
+
+
+def on_head(handle: Handle, group: Group, cmd: str, *args: str, optuna: bool = False,
+            stdin: bytes | None = None) -> str:
+    """Run ``sweep.py CMD`` on the head; its stdout, or RemoteError naming what it said."""
+    head = handle.nodes[0]
+    line = node_command(handle, head, cmd, *args, optuna=optuna)
+    res = group.run(line, timeout=600, stdin=stdin, ranks=[head.rank])[head.rank]
+    if not res.ok:
+        said = res.stderr.strip()[-600:] or str(res.error or "")
+        raise RemoteError(f"The sweep driver's '{cmd}' failed on the head "
+                          f"(exit {res.exit_code}): {said}")
+    return res.stdout
+
+
+def start_driver(handle: Handle, group: Group, name: str, spec_json: str) -> None:
+    """Write the sweep's spec on the head and start the driver there (detached: it goes on
+    with this laptop gone)."""
+    path = f".cloudtrain/sweep/{name}.spec.json"
+    head = handle.nodes[0]
+    write = bash(f"r={shlex.quote(head.root_dir)}; case $r in /*) ;; *) r=$HOME/$r ;; esac; "
+                 "mkdir -p \"$r/.cloudtrain/sweep\" && cat > \"$r/\"" + shlex.quote(path))
+    res = group.run(write, timeout=60, stdin=spec_json.encode(), ranks=[head.rank])[head.rank]
+    if not res.ok:
+        raise RemoteError(f"Could not write the sweep's spec on the head: {res.stderr.strip()}")
+    said = on_head(handle, group, "start", name, f"{head.root_dir}/{path}", optuna=True)
+    mark_job(handle, group, name, driver_pid(said))
+
+
+def driver_pid(said: str) -> int:
+    """The driver's pid from what ``sweep.py start`` printed (``{"pid": N, ...}``)."""
+    try:
+        pid = json.loads(said.strip().splitlines()[-1]).get("pid")
+    except (json.JSONDecodeError, IndexError, AttributeError):
+        pid = None
+    if not isinstance(pid, int) or pid <= 0:
+        raise RemoteError(f"The sweep driver's 'start' did not say its pid: {said[:200]!r}")
+    return pid
+
+
+def mark_job(handle: Handle, group: Group, name: str, pid: int) -> None:
+    """``ROOT/jobs/sweep-NAME/pid`` on the head: the guard counts the driver as work, and its
+    end (the pid gone) as the end of the sweep's job (``down_on_end``)."""
+    head = handle.nodes[0]
+    d = f"jobs/{driver_job(name)}"
+    line = bash(f"r={shlex.quote(head.root_dir)}; case $r in /*) ;; *) r=$HOME/$r ;; esac; "
+                f"mkdir -p \"$r/{d}\" && echo {pid} > \"$r/{d}/pid\"")
+    res = group.run(line, timeout=60, ranks=[head.rank])[head.rank]
+    if not res.ok:
+        raise RemoteError(f"Could not record the sweep's driver on the head: {res.stderr.strip()}")
+
+
+def document(handle: Handle, group: Group, cmd: str, name: str) -> dict[str, Any]:
+    """``status``/``results`` of the driver: its one JSON document."""
+    out = on_head(handle, group, cmd, name)
+    try:
+        doc = json.loads(out)
+    except json.JSONDecodeError as exc:
+        raise RemoteError(f"The sweep driver's '{cmd}' did not answer JSON: {out[:200]!r}") from exc
+    if not isinstance(doc, dict):
+        raise RemoteError(f"The sweep driver's '{cmd}' answered {type(doc).__name__}, not an object.")
+    return doc
+
+
+@dataclass(frozen=True)
+class Rules:
+    """What a sweep asks of the cluster's rules: its job, its budget, ``down:``."""
+
+    job_id: str
+    budget_usd: float | None
+    down: bool
+
+
+def put_rules(env: Env, handle: Handle, group: Group, task: Task, asked: Rules) -> None:
+    """The sweep's budget and its job-end stop on every node guard, composed with the
+    cluster's rules (pipeline/rules.py), so they hold with the laptop closed."""
+    from cloudtrain.pipeline import guard as node_guard, rules
+    from cloudtrain.pipeline.lastseen import saved
+
+    launch = rules.LaunchRules(asked.job_id, asked.budget_usd, "sweep max_cost_usd", False,
+                               asked.down, None)
+    pol = node_guard.update(env, handle, group, task, mode="install",
+                            **rules.compose(saved(env, handle.name), launch)).policy
+    env.state.set_budget(handle.name, pol.max_cost_usd)
+    env.ui.info(f"Budget in force on '{handle.name}': {rules.budget_words(pol.as_dict())}")
+
+
+def send_workdir(env: Env, handle: Handle, task: Task) -> None:
+    """The task's workdir and file mounts on every node, before the driver starts (the
+    trials run it from there)."""
+    from cloudtrain.pipeline import run, sync
+
+    plan = run.sync_plan(task)
+    if plan.workdir is None and not plan.mounts:
+        return
+    env.ui.step(f"Syncing {plan.workdir or 'file mounts'} to {len(handle.nodes)} node(s)")
+    bad = {r: e for r, e in sync.push_all(plan, handle.nodes, handle.keys).items() if e}
+    if bad:
+        raise RemoteError("Sync failed: " + "; ".join(f"node {k}: {e}" for k, e in bad.items()),
+                          "Check the nodes with 'cloudtrain status' and start the sweep again.")
