@@ -158,6 +158,8 @@ class Sweep(_Strict):
     sampler: Literal["tpe", "nsga2", "random", "grid"] = "tpe"
     pruner: Literal["median", "hyperband", "none"] = "median"
     max_cost_usd: float | None = Field(default=None, gt=0, le=MAX_USD)
+    trial_hours: float | None = Field(default=None, gt=0, le=24 * 365, allow_inf_nan=False)
+    """How long one trial may take, for the budget's estimate (else the task's max_hours)."""
     down: bool = False
     seed: int | None = Field(default=None, ge=0, le=2**32 - 1)
 

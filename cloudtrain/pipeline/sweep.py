@@ -13,7 +13,7 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Callable
 
 from cloudtrain.errors import UserError
 from cloudtrain.pipeline import sweepnode
@@ -22,21 +22,8 @@ from cloudtrain.schema import NodeRow, SweepRow
 
 if TYPE_CHECKING:
     from cloudtrain.context import Env
+    from cloudtrain.sweepspec import Sweep as SweepFile  # annotations only: no pydantic
     from cloudtrain.taskmodel import Task  # annotations only: no pydantic at import
-
-
-class SweepFile(Protocol):
-    """What the laptop reads of a validated sweep file (cloudtrain/sweepspec.py ``SweepSpec``)."""
-
-    task: str
-    cluster: str | None
-    trials: int
-    parallel: int | str
-    gpus_per_trial: int
-    max_cost_usd: float | None
-    down: bool
-
-    def model_dump(self, *, mode: str = ...) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)
@@ -85,7 +72,7 @@ def check_gpus(spec: SweepFile, task: Task, path: str) -> None:
 def trial_hours(spec: SweepFile, task: Task) -> float | None:
     """How long one trial may take, for the estimate: the sweep's ``trial_hours``, else the
     task's ``max_hours``."""
-    own = getattr(spec, "trial_hours", None)
+    own = spec.trial_hours
     return float(own) if own is not None else task.max_hours
 
 
