@@ -38,8 +38,8 @@ def _bundle() -> tuple[str, bytes]:
     # next to ctjob.sh (a launch runs them from script_dir(node); none travels per command).
     node = Path(__file__).resolve().parent.parent / "node"
     files += [("store.py", node / "store.py"), ("queue.py", node / "queue.py")]
-    # The sweep driver (node/sweep.py) too, where this version has it (docs/sweep.md).
-    files += [("sweep.py", node / "sweep.py")] if (node / "sweep.py").is_file() else []
+    # The sweep driver (node/sweep.py and its siblings sweepstudy.py, sweepwork.py) too.
+    files += [(p.name, p) for p in sorted(node.glob("sweep*.py"))]
     h = hashlib.sha256()
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=6) as tar:

@@ -309,8 +309,9 @@ def test_one_import_path_per_name() -> None:
     assert not bad, "; ".join(bad)
 
 
-NODE_THIRD_PARTY = {"sweep.py": {"optuna"}}
-"""The one exception to "node/*.py is standard library only": the sweep driver imports optuna
+NODE_THIRD_PARTY = {"sweep.py": {"optuna"}, "sweepstudy.py": {"optuna"}, "sweepwork.py": {"optuna"}}
+"""The one exception to "node/*.py is standard library only": the sweep driver (sweep.py,
+sweepstudy.py, sweepwork.py) imports optuna
 (its samplers, pruners and storages; grpcio comes with its gRPC storage proxy), which
 bootstrap installs on the nodes only when a sweep runs. It imports it inside the functions
 that use it, never at module level, so the other node scripts never need it (docs/sweep.md)."""

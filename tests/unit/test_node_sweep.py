@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from cloudtrain.node import sweep
-from cloudtrain.node.sweep import JobView, Worker
+from cloudtrain.node import sweep, sweepstudy, sweepwork
+from cloudtrain.node.sweepwork import JobView, Worker
 
 # A trial: 6 steps of val_loss = (lr - 0.003)^2 * 1e4 + 1/step, except the trial whose number
 # is $HOPELESS, which reports 100 every step and runs long (the median pruner stops it).
@@ -74,10 +74,10 @@ def _spec(**over: Any) -> dict:
 
 
 def _run(tmp_path: Path, spec: dict, hopeless: int = -1) -> tuple[dict, StandInQueue]:
-    study = sweep.open_study(sweep.journal(str(tmp_path), "s1"), "s1", spec)
+    study = sweepstudy.open_study(sweepstudy.journal(str(tmp_path), "s1"), "s1", spec)
     queue = StandInQueue(tmp_path, {"HOPELESS": str(hopeless)})
     Worker(str(tmp_path), study, queue, "node0").run(poll_s=0.02)
-    return sweep.report(sweep.read_study(str(tmp_path), "s1"), with_trials=True), queue
+    return sweepstudy.report(sweepstudy.read_study(str(tmp_path), "s1"), with_trials=True), queue
 
 
 @pytest.mark.parametrize("sampler", ["random", "tpe"])
@@ -129,14 +129,14 @@ def test_failing_trials_stop_the_sweep_after_three_in_a_row(tmp_path: Path) -> N
 
 def test_cancel_stops_running_trials(tmp_path: Path) -> None:
     spec = _spec(slots=2, script="sleep 30")
-    study = sweep.open_study(sweep.journal(str(tmp_path), "s1"), "s1", spec)
+    study = sweepstudy.open_study(sweepstudy.journal(str(tmp_path), "s1"), "s1", spec)
     queue = StandInQueue(tmp_path, {})
     w = Worker(str(tmp_path), study, queue, "node0")
     w.poll()
     assert len(w.running) == 2
     assert sweep.main(["sweep.py", "cancel", str(tmp_path), "s1"]) == 0
     w.run(poll_s=0.02)
-    rep = sweep.report(sweep.read_study(str(tmp_path), "s1"), with_trials=True)
+    rep = sweepstudy.report(sweepstudy.read_study(str(tmp_path), "s1"), with_trials=True)
     assert rep["counts"]["fail"] == 2 and rep["stopped"] == "cancelled (sweep cancel)"
     assert queue.cancelled == {"sweep-s1-t0", "sweep-s1-t1"}
 
@@ -180,19 +180,19 @@ def test_a_worker_on_another_node_shares_the_study_through_the_grpc_proxy(
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    storage = sweep.journal(str(tmp_path), "s1")
-    head = sweep.open_study(storage, "s1", _spec(trials=8, slots=2))
+    storage = sweepstudy.journal(str(tmp_path), "s1")
+    head = sweepstudy.open_study(storage, "s1", _spec(trials=8, slots=2))
     threading.Thread(target=optuna.storages.run_grpc_proxy_server, args=(storage,),
                      kwargs={"host": "127.0.0.1", "port": port}, daemon=True).start()
     proxy = GrpcStorageProxy(host="127.0.0.1", port=port)
     proxy.wait_server_ready(timeout=30)
-    other = Worker(str(tmp_path / "n1"), sweep.open_study(proxy, "s1"), StandInQueue(tmp_path, {}),
+    other = Worker(str(tmp_path / "n1"), sweepstudy.open_study(proxy, "s1"), StandInQueue(tmp_path, {}),
                    "node1")
     t = threading.Thread(target=other.run, kwargs={"poll_s": 0.02})
     t.start()
     Worker(str(tmp_path), head, StandInQueue(tmp_path, {}), "node0").run(poll_s=0.02)
     t.join(timeout=120)
-    rep = sweep.report(sweep.read_study(str(tmp_path), "s1"), with_trials=True)
+    rep = sweepstudy.report(sweepstudy.read_study(str(tmp_path), "s1"), with_trials=True)
     assert rep["finished"] and rep["counts"]["complete"] == 8 and len(rep["trials_list"]) == 8
     assert {t["node"] for t in rep["trials_list"]} == {"node0", "node1"}
 
@@ -204,7 +204,8 @@ def _shipped(tmp_path: Path, slots: int = 2) -> Path:
 
     node = tmp_path / "node"
     node.mkdir()
-    (node / "sweep.py").write_text(Path(sweep.__file__).read_text())
+    for mod in (sweep, sweepstudy, sweepwork):
+        (node / Path(mod.__file__).name).write_text(Path(mod.__file__).read_text())
     (node / "queue.py").write_text(Path(queue.__file__).read_text())
     (tmp_path / "root" / ".cloudtrain").mkdir(parents=True)
     (tmp_path / "root" / ".cloudtrain" / "slots").write_text(str(slots))
@@ -247,7 +248,7 @@ def test_start_runs_the_sweep_detached_through_the_queue_and_prunes_with_sigterm
 def test_a_pruned_trial_that_ignores_sigterm_is_killed_after_its_grace(tmp_path: Path) -> None:
     import time
     script = _shipped(tmp_path)
-    q = sweep.QueueDispatch(str(tmp_path / "root"), "sweep:s1", 0.5)
+    q = sweepwork.QueueDispatch(str(tmp_path / "root"), "sweep:s1", 0.5)
     q.queue_py = str(script.with_name("queue.py"))
     q.submit("j1", "trap '' TERM; sleep 30", 2)
     time.sleep(0.3)
@@ -266,7 +267,7 @@ def test_a_restarted_head_resumes_the_journal_and_fails_the_trials_it_lost(tmp_p
     import time
     script, root = _shipped(tmp_path), tmp_path / "root"
     spec = _spec(trials=3, slots=2)
-    sweep.open_study(sweep.journal(str(root), "s1"), "s1", spec).ask()
+    sweepstudy.open_study(sweepstudy.journal(str(root), "s1"), "s1", spec).ask()
     (tmp_path / "spec.json").write_text(json.dumps(spec))
     subprocess.run([sys.executable, str(script), "start", str(root), "s1",
                     str(tmp_path / "spec.json")], check=True, capture_output=True,
