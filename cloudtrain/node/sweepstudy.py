@@ -114,7 +114,8 @@ def trial_record(t: Any) -> dict:
 def report(study: Any, with_trials: bool) -> dict:
     """One JSON document: counts by state, the best trial, the stop reason (and the trials)."""
     spec = study.user_attrs.get("spec", {})
-    trials = [trial_record(t) for t in study.get_trials(deepcopy=False)]
+    trials = [trial_record(t) for t in study.get_trials(deepcopy=False)
+              if not t.user_attrs.get("surplus")]     # asked past `trials` (a race): never ran
     counts = {s: sum(1 for t in trials if t["state"] == s)
               for s in ("running", "complete", "pruned", "fail", "waiting")}
     done = [t for t in trials if t["state"] == "complete"]

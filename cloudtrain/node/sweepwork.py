@@ -153,7 +153,17 @@ class Worker:
         return parallel == "auto" or busy < int(parallel)
 
     def launch(self) -> None:
+        """Ask Optuna for a trial and submit it. ``room`` counted the trials before this ask,
+        so two workers (or nodes) may both pass it for the last one; the storage numbers the
+        trials in the order they were asked (0, 1, ...), so a trial numbered ``total()`` or
+        above is one too many: it is told FAIL at once, marked ``surplus`` (the reports leave
+        it out), and never runs."""
+        from optuna.trial import TrialState
         trial = self.study.ask(fixed_distributions=self.dists)
+        if trial.number >= self.total():
+            trial.set_user_attr("surplus", True)
+            tell(self.study, trial, TrialState.FAIL)
+            return
         folder = os.path.join(sdir(self.root, self.name), "trials", str(trial.number))
         os.makedirs(folder, exist_ok=True)
         metrics = os.path.join(folder, "metrics.jsonl")

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -278,3 +279,27 @@ def test_a_restarted_head_resumes_the_journal_and_fails_the_trials_it_lost(tmp_p
         time.sleep(0.3)
     assert [t["state"] for t in doc["trials_list"]] == ["fail", "complete", "complete"]
     assert doc["lost"] == [0]
+
+
+def test_two_workers_passing_room_for_the_last_trial_run_exactly_the_total(
+        tmp_path: Path) -> None:
+    """The race on the last trial: two workers (two nodes) share one storage, both find room
+    for it (``room`` counts before ``ask``), both ask. The storage numbers trials in the order
+    asked, so the second is one too many: it never runs, and the sweep reports exactly
+    ``trials`` trials."""
+    spec = _spec(trials=3, slots=8)
+    storage = sweepstudy.journal(str(tmp_path), "s1")
+    queues = [StandInQueue(tmp_path, {}), StandInQueue(tmp_path, {})]
+    workers = [Worker(str(tmp_path), sweepstudy.open_study(storage, "s1", spec), q, f"node{i}")
+               for i, q in enumerate(queues)]
+    workers[0].launch()
+    workers[0].launch()
+    assert workers[0].room() and workers[1].room()      # both see one trial left
+    workers[0].launch()
+    workers[1].launch()
+    while any([w.poll() for w in workers]):
+        time.sleep(0.02)
+    rep = sweepstudy.report(sweepstudy.read_study(str(tmp_path), "s1"), with_trials=True)
+    assert rep["finished"] and len(rep["trials_list"]) == 3
+    assert rep["counts"] == {"running": 0, "complete": 3, "pruned": 0, "fail": 0, "waiting": 0}
+    assert sum(len(q.procs) for q in queues) == 3 and not workers[1].running
