@@ -27,10 +27,13 @@ import time
 from typing import Any
 
 if __package__:
-    from cloudtrain.node.sweepstudy import journal, open_study, read_study, report, sdir, tell
+    from cloudtrain.node.sweepkeep import keeping, put_aside, restored
+    from cloudtrain.node.sweepstudy import (journal, open_study, read_study, report, sdir,
+                                            settled, tell)
     from cloudtrain.node.sweepwork import QueueDispatch, Worker
 else:  # on a node: run as a script, its siblings beside it
-    from sweepstudy import journal, open_study, read_study, report, sdir, tell  # type: ignore[no-redef]  # the shipped sibling
+    from sweepkeep import keeping, put_aside, restored  # type: ignore[no-redef]  # the shipped sibling
+    from sweepstudy import journal, open_study, read_study, report, sdir, settled, tell  # type: ignore[no-redef]  # the shipped sibling
     from sweepwork import QueueDispatch, Worker  # type: ignore[no-redef]  # the shipped sibling
 
 
@@ -52,6 +55,7 @@ def run_head(root: str, name: str) -> int:
     from optuna.trial import TrialState
     with open(os.path.join(sdir(root, name), "spec.json")) as f:
         spec = json.load(f)
+    restored(root, name)      # a replacement head: the journal kept in the bucket, first
     storage = journal(root, name)
     study = open_study(storage, name, spec)
     lost = [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))]
@@ -63,7 +67,8 @@ def run_head(root: str, name: str) -> int:
         threading.Thread(target=optuna.storages.run_grpc_proxy_server, args=(storage,),
                          kwargs={"host": "0.0.0.0", "port": int(spec["port"])},
                          daemon=True).start()
-    work(root, study)
+    with keeping(root, name, lambda: settled(study)):   # the journal, to the bucket
+        work(root, study)
     print(json.dumps(report(study, with_trials=False)), flush=True)
     return 0
 
@@ -85,7 +90,7 @@ def work(root: str, study: Any) -> None:
 def start(root: str, name: str, spec_file: str) -> int:
     os.makedirs(sdir(root, name), exist_ok=True)
     with open(spec_file) as f:
-        spec = json.load(f)
+        spec = put_aside(root, name, json.load(f))   # its "keep": keep.json, not the study
     path = os.path.join(sdir(root, name), "spec.json")
     with open(path + ".tmp", "w") as f:
         json.dump(spec, f)

@@ -88,6 +88,14 @@ def tell(study: Any, trial: Any, state: Any, value: float | None = None) -> None
             raise
 
 
+def settled(study: Any) -> int:
+    """How far the sweep has come, for keeping its journal (sweepkeep.py): the trials that
+    ended, plus one once the sweep is stopped."""
+    ended = sum(1 for t in study.get_trials(deepcopy=False)
+                if t.state.name not in ("RUNNING", "WAITING"))
+    return ended + (1 if "stop" in study.user_attrs else 0)
+
+
 def read_study(root: str, name: str) -> Any:
     import optuna
     optuna.logging.set_verbosity(optuna.logging.WARNING)
