@@ -29,7 +29,8 @@ def sweep() -> None:
     """Search hyperparameters with Optuna on one cluster: SWEEP.yaml starts a sweep.
 
     \b
-      cloudtrain sweep SWEEP.yaml [-c NAME] [-y]   start it (the name is the file's stem)
+      cloudtrain sweep SWEEP.yaml [-c NAME] [-y] [--recover]
+                                                   start it (the name is the file's stem)
       cloudtrain sweep status NAME                 trials, best so far, spend, progress
       cloudtrain sweep results NAME [--json|--csv|--plot FILE.png]
       cloudtrain sweep cancel NAME                 stop it (trials get SIGTERM and their grace)
@@ -42,15 +43,24 @@ def sweep() -> None:
 @click.argument("sweep_file", type=click.Path(dir_okay=False, exists=True))
 @click.option("-c", "--cluster", "cluster_name", help="Cluster (default: the file's cluster:).")
 @click.option("-y", "--yes", is_flag=True, help="Do not ask before spending money.")
+@click.option("--recover", is_flag=True,
+              help="Replace nodes the cloud takes; the sweep resumes from the study kept in "
+                   "the task's checkpoints: bucket (this terminal is the controller).")
 @guard
-def start(sweep_file: str, cluster_name: str | None, yes: bool) -> None:
+def start(sweep_file: str, cluster_name: str | None, yes: bool, recover: bool) -> None:
     """Start the sweep SWEEP_FILE: refused (exit 2, nothing created) when its trials cannot
     fit max_cost_usd; the cluster is created when it does not exist."""
-    from cloudtrain.pipeline import plan, sweep as sweeps
+    from cloudtrain.pipeline import plan, sweep as sweeps, sweeprecover
 
     sw = sweeps.load(sweep_file, cluster_name)
+    if sweeprecover.wanted(sw, recover):
+        sweeprecover.check(sw)
     env = open_env()
     planned = plan.plan(env, sw.task, sw.cluster)
+    if sweeprecover.wanted(sw, recover):
+        sweeprecover.start(env, sw, planned, lambda p: confirm_cost(p, yes))
+        env.ui.ok(f"Sweep {sw.name} finished. Its trials: cloudtrain sweep results {sw.name}")
+        return
     rec = sweeps.start(env, sw, planned, lambda p: confirm_cost(p, yes))
     env.ui.ok(f"Sweep {rec.name} started on cluster {rec.cluster}: it runs on the head node. "
               f"Follow it: cloudtrain sweep status {rec.name}")

@@ -21,7 +21,9 @@ from cloudtrain.provider.contract import Plan
 from cloudtrain.schema import NodeRow, SweepRow
 
 if TYPE_CHECKING:
+    from cloudtrain.cluster import Handle
     from cloudtrain.context import Env
+    from cloudtrain.remote import Group
     from cloudtrain.sweepspec import Sweep as SweepFile  # annotations only: no pydantic
     from cloudtrain.taskmodel import Task  # annotations only: no pydantic at import
 
@@ -174,17 +176,27 @@ def start(env: Env, sw: Sweep, plan: Plan, confirm: Callable[[Plan], None]) -> S
     if not existing:
         confirm(plan)
     handle = job.up(env, sw.task, sw.cluster, planned=plan)    # it takes the cluster's lock
+    group = connect(env, handle)
+    try:
+        return drive(env, sw, handle, group)
+    finally:
+        group.close()
+
+
+def drive(env: Env, sw: Sweep, handle: Handle, group: Group, *, record: bool = True,
+          driver: bool = True) -> SweepRow:
+    """On the cluster that is up: the workdir sent, the sweep recorded (``record``), its rules
+    on the node guards, the driver started on the head (``driver``). ``sweep --recover``'s
+    controller does it again after a replacement (pipeline/sweeprecover.py)."""
     sweepnode.send_workdir(env, handle, sw.task)
     rec = SweepRow(sw.name, sw.cluster, sw.spec.model_dump(mode="json"), time.time(),
                    handle.row.hourly_price, slots_per_node(sw.task))
-    env.state.add_sweep(rec)
-    group = connect(env, handle)
-    try:
-        sweepnode.put_rules(env, handle, group, sw.task, sweepnode.Rules(
-            sweepnode.driver_job(sw.name), sw.spec.max_cost_usd, sw.spec.down))
+    if record:
+        env.state.add_sweep(rec)
+    sweepnode.put_rules(env, handle, group, sw.task, sweepnode.Rules(
+        sweepnode.driver_job(sw.name), sw.spec.max_cost_usd, sw.spec.down))
+    if driver:
         sweepnode.start_driver(handle, group, sw.name, spec_json(sw, handle.nodes[0]))
-    finally:
-        group.close()
     return rec
 
 
@@ -196,4 +208,6 @@ def spec_json(sw: Sweep, head: NodeRow) -> str:
     doc = sw.spec.model_dump(mode="json")
     doc.update(name=sw.name, stop_grace=sw.task.stop_grace,
                script=trial_script(sw.task, head, sw.spec.gpus_per_trial))
+    if sw.task.checkpoints:     # the head keeps the study there (node/sweepkeep.py)
+        doc["keep"] = {"url": str(sw.task.checkpoints), "env": dict(sw.task.envs)}
     return json.dumps(doc)

@@ -1,0 +1,154 @@
+"""``cloudtrain sweep SWEEP.yaml --recover`` (or ``recovery:`` in the task): the sweep under
+the recovery controller of ``launch --recover`` (pipeline/recover.py), not a loop of its own.
+Each attempt (pipeline/attempt.py) provisions and bootstraps as a launch's does; this
+controller's ``run`` hook, instead of running a job, sends the workdir, puts the sweep's rules
+on the node guards, starts the driver on the head and follows the sweep until it has
+finished, under the same health watch. When the cloud takes the head (local nodes: its sshd
+exits), the controller replaces it, and the next attempt starts the driver on the new head,
+which first restores the study from the journal the lost head kept in the task's
+``checkpoints:`` bucket (node/sweepkeep.py): the trials it left running are told FAIL
+(``lost``), and the sweep goes on to its total. Without ``checkpoints:`` nothing could resume,
+so ``--recover`` on a sweep is refused (exit 2) before anything is created."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+from cloudtrain import budget
+from cloudtrain.cluster import Handle
+from cloudtrain.context import Env
+from cloudtrain.errors import CloudtrainError, SpecError
+from cloudtrain.pipeline import run, sweep as sweeps, sweepnode
+from cloudtrain.pipeline.recover import Controller
+from cloudtrain.pipeline.recover_watch import HealthWatch, lost_now, unresponsive_window
+from cloudtrain.provider.contract import Plan
+from cloudtrain.remote import Group
+
+if TYPE_CHECKING:
+    from cloudtrain.taskmodel import Task  # annotations only: no pydantic at import
+
+
+def wanted(sw: sweeps.Sweep, asked: bool) -> bool:
+    """``--recover`` asked, or ``recovery:`` in the task (as for ``launch``)."""
+    return asked or sw.task.recovery is not None
+
+
+def check(sw: sweeps.Sweep) -> None:
+    """A sweep resumes from the journal kept in the task's ``checkpoints:`` bucket: without
+    one, exit 2 naming the field and the fix."""
+    if not sw.task.checkpoints:
+        raise SpecError(
+            "is not set in the sweep's task, and a sweep under --recover resumes from the "
+            "study its head keeps in that bucket: a replaced head would start with nothing.",
+            "Add 'checkpoints: s3://BUCKET/PATH' (or gs://, az://) to the task "
+            "(docs/storage.md), or start the sweep without --recover.",
+            field="checkpoints", source=str(sw.path.resolve().parent / sw.spec.task))
+
+
+def start(env: Env, sw: sweeps.Sweep, plan: Plan,
+          confirm: Callable[[Plan], None]) -> dict[str, Any] | None:
+    """The checks, creating nothing (``checkpoints:``, a provider that reports node health,
+    the budget); then this process is the sweep's recovery controller until the sweep has
+    finished. Returns the driver's last status document."""
+    from cloudtrain.ledger import cluster_spend
+    from cloudtrain.pipeline import guard as node_guard, recover
+    from cloudtrain.pipeline.request import Launch
+
+    check(sw)
+    rec = recover.check(env, sw.task, plan, warn=False)
+    existing = env.state.get_cluster(sw.cluster) is not None
+    sweeps.check_budget(sw, plan, (cluster_spend(env.state, sw.cluster) or 0.0)
+                        if existing else 0.0)
+    node_guard.reconcile(env, sw.cluster)
+    if not existing:
+        confirm(plan)
+    ctl = SweepController(env, Launch(sw.task, sw.cluster, plan, recover=True), None, rec,
+                          sweep=sw)
+    tried = ctl.loop()
+    if tried.refused is not None:
+        raise tried.refused
+    return ctl.last
+
+
+@dataclass
+class SweepController(Controller):
+    """launch --recover's controller with the sweep in place of the job: ``run`` (the
+    attempt's hook) drives the sweep (pipeline/sweep.py ``drive``) and follows it."""
+
+    sweep: sweeps.Sweep | None = None
+    recorded: bool = False
+    last: dict[str, Any] | None = None
+
+    def run(self, handle: Handle, group: Group, task: Task, start: run.JobStart,
+            watch: budget.Watch | None) -> run.Outcome:
+        """The sweep on the cluster, followed until it has finished (exit 0) or the cloud
+        took a node (exit 1, ``health.loss`` set: the controller replaces it)."""
+        assert self.sweep is not None
+        health = self.health = HealthWatch(self.env, handle, group, self.rec.poll_seconds,
+                                           task, watch)
+        taken = threading.Event()
+        health.start()
+        health.attach(lambda why: taken.set())
+        try:
+            code = self._driven(handle, group, health, taken)
+        finally:
+            health.detach()
+            health.stop()
+        return run.Outcome(start.job_id, code)
+
+    def _driven(self, handle: Handle, group: Group, health: HealthWatch,
+                taken: threading.Event) -> int:
+        assert self.sweep is not None
+        head_lost = self.pending is None or 0 in self.pending[1].ranks
+        try:
+            sweeps.drive(self.env, self.sweep, handle, group, record=not self.recorded,
+                         driver=head_lost)
+            self.recorded = True
+            self.phases["sync_s"] = max(0.0, time.time() - self.t_ready)
+            self.phases["restart_s"] = 0.0
+            return self.follow(handle, group, taken)
+        except CloudtrainError:
+            health.loss = health.loss or lost_now(handle, health)
+            if health.loss is None:
+                raise
+            return 1
+
+    def follow(self, handle: Handle, group: Group, taken: threading.Event) -> int:
+        """The driver's status every poll until the sweep has finished; a node the cloud
+        took ends the follow. The head silent for longer than the unresponsive window while
+        the cloud says it runs: the error is raised."""
+        assert self.sweep is not None
+        said, silent_since = "", None
+        while not taken.wait(self.rec.poll_seconds):
+            try:
+                doc = sweepnode.document(handle, group, "status", self.sweep.name)
+            except CloudtrainError:
+                silent_since = silent_since or time.time()
+                if time.time() - silent_since > unresponsive_window():
+                    raise
+                continue
+            silent_since, self.last = None, doc
+            now = progress(doc)
+            if now != said:
+                self.env.ui.info(now)
+                said = now
+            if doc.get("finished"):
+                return 0
+        return 1
+
+
+def progress(doc: dict[str, Any]) -> str:
+    """One line of the driver's status: trials ended of the total, by state, the best."""
+    counts = doc.get("counts")
+    counts = counts if isinstance(counts, dict) else {}
+    ended = sum(int(counts.get(s) or 0) for s in ("complete", "pruned", "fail"))
+    best, lost = doc.get("best"), doc.get("lost")
+    return (f"sweep {doc.get('name')}: {ended}/{doc.get('trials')} trials ended ("
+            + ", ".join(f"{counts.get(s, 0)} {s}" for s in ("complete", "pruned", "fail"))
+            + f"), {counts.get('running', 0)} running"
+            + (f"; best: trial {best.get('number')} = {best.get('value')}"
+               if isinstance(best, dict) else "")
+            + (f"; lost with a head: {lost}" if isinstance(lost, list) and lost else ""))
