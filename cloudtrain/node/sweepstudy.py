@@ -89,11 +89,12 @@ def tell(study: Any, trial: Any, state: Any, value: float | None = None) -> None
 
 
 def settled(study: Any) -> int:
-    """How far the sweep has come, for keeping its journal (sweepkeep.py): the trials that
-    ended, plus one once the sweep is stopped."""
-    ended = sum(1 for t in study.get_trials(deepcopy=False)
-                if t.state.name not in ("RUNNING", "WAITING"))
-    return ended + (1 if "stop" in study.user_attrs else 0)
+    """How far the sweep has come, for keeping its journal (sweepkeep.py): it changes when a
+    trial starts (a copy then knows it ran: a replacement head tells it FAIL, ``lost``), when
+    one ends, and once the sweep is stopped."""
+    trials = study.get_trials(deepcopy=False)
+    ended = sum(1 for t in trials if t.state.name not in ("RUNNING", "WAITING"))
+    return len(trials) + ended + (1 if "stop" in study.user_attrs else 0)
 
 
 def read_study(root: str, name: str) -> Any:

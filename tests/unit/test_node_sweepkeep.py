@@ -107,8 +107,9 @@ def test_a_half_written_copy_is_never_restored(tmp_path: Path, s3: emus.Emulator
     assert len(sweepstudy.read_study(str(new), "s1").get_trials()) == 1
 
 
-def test_keeping_pushes_after_each_trial_ends_and_keeps_the_newest_copies(
-        tmp_path: Path, s3: emus.Emulator) -> None:
+def test_keeping_pushes_when_a_trial_starts_or_ends_and_keeps_the_newest_copies(
+        tmp_path: Path, s3: emus.Emulator, monkeypatch: pytest.MonkeyPatch) -> None:
+    from optuna.trial import TrialState
     spec = _spec(s3, "ck/d")
     rest = sweepkeep.put_aside(str(tmp_path), "s1", spec)
     study = _study_with(tmp_path, rest, 0)
@@ -119,21 +120,17 @@ def test_keeping_pushes_after_each_trial_ends_and_keeps_the_newest_copies(
         pushes.append(sweepstudy.settled(study))
         return real(root, name, cmd)
 
-    sweepkeep.transfer = counted      # type: ignore[assignment]  # counting the real pushes
-    try:
-        ended = threading.Event()
-        with sweepkeep.keeping(str(tmp_path), "s1", lambda: sweepstudy.settled(study),
-                               poll_s=0.05):
-            from optuna.trial import TrialState
-            for i in range(5):
-                t = study.ask({"lr": sweepstudy.distributions(rest)["lr"]})
-                ended.wait(0.6)                  # a running trial: nothing new to push
-                study.tell(t, float(i), state=TrialState.COMPLETE)
-                ended.wait(1.5)                  # the keeper pushes this end
-    finally:
-        sweepkeep.transfer = real         # type: ignore[assignment]
-    assert sorted(set(pushes)) == [0, 1, 2, 3, 4, 5]
-    assert len(pushes) <= 7                    # once per change (and the last one at the end)
+    monkeypatch.setattr(sweepkeep, "transfer", counted)
+    pause = threading.Event()
+    with sweepkeep.keeping(str(tmp_path), "s1", lambda: sweepstudy.settled(study), poll_s=0.05):
+        pause.wait(2.0)                          # the first push, at once
+        for i in range(3):
+            t = study.ask({"lr": sweepstudy.distributions(rest)["lr"]})
+            pause.wait(2.0)                      # the keeper pushes this start...
+            study.tell(t, float(i), state=TrialState.COMPLETE)
+            pause.wait(2.0)                      # ...and this end
+    # once per change (0: at once; 1, 3, 5: starts; 2, 4, 6: ends), and the last at the end
+    assert sorted(set(pushes)) == list(range(7)) and len(pushes) == 8, pushes
     keys = s3.keys("ck/d/sweeps/s1")
     manifests = sorted(k for k in keys if k.startswith("manifests/"))
     assert len(manifests) == sweepkeep.KEEP
@@ -143,7 +140,8 @@ def test_keeping_pushes_after_each_trial_ends_and_keeps_the_newest_copies(
     new = tmp_path / "new"
     sweepkeep.put_aside(str(new), "s1", spec)
     assert sweepkeep.restored(str(new), "s1")
-    assert len(sweepstudy.read_study(str(new), "s1").get_trials()) == 5
+    assert [t.state for t in sweepstudy.read_study(str(new), "s1").get_trials()] == \
+        [TrialState.COMPLETE] * 3
 
 
 def test_the_command_line(tmp_path: Path) -> None:
