@@ -205,9 +205,9 @@ def _shipped(tmp_path: Path, slots: int = 2) -> Path:
 
     node = tmp_path / "node"
     node.mkdir()
-    for mod in (sweep, sweepstudy, sweepwork):
-        (node / Path(mod.__file__).name).write_text(Path(mod.__file__).read_text())
-    (node / "queue.py").write_text(Path(queue.__file__).read_text())
+    here = Path(sweep.__file__).parent          # what the bootstrap bundle ships
+    for src in [*sorted(here.glob("sweep*.py")), here / "store.py", Path(queue.__file__)]:
+        (node / src.name).write_text(src.read_text())
     (tmp_path / "root" / ".cloudtrain").mkdir(parents=True)
     (tmp_path / "root" / ".cloudtrain" / "slots").write_text(str(slots))
     return node / "sweep.py"

@@ -10,13 +10,13 @@ import json
 import os
 import shutil
 import stat
-import threading
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
 import storage_emulators as emus
+from conftest import wait_until
 from cloudtrain.node import sweepkeep, sweepstudy
 
 pytestmark = pytest.mark.skipif(shutil.which("rclone") is None, reason="rclone not installed")
@@ -117,18 +117,22 @@ def test_keeping_pushes_when_a_trial_starts_or_ends_and_keeps_the_newest_copies(
     real = sweepkeep.transfer
 
     def counted(root: str, name: str, cmd: str) -> int:
-        pushes.append(sweepstudy.settled(study))
-        return real(root, name, cmd)
+        now = sweepstudy.settled(study)
+        code = real(root, name, cmd)
+        pushes.append(now)
+        return code
+
+    def pushed() -> bool:
+        return bool(pushes) and pushes[-1] == sweepstudy.settled(study)
 
     monkeypatch.setattr(sweepkeep, "transfer", counted)
-    pause = threading.Event()
     with sweepkeep.keeping(str(tmp_path), "s1", lambda: sweepstudy.settled(study), poll_s=0.05):
-        pause.wait(2.0)                          # the first push, at once
+        assert wait_until(pushed, 60)            # the first push, at once
         for i in range(3):
             t = study.ask({"lr": sweepstudy.distributions(rest)["lr"]})
-            pause.wait(2.0)                      # the keeper pushes this start...
+            assert wait_until(pushed, 60)        # the keeper pushes this start...
             study.tell(t, float(i), state=TrialState.COMPLETE)
-            pause.wait(2.0)                      # ...and this end
+            assert wait_until(pushed, 60)        # ...and this end
     # once per change (0: at once; 1, 3, 5: starts; 2, 4, 6: ends), and the last at the end
     assert sorted(set(pushes)) == list(range(7)) and len(pushes) == 8, pushes
     keys = s3.keys("ck/d/sweeps/s1")
