@@ -184,17 +184,18 @@ def start(env: Env, sw: Sweep, plan: Plan, confirm: Callable[[Plan], None]) -> S
 
 
 def drive(env: Env, sw: Sweep, handle: Handle, group: Group, *, record: bool = True,
-          driver: bool = True) -> SweepRow:
+          driver: bool = True, grace: float | None = None) -> SweepRow:
     """On the cluster that is up: the workdir sent, the sweep recorded (``record``), its rules
-    on the node guards, the driver started on the head (``driver``). ``sweep --recover``'s
-    controller does it again after a replacement (pipeline/sweeprecover.py)."""
+    on the node guards (``grace``: an attached controller's), the driver started on the head
+    (``driver``). ``sweep --recover``'s controller does it again after a replacement
+    (pipeline/sweeprecover.py)."""
     sweepnode.send_workdir(env, handle, sw.task)
     rec = SweepRow(sw.name, sw.cluster, sw.spec.model_dump(mode="json"), time.time(),
                    handle.row.hourly_price, slots_per_node(sw.task))
     if record:
         env.state.add_sweep(rec)
     sweepnode.put_rules(env, handle, group, sw.task, sweepnode.Rules(
-        sweepnode.driver_job(sw.name), sw.spec.max_cost_usd, sw.spec.down))
+        sweepnode.driver_job(sw.name), sw.spec.max_cost_usd, sw.spec.down, grace))
     if driver:
         sweepnode.start_driver(handle, group, sw.name, spec_json(sw, handle.nodes[0]))
     return rec

@@ -122,6 +122,10 @@ class Rules:
     job_id: str
     budget_usd: float | None
     down: bool
+    attached_grace_s: float | None = None
+    """``sweep --recover``: the seconds the guards leave the attached controller after the
+    driver ended before ``down:`` (the controller tears down itself; a teardown by the guards
+    would read as the cloud taking the nodes)."""
 
 
 def put_rules(env: Env, handle: Handle, group: Group, task: Task, asked: Rules) -> None:
@@ -131,7 +135,7 @@ def put_rules(env: Env, handle: Handle, group: Group, task: Task, asked: Rules) 
     from cloudtrain.pipeline.lastseen import saved
 
     launch = rules.LaunchRules(asked.job_id, asked.budget_usd, "sweep max_cost_usd", False,
-                               asked.down, None)
+                               asked.down, asked.attached_grace_s)
     pol = node_guard.update(env, handle, group, task, mode="install",
                             **rules.compose(saved(env, handle.name), launch)).policy
     env.state.set_budget(handle.name, pol.max_cost_usd)

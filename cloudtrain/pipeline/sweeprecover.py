@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Any, Callable
 from cloudtrain import budget
 from cloudtrain.cluster import Handle
 from cloudtrain.context import Env
-from cloudtrain.errors import CloudtrainError, SpecError
+from cloudtrain.errors import CloudtrainError, RemoteError, SpecError
 from cloudtrain.pipeline import run, sweep as sweeps, sweepnode
 from cloudtrain.pipeline.recover import Controller
-from cloudtrain.pipeline.recover_watch import HealthWatch, lost_now, unresponsive_window
+from cloudtrain.pipeline.recover_watch import HealthWatch, Loss, lost_now, unresponsive_window
 from cloudtrain.provider.contract import Plan
 from cloudtrain.remote import Group
 
@@ -70,7 +70,22 @@ def start(env: Env, sw: sweeps.Sweep, plan: Plan,
     tried = ctl.loop()
     if tried.refused is not None:
         raise tried.refused
+    if sw.spec.down:      # the guards leave it to this controller (its attached grace)
+        from cloudtrain.pipeline.teardown import down_shielded
+        kept(env, sw.name)
+        down_shielded(env, sw.cluster, ctl.req.provider)
     return ctl.last
+
+
+def kept(env: Env, name: str) -> None:
+    """The finished sweep's every trial in the ledger before its cluster goes (``sweep
+    results`` answers from there afterwards)."""
+    from cloudtrain.pipeline import sweepread
+
+    try:
+        sweepread.read(env, name, "results")
+    except CloudtrainError as exc:
+        env.ui.warn(f"could not read the sweep's last results before the teardown: {exc}")
 
 
 @dataclass
@@ -81,6 +96,21 @@ class SweepController(Controller):
     sweep: sweeps.Sweep | None = None
     recorded: bool = False
     last: dict[str, Any] | None = None
+
+    def replace(self, outcome: run.Outcome, loss: Loss) -> None:
+        """As a launch's, unless the cluster has spent the sweep's budget: then the nodes
+        went down at the guards' budget stop, which is no loss to replace."""
+        from cloudtrain.ledger import cluster_spend
+
+        assert self.sweep is not None
+        row = self.env.state.get_cluster(self.name)
+        caps = [c for c in (self.sweep.spec.max_cost_usd, row.max_cost_usd if row else None)
+                if c is not None]
+        cap = min(caps) if caps else None       # the budget in force on the guards
+        spent = cluster_spend(self.env.state, self.name)
+        if cap is not None and spent is not None and spent >= cap:
+            raise budget.BudgetExceeded(self.name, spent, cap)
+        super().replace(outcome, loss)
 
     def run(self, handle: Handle, group: Group, task: Task, start: run.JobStart,
             watch: budget.Watch | None) -> run.Outcome:
@@ -102,14 +132,19 @@ class SweepController(Controller):
     def _driven(self, handle: Handle, group: Group, health: HealthWatch,
                 taken: threading.Event) -> int:
         assert self.sweep is not None
+        from cloudtrain.pipeline.attempt import attached_grace
+        from cloudtrain.pipeline.follower import Heartbeat
+
+        sw = self.sweep
         head_lost = self.pending is None or 0 in self.pending[1].ranks
         try:
-            sweeps.drive(self.env, self.sweep, handle, group, record=not self.recorded,
-                         driver=head_lost)
+            sweeps.drive(self.env, sw, handle, group, record=not self.recorded,
+                         driver=head_lost, grace=attached_grace()[0] if sw.spec.down else None)
             self.recorded = True
             self.phases["sync_s"] = max(0.0, time.time() - self.t_ready)
             self.phases["restart_s"] = 0.0
-            return self.follow(handle, group, taken)
+            with Heartbeat(handle, group, sweepnode.driver_job(sw.name), sw.spec.down):
+                return self.follow(handle, group, taken)
         except CloudtrainError:
             health.loss = health.loss or lost_now(handle, health)
             if health.loss is None:
@@ -137,7 +172,41 @@ class SweepController(Controller):
                 said = now
             if doc.get("finished"):
                 return 0
+            if not driver_alive(handle, group, self.sweep.name, taken):
+                return self.ended_early(handle, group)
         return 1
+
+    def ended_early(self, handle: Handle, group: Group) -> int:
+        """The driver is gone: finished meanwhile (0), or it ended before the sweep did (the
+        node guard stopped it at the budget, or it failed): said, not recovered."""
+        assert self.sweep is not None
+        doc = self.last = sweepnode.document(handle, group, "status", self.sweep.name)
+        if doc.get("finished"):
+            return 0
+        raise RemoteError(
+            f"The sweep's driver on the head ended before the sweep finished "
+            f"({progress(doc)}).",
+            f"Its log: {handle.nodes[0].root_dir}/.cloudtrain/sweeps/{self.sweep.name}/"
+            f"head.log on the head ('cloudtrain ssh {handle.name}'); 'cloudtrain status "
+            f"{handle.name}' says whether the budget stopped it.")
+
+
+def driver_alive(handle: Handle, group: Group, name: str, taken: threading.Event) -> bool:
+    """Whether the driver's process (its pid in ROOT/jobs/sweep-NAME/pid) runs on the head;
+    True when that cannot be told (the next poll asks again) or a node was just taken."""
+    import shlex
+
+    from cloudtrain.remote import bash
+
+    head = handle.nodes[0]
+    line = bash(f"r={shlex.quote(head.root_dir)}; case $r in /*) ;; *) r=$HOME/$r ;; esac; "
+                f"kill -0 \"$(cat \"$r/jobs/{sweepnode.driver_job(name)}/pid\")\" 2>/dev/null "
+                "&& echo alive || echo gone")
+    try:
+        res = group.run(line, timeout=60, ranks=[head.rank])[head.rank]
+    except CloudtrainError:
+        return True
+    return taken.is_set() or not res.ok or res.stdout.strip() != "gone"
 
 
 def progress(doc: dict[str, Any]) -> str:

@@ -3,7 +3,8 @@ after the head is lost"): a sweep on a local node with 2 GPU slots whose task ke
 checkpoints in moto's S3 server. Mid-sweep the local "cloud" takes the head (its sshd and
 every process under it die, and with its folder the study's journal); the controller replaces
 it, the driver starts on the new head from the journal kept in the bucket, tells the trials
-the lost head ran FAIL (``lost``), and runs the sweep to its total: every trial accounted for.
+the lost head ran FAIL (``lost``), and runs the sweep to its total: every trial accounted for,
+then the cluster goes down (``down: true``) and ``sweep results`` answers from the ledger.
 Without ``checkpoints:``, ``--recover`` is refused with exit 2 and nothing is created."""
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ parallel: auto
 gpus_per_trial: 1
 sampler: random
 pruner: none
-down: false
+down: true
 """
 
 
@@ -142,6 +143,7 @@ def test_the_sweep_resumes_from_the_bucket_when_the_head_is_lost(
     assert doc["counts"]["fail"] == len(lost) and doc["counts"]["running"] == 0
     assert doc["counts"]["complete"] == TRIALS - len(lost), doc
     assert doc["finished"] and doc["best"] is not None
+    assert cli.status() == []                   # down: true, by the controller at the end
     r = cli.run("cost-report", "--json")
     assert r.returncode == 0, r.stderr
     rows = [x for x in json.loads(r.stdout).get("recoveries", []) if x.get("cluster") == "rsw"]
