@@ -117,12 +117,22 @@ def transfer(root: str, name: str, cmd: str) -> int:
         return FAILED
 
 
+class KeepError(RuntimeError):
+    """The bucket holding the sweep's study could not be read: the head must not start the
+    sweep afresh (its next push would bury the copies it could not read)."""
+
+
 def restored(root: str, name: str) -> bool:
     """A head with no journal of its own (a replacement node): the bucket's newest complete
-    copy first. True when one was restored."""
+    copy first. True when one was restored, False when there is none (or a journal is
+    here); KeepError when the bucket could not be read."""
     if os.path.exists(os.path.join(sdir(root, name), JOURNAL)):
         return False
-    return transfer(root, name, "restore") == 0
+    code = transfer(root, name, "restore")
+    if code not in (0, NOTHING):
+        raise KeepError(f"the study of sweep {name} could not be restored from the "
+                        f"checkpoints bucket (exit {code}; said above): not starting it afresh")
+    return code == 0
 
 
 @contextmanager

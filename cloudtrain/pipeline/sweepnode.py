@@ -72,7 +72,7 @@ def start_driver(handle: Handle, group: Group, name: str, spec_json: str) -> Non
     path = f".cloudtrain/sweep/{name}.spec.json"
     head = handle.nodes[0]
     write = bash(f"r={shlex.quote(head.root_dir)}; case $r in /*) ;; *) r=$HOME/$r ;; esac; "
-                 "mkdir -p \"$r/.cloudtrain/sweep\" && cat > \"$r/\"" + shlex.quote(path))
+                 "umask 077; mkdir -p \"$r/.cloudtrain/sweep\" && cat > \"$r/\"" + shlex.quote(path))
     res = group.run(write, timeout=60, stdin=spec_json.encode(), ranks=[head.rank])[head.rank]
     if not res.ok:
         raise RemoteError(f"Could not write the sweep's spec on the head: {res.stderr.strip()}")

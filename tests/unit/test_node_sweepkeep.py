@@ -152,3 +152,21 @@ def test_the_command_line(tmp_path: Path) -> None:
     assert sweepkeep.main(["sweepkeep.py"]) == sweepkeep.USAGE
     assert sweepkeep.main(["sweepkeep.py", "push", str(tmp_path), "s1"]) == sweepkeep.NOTHING
     assert os.path.basename(sweepkeep.__file__) == "sweepkeep.py"
+
+
+def test_an_unreadable_bucket_stops_the_head_rather_than_start_afresh(
+        tmp_path: Path, s3: emus.Emulator) -> None:
+    """A replacement head that cannot read the bucket must not start the sweep afresh: its
+    first push would become the newest copy and the kept ones would be pruned."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]                 # nothing listens there once closed
+    spec = _spec(s3, "ck/e")
+    spec["keep"]["env"] = {**spec["keep"]["env"],
+                           "AWS_ENDPOINT_URL": f"http://127.0.0.1:{closed}",
+                           "AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{closed}"}
+    sweepkeep.put_aside(str(tmp_path), "s1", spec)
+    with pytest.raises(sweepkeep.KeepError, match="not starting it afresh"):
+        sweepkeep.restored(str(tmp_path), "s1")
+    assert not _journal(tmp_path).exists()
