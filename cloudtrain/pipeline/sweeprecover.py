@@ -142,7 +142,6 @@ class SweepController(Controller):
                          driver=head_lost, grace=attached_grace()[0] if sw.spec.down else None)
             self.recorded = True
             self.phases["sync_s"] = max(0.0, time.time() - self.t_ready)
-            self.phases["restart_s"] = 0.0
             with Heartbeat(handle, group, sweepnode.driver_job(sw.name), sw.spec.down):
                 return self.follow(handle, group, taken)
         except CloudtrainError:
@@ -152,11 +151,12 @@ class SweepController(Controller):
             return 1
 
     def follow(self, handle: Handle, group: Group, taken: threading.Event) -> int:
-        """The driver's status every poll until the sweep has finished; a node the cloud
-        took ends the follow. The head silent for longer than the unresponsive window while
-        the cloud says it runs: the error is raised."""
+        """The driver's status every poll until the sweep has finished (its first answer
+        ends the recovery's ``restart_s``); a node the cloud took ends the follow. The head
+        silent for longer than the unresponsive window while the cloud says it runs: the
+        error is raised."""
         assert self.sweep is not None
-        said, silent_since = "", None
+        said, silent_since, t0 = "", None, time.time()
         while not taken.wait(self.rec.poll_seconds):
             try:
                 doc = sweepnode.document(handle, group, "status", self.sweep.name)
@@ -166,6 +166,7 @@ class SweepController(Controller):
                     raise
                 continue
             silent_since, self.last = None, doc
+            self.phases.setdefault("restart_s", time.time() - t0)   # the driver answers
             now = progress(doc)
             if now != said:
                 self.env.ui.info(now)

@@ -147,7 +147,9 @@ def test_the_sweep_resumes_from_the_bucket_when_the_head_is_lost(
     r = cli.run("cost-report", "--json")
     assert r.returncode == 0, r.stderr
     rows = [x for x in json.loads(r.stdout).get("recoveries", []) if x.get("cluster") == "rsw"]
-    assert len(rows) == 1 and rows[0]["status"] == "RECOVERED", rows
+    assert len(rows) == 1 and rows[0]["status"] == "RECOVERED" and rows[0]["ranks"] == [0], rows
+    assert all(isinstance(rows[0][k], float) and rows[0][k] >= 0
+               for k in ("detect_s", "replace_s", "bootstrap_s", "sync_s", "restart_s")), rows
 
 
 @pytest.fixture(autouse=True)
