@@ -12,13 +12,15 @@ functions that use it, installed on the nodes when a sweep runs.
     python3 sweep.py cancel ROOT NAME                 stop the sweep (running trials: SIGTERM)
 
 Files in ROOT/.cloudtrain/sweeps/NAME: journal.log (the study), spec.json, head.log,
-worker.log, trials/NUMBER/metrics.jsonl (the trial's $CLOUDTRAIN_METRICS_FILE).
+worker.log, trials/NUMBER/metrics.jsonl (the trial's $CLOUDTRAIN_METRICS_FILE), results.json
+(the head's last ``results`` document: at each trial's end and at the driver's own end).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -28,10 +30,10 @@ from typing import Any
 
 if __package__:
     from cloudtrain.node.sweepstudy import journal, open_study, read_study, report, sdir, tell
-    from cloudtrain.node.sweepwork import QueueDispatch, Worker
+    from cloudtrain.node.sweepwork import POLL_S, QueueDispatch, Worker
 else:  # on a node: run as a script, its siblings beside it
     from sweepstudy import journal, open_study, read_study, report, sdir, tell  # type: ignore[no-redef]  # the shipped sibling
-    from sweepwork import QueueDispatch, Worker  # type: ignore[no-redef]  # the shipped sibling
+    from sweepwork import POLL_S, QueueDispatch, Worker  # type: ignore[no-redef]  # the shipped sibling
 
 
 # -- the commands ---------------------------------------------------------------------------
@@ -63,9 +65,96 @@ def run_head(root: str, name: str) -> int:
         threading.Thread(target=optuna.storages.run_grpc_proxy_server, args=(storage,),
                          kwargs={"host": "0.0.0.0", "port": int(spec["port"])},
                          daemon=True).start()
-    work(root, study)
+    mark_driver(root, name)
+    grace = float(spec.get("stop_grace", 10))
+    worker = Worker(root, study, QueueDispatch(root, f"sweep:{name}", grace), socket.gethostname())
+    signal.signal(signal.SIGTERM, _stopped)
+    try:
+        drive(root, worker)
+    except Stopped:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        wind_down(root, worker, grace)
+    finally:
+        keep_results(root, study)
     print(json.dumps(report(study, with_trials=False)), flush=True)
     return 0
+
+
+# -- the head's end: what it leaves for a laptop that was gone -------------------------------
+
+class Stopped(Exception):
+    """SIGTERM to the head driver: the node guard stops the node (a budget, the lifetime),
+    or ``down`` stops the cluster's processes."""
+
+
+def _stopped(signum: int, frame: Any) -> None:
+    raise Stopped()
+
+
+GUARD_WORDS = {
+    "budget": "the cluster's budget (max_cost_usd) was spent: the node guard stopped the "
+              "running trials (SIGTERM, then their stop_grace) and the sweep",
+    "lifetime": "the cluster's lifetime (max_hours) ended: the node guard stopped the running "
+                "trials and the sweep",
+    "idle": "the node guard stopped the idle cluster",
+}
+
+
+def guard_reason(root: str) -> str:
+    """Why the driver was stopped, in words: the node guard's reason (its stopped.json, written
+    before it stops the jobs), or a SIGTERM from outside the sweep."""
+    try:
+        with open(os.path.join(root, ".cloudtrain", "guard", "stopped.json")) as f:
+            reason = json.load(f).get("reason")
+    except (OSError, ValueError, AttributeError):
+        reason = None
+    if reason is None:
+        return "the sweep's driver was stopped (SIGTERM: 'cloudtrain down', or its job cancelled)"
+    return GUARD_WORDS.get(str(reason), f"the node guard stopped the cluster ({reason})")
+
+
+def wind_down(root: str, worker: Worker, grace: float) -> None:
+    """Stop the sweep with the guard's reason; within the grace, tell each running trial FAIL
+    once its job has ended (the guard SIGTERMs them too); what still runs then is told FAIL."""
+    from optuna.trial import TrialState
+    worker.stop(guard_reason(root))
+    end = time.time() + max(0.5, grace - 1.0)
+    while worker.poll() and time.time() < end:
+        time.sleep(0.2)
+    for t in worker.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        tell(worker.study, t.number, TrialState.FAIL)
+
+
+def drive(root: str, worker: Worker) -> None:
+    """The head worker's loop (Worker.run), keeping results.json current at each trial's end."""
+    ended = -1
+    while worker.poll():
+        done = sum(1 for t in worker.study.get_trials(deepcopy=False) if t.state.is_finished())
+        if done != ended:
+            keep_results(root, worker.study)
+            ended = done
+        time.sleep(POLL_S)
+
+
+def keep_results(root: str, study: Any) -> None:
+    """ROOT/.cloudtrain/sweeps/NAME/results.json: the ``results`` document, written atomically
+    (what the laptop reads when the head is gone: docs/sweep.md, "Reading a sweep")."""
+    path = os.path.join(sdir(root, study.study_name), "results.json")
+    doc = dict(report(study, with_trials=True), written_at=time.time())
+    with open(path + ".tmp", "w") as f:
+        json.dump(doc, f)
+    os.replace(path + ".tmp", path)
+
+
+def mark_driver(root: str, name: str) -> None:
+    """ROOT/jobs/sweep-NAME/pid: the driver is the sweep's job on the head (the guard counts
+    it as work, and its end as the job's end for ``down: true``) from its first moment, even
+    when the CLI that started it was killed before it could write it."""
+    d = os.path.join(root, "jobs", f"sweep-{name}")
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "pid.tmp"), "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(os.path.join(d, "pid.tmp"), os.path.join(d, "pid"))
 
 
 def run_worker(root: str, name: str, host: str, port: int) -> int:

@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from cloudtrain.pipeline.sweep import Estimate
-from cloudtrain.pipeline.sweepread import bar, csv_text, parsed, status_lines, table
-from cloudtrain.schema import SweepRow
+from cloudtrain.pipeline.sweepdoc import parsed
+from cloudtrain.pipeline.sweepread import bar, csv_text, status_lines, table
+from cloudtrain.schema import SweepEnd, SweepRow
 
 REC = SweepRow("search", "exp", {"trials": 4, "gpus_per_trial": 1,
                                "objective": {"metric": "val_loss", "goal": "minimize"}},
@@ -76,7 +77,7 @@ def test_the_plot_is_written(tmp_path: Path) -> None:
 
 
 def test_the_ledger_keeps_the_sweep_and_its_trials(tmp_path: Path) -> None:
-    from cloudtrain.pipeline.sweepread import from_ledger, ledger_rows
+    from cloudtrain.pipeline.sweepdoc import from_ledger, ledger_rows
     from cloudtrain.state import open_state
 
     state = open_state(tmp_path)
@@ -85,17 +86,32 @@ def test_the_ledger_keeps_the_sweep_and_its_trials(tmp_path: Path) -> None:
     state.set_sweep_trials("search", res.spent_usd, ledger_rows(res))
     row = state.get_sweep("search")
     assert row is not None and row.spent_usd == pytest.approx(7.0) and row.slots_per_node == 2
-    kept = from_ledger(row, state.sweep_trials("search"))
-    assert kept.best == 2 and kept.finished
+    kept = from_ledger(row, state.sweep_trials("search"), "the cluster went down")
+    assert kept.best == 2
     assert [t.as_dict() for t in kept.trials] == [
         {**t.as_dict(), "intermediates": 0} for t in res.trials]
+    # That reading was not the sweep's end (a trial still to run): never shown as final.
+    assert not kept.finished and kept.incomplete and kept.as_dict()["incomplete"]
+    lines = status_lines(kept)
+    assert "(INCOMPLETE)" in lines[0] and "(finished)" not in lines[0]
+    assert "before its end was read" in lines[-1] and "went with the nodes" in lines[-1]
+    # A reading that was the end (here: stopped on its budget) is kept as final, with why.
+    state.set_sweep_trials("search", res.spent_usd, ledger_rows(res),
+                           SweepEnd(True, "the cluster's budget (max_cost_usd) was spent", 2000.0))
+    row = state.get_sweep("search")
+    assert row is not None and row.finished and row.updated_at == 2000.0
+    final = from_ledger(row, state.sweep_trials("search"), "the cluster went down (budget)")
+    assert final.finished and not final.incomplete
+    lines = status_lines(final)
+    assert "(finished)" in lines[0] and "stopped: the cluster's budget" in lines[3]
+    assert "final results" in lines[-1]
     state.add_sweep(REC)                   # the same name started again: a fresh entry
     assert state.sweep_trials("search") == []
 
 
 def test_cost_report_lists_the_sweep_as_one_entry_with_its_trials(tmp_path: Path) -> None:
     from cloudtrain.ledger import sweeps_json
-    from cloudtrain.pipeline.sweepread import ledger_rows
+    from cloudtrain.pipeline.sweepdoc import ledger_rows
     from cloudtrain.state import open_state
 
     state = open_state(tmp_path)
