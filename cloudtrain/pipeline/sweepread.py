@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from cloudtrain.context import Env
 
 
-def read(env: Env, name: str, cmd: str = "results") -> Results:
+def read(env: Env, name: str) -> Results:
     """Sweep ``name``: the driver's document, read from the head and kept in the ledger (the
     sweep's spend and its per-trial rows); once its cluster is gone or stopped, the ledger's
     last reading (the head's own last results when they were kept: sweepdoc.keep_final),
@@ -38,7 +38,7 @@ def read(env: Env, name: str, cmd: str = "results") -> Results:
     handle = get_handle(env, rec.cluster)
     group = connect(env, handle, timeout=30)
     try:
-        doc = sweepnode.document(handle, group, cmd, name)
+        doc = sweepnode.document(handle, group, "results", name)   # status counts its trials too
     except RemoteError as exc:
         if "no such sweep on this node" not in str(exc):
             raise
