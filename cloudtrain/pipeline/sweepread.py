@@ -31,7 +31,8 @@ def read(env: Env, name: str) -> Results:
     from cloudtrain.pipeline.guard import reconcile
 
     rec = find_record(env, name)
-    reconcile(env, rec.cluster)          # nodes that went down by themselves (down: true)
+    if reconcile(env, rec.cluster) is not None:     # nodes that stopped themselves: what the
+        rec = find_record(env, name)                # head left was kept (sweepdoc.keep_final)
     why = gone(env, rec)
     if why is not None:
         return from_ledger(rec, env.state.sweep_trials(name), why)
