@@ -179,8 +179,8 @@ CAP = 0.30                  # the sweep's budget: reached ~30 s after the cluste
 
 def test_a_budget_that_runs_out_mid_sweep_is_enforced_by_the_node_guard(
         cli: CLI, tmp_path: Path) -> None:
-    # The estimate (2 rounds of 2 trials x 0.004 h x $36/h = $0.288) fits the budget; the real
-    # trials run 60 s each, so the budget runs out while they run.
+    # The estimate (4 trials on 2 slots: 2 rounds of 0.004 h at $36/h = $0.288) fits the
+    # budget; the real trials run 60 s each, so the budget runs out while they run.
     f = write(tmp_path, "spent", trials=4, steps=200, down=True, price=PRICE,
               extra=f"max_cost_usd: {CAP}\ntrial_hours: 0.004\n")
     start_and_kill(cli, f, "spent", lambda: driver_running(cli, "spent"))
