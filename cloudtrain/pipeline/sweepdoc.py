@@ -190,9 +190,9 @@ def keep_final(env: Env, cluster: str) -> list[str]:
         doc = head_file(env, cluster, rec.name)
         if doc is None:
             continue
-        written = doc.get("written_at")
-        keep(env, parsed(rec, doc), float(written) if isinstance(written, (int, float))
-             and not isinstance(written, bool) else None)
+        written = _num(doc, "written_at")          # untrusted: a time up to now, or none
+        keep(env, parsed(rec, doc), written if written is not None
+             and rec.started_at <= written <= time.time() + 60 else None)
         out.append(rec.name)
     return out
 

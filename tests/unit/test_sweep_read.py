@@ -136,3 +136,50 @@ def test_cancel_says_the_drivers_reason_and_the_trials_it_stops() -> None:
                                        "trial(s) get SIGTERM and their stop_grace.")
     assert cancel_words("s", "") == "Sweep s cancelled."
     assert cancel_words("s", "not json") == "not json"
+
+
+def test_keep_final_reads_the_heads_results_only_from_a_local_node_and_bounded(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # What a self-stopped local head left is kept before the cluster is removed; the file is
+    # untrusted: only under the cluster's folder, a JSON object, at most MAX_DOC bytes.
+    from types import SimpleNamespace
+
+    from cloudtrain.pipeline import sweepdoc
+    from cloudtrain.schema import ClusterRow, NodeRow
+    from cloudtrain.state import open_state
+
+    home = tmp_path / "home"
+    state = open_state(home)
+    cdir = home / "clusters" / "exp"
+    root = cdir / "local" / "nodes" / "0" / "root"
+    node = NodeRow("exp", 0, "i0", "127.0.0.1", 22, "u", "127.0.0.1", "running", str(root))
+    state.upsert_cluster(ClusterRow("exp", "local", "UP", 1, 900.0, 900.0))
+    state.replace_nodes("exp", [node])
+    state.add_sweep(REC)
+    env = SimpleNamespace(state=state, cluster_dir=lambda name: home / "clusters" / name)
+    f = root / ".cloudtrain" / "sweeps" / "search" / "results.json"
+    f.parent.mkdir(parents=True)
+    out = tmp_path / "elsewhere.json"                            # a path outside the cluster
+    out.write_text(json.dumps(dict(doc(), finished=True)))
+    f.symlink_to(out)
+    assert sweepdoc.keep_final(env, "exp") == []
+    f.unlink()
+    assert sweepdoc.keep_final(env, "exp") == []                 # nothing left: nothing kept
+    f.write_text("[1, 2]")
+    assert sweepdoc.keep_final(env, "exp") == []                 # not an object
+    monkeypatch.setattr(sweepdoc, "MAX_DOC", 100)
+    f.write_text(json.dumps(dict(doc(), finished=True)))
+    assert sweepdoc.keep_final(env, "exp") == []                 # too large
+    monkeypatch.setattr(sweepdoc, "MAX_DOC", 1 << 20)
+    f.write_text(json.dumps(dict(doc(), finished=True, stopped="budget words",
+                                 written_at=float("inf"))))
+    assert sweepdoc.keep_final(env, "exp") == ["search"]
+    row = state.get_sweep("search")
+    assert row is not None and row.finished and row.stopped == "budget words"
+    assert row.updated_at is not None and row.updated_at < 1e10  # an absurd time is not kept
+    assert [t.number for t in state.sweep_trials("search")] == [0, 1, 2]
+    assert sweepdoc.keep_final(env, "exp") == []                 # its end is kept already
+    # On a cloud the head's disk is not here: nothing is read.
+    state.upsert_cluster(ClusterRow("exp", "aws", "UP", 1, 900.0, 900.0))
+    state.add_sweep(REC)
+    assert sweepdoc.keep_final(env, "exp") == []
