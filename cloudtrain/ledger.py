@@ -337,11 +337,13 @@ def recoveries_json(rows: Iterable[RecoveryRow]) -> list[dict[str, object]]:
 
 def sweeps_json(state: State) -> list[dict[str, object]]:
     """Each sweep (docs/sweep.md) as one entry: its cluster, when it started, its spend as
-    last read, and one row per trial (state, objective, times, GPUs, node, cost). A trial's
+    last read (``finished``: that reading was its end; ``stopped``: why it stopped early), and
+    one row per trial (state, objective, times, GPUs, node, cost). A trial's
     cost is its GPUs' share of the node's price; the cluster's own cost is in ``clusters``."""
     return [{
         "name": s.name, "cluster": s.cluster, "started_at": _iso(s.started_at),
         "spent_usd": _r(s.spent_usd), "as_of": _iso(s.updated_at),
+        "finished": s.finished, "stopped": s.stopped,
         "trials": [{"number": t.number, "state": t.state, "value": t.value, "params": t.params,
                     "started_at": _iso(t.started_at), "ended_at": _iso(t.ended_at),
                     "gpus": [g for g in t.gpus.split(",") if g], "node": t.node,

@@ -13,7 +13,8 @@ opened (``state``). The ``outputs`` table (issue 21: per job, the outputs its ta
 where they go here, and whether they were pulled back or lost) is created when missing, like
 every table: it needs no version; so are ``sweeps`` (issue 23: one row per sweep, the ledger's
 entry for its spend) and ``sweep_trials`` (its per-trial rows: state, objective, times, GPUs,
-cost), both written by the laptop each time it reads the sweep.
+cost), both written by the laptop each time it reads the sweep (``sweeps.finished``: that
+reading was the sweep's end; ``sweeps.stopped``: why it stopped early).
 """
 
 from __future__ import annotations
@@ -123,7 +124,9 @@ CREATE TABLE IF NOT EXISTS sweeps (
     hourly_price REAL,
     slots_per_node INTEGER NOT NULL DEFAULT 1,
     spent_usd REAL,
-    updated_at REAL
+    updated_at REAL,
+    finished INTEGER NOT NULL DEFAULT 0,
+    stopped TEXT
 );
 CREATE TABLE IF NOT EXISTS sweep_trials (
     sweep TEXT NOT NULL,
@@ -291,6 +294,21 @@ class SweepRow:
     slots_per_node: int
     spent_usd: float | None = None
     updated_at: float | None = None
+    finished: bool = False
+    """The last reading was the sweep's end (every trial ended, or it was stopped)."""
+    stopped: str | None = None
+    """Why the sweep stopped early (the driver's words), when it did."""
+
+
+@dataclass(frozen=True)
+class SweepEnd:
+    """What one reading of a sweep says of its end: ``finished`` (the sweep's end: every trial
+    ended, or it was stopped), ``stopped`` (why it stopped early), ``as_of`` (when the head
+    wrote it; None: now)."""
+
+    finished: bool = False
+    stopped: str | None = None
+    as_of: float | None = None
 
 
 @dataclass(frozen=True)

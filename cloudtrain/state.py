@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Iterator
 
 from cloudtrain.schema import (ADDED_COLUMNS, SCHEMA, SCHEMA_VERSION, ClusterRow, LaunchRow,
-                               NodeRow, OutputsRow, RecoveryRow, SweepRow, SweepTrialRow,
+                               NodeRow, OutputsRow, RecoveryRow, SweepEnd, SweepRow, SweepTrialRow,
                                UsageRow)
 
 
@@ -315,7 +315,8 @@ class State:
             r = db.execute("SELECT * FROM sweeps WHERE name=?", (name,)).fetchone()
         return None if r is None else SweepRow(
             r["name"], r["cluster"], dict(json.loads(r["spec_json"])), r["started_at"],
-            r["hourly_price"], r["slots_per_node"], r["spent_usd"], r["updated_at"])
+            r["hourly_price"], r["slots_per_node"], r["spent_usd"], r["updated_at"],
+            bool(r["finished"]), r["stopped"])
 
     def sweeps(self) -> list[SweepRow]:
         """Every sweep started from this machine, oldest first."""
@@ -324,11 +325,14 @@ class State:
         return [row for row in (self.get_sweep(n) for n in names) if row is not None]
 
     def set_sweep_trials(self, name: str, spent_usd: float | None,
-                         trials: list[SweepTrialRow]) -> None:
-        """The sweep's spend and its trials as last read from the head."""
+                         trials: list[SweepTrialRow], end: SweepEnd | None = None) -> None:
+        """The sweep's spend and its trials as last read from the head (``end``: whether that
+        reading was the sweep's end, why it stopped, and when the head wrote it)."""
+        end = end or SweepEnd()
         with self._write() as db:
-            db.execute("UPDATE sweeps SET spent_usd=?, updated_at=? WHERE name=?",
-                       (spent_usd, time.time(), name))
+            db.execute("UPDATE sweeps SET spent_usd=?, updated_at=?, finished=?, stopped=? "
+                       "WHERE name=?", (spent_usd, end.as_of or time.time(), int(end.finished),
+                                        end.stopped, name))
             db.executemany("INSERT OR REPLACE INTO sweep_trials VALUES (?,?,?,?,?,?,?,?,?,?)",
                            [(t.sweep, t.number, t.state, t.value, t.started_at, t.ended_at,
                              t.gpus, t.node, t.cost_usd, json.dumps(t.params))

@@ -73,7 +73,7 @@ def status(name: str) -> None:
     """Trials running/done/pruned/failed, the best so far, spend and the estimate to the end."""
     from cloudtrain.pipeline import sweepread
 
-    res = sweepread.read(open_env(), name, "status")
+    res = sweepread.read(open_env(), name)
     click.echo("\n".join(sweepread.status_lines(res)))
 
 
@@ -90,7 +90,7 @@ def results(name: str, as_json: bool, as_csv: bool, plot_file: str | None) -> No
 
     from cloudtrain.pipeline import sweepread
 
-    res = sweepread.read(open_env(), name, "results")
+    res = sweepread.read(open_env(), name)
     if plot_file:
         from cloudtrain.pipeline.sweepplot import plot
 

@@ -163,8 +163,9 @@ def adopt_orphans(root: str, orphans: list[dict]) -> None:
                 log(root, f"queue.py list failed: {exc}")
 
 
-def job_ended(root: str, job_id: str) -> float | None:
-    """When the job ended (its rc file's time; now for one killed before writing it; its
+def job_ended(root: str, job_id: str, now: float | None = None) -> float | None:
+    """When the job ended (its rc file's time; ``now`` for one killed before writing it: the
+    sweep driver, which writes none, or a job SIGKILLed; its
     queue record's end for one that never started: cancelled, or failed in the queue), or
     None while it runs or waits."""
     d = os.path.join(root, "jobs", job_id)
@@ -174,7 +175,7 @@ def job_ended(root: str, job_id: str) -> float | None:
         pass
     pid = read_pid(os.path.join(d, "pid"))
     if pid is not None:
-        return None if alive(pid) else time.time()
+        return None if alive(pid) else (time.time() if now is None else now)
     rec = read_json(os.path.join(root, ".cloudtrain", "queue", job_id + ".json")) or {}
     if rec.get("state") in ("cancelled", "failed", "succeeded"):
         return num(rec, "ended_at") or time.time()
@@ -194,13 +195,13 @@ def follower_seen(root: str, job_id: str) -> float | None:
         return None
 
 
-def job_end_stop_at(root: str, pol: dict, job_id: str) -> float | None:
+def job_end_stop_at(root: str, pol: dict, job_id: str, now: float | None = None) -> float | None:
     """When the end of a ``--down`` job stops the node (None: it has not ended). A detached
     job: at its end. One an attached CLI follows (``followed``: {job: grace}): the CLI
     pulls outputs and tears down itself, so the node waits, but only while the CLI is there:
     min(end + grace, max(end, last heartbeat + window + beat)); the whole grace when no
     heartbeat ever came (a follower that never beat)."""
-    ended = job_ended(root, job_id)
+    ended = job_ended(root, job_id, now)
     if ended is None:
         return None
     followed = pol.get("followed")
@@ -250,7 +251,7 @@ def decide(root: str, pol: dict, now: float, busy_at: float, lease: float,
     for job_id in pol.get("down_on_end") or []:
         if not isinstance(job_id, str) or "/" in job_id or job_id.startswith("."):
             continue
-        at = job_end_stop_at(root, pol, job_id)
+        at = job_end_stop_at(root, pol, job_id, now)
         if at is not None:
             seen["job_end_stop_at"] = at
             if now >= at and not working:

@@ -12,19 +12,22 @@ functions that use it, installed on the nodes when a sweep runs.
     python3 sweep.py cancel ROOT NAME                 stop the sweep (running trials: SIGTERM)
 
 Files in ROOT/.cloudtrain/sweeps/NAME: journal.log (the study), spec.json, head.log,
-worker.log, trials/NUMBER/metrics.jsonl (the trial's $CLOUDTRAIN_METRICS_FILE).
+worker.log, trials/NUMBER/metrics.jsonl (the trial's $CLOUDTRAIN_METRICS_FILE), results.json
+(the head's last ``results`` document: at each trial's end and at the driver's own end).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 if __package__:
     from cloudtrain.node.sweepkeep import keeping, put_aside, restored
@@ -67,7 +70,9 @@ def run_head(root: str, name: str) -> int:
         threading.Thread(target=optuna.storages.run_grpc_proxy_server, args=(storage,),
                          kwargs={"host": "0.0.0.0", "port": int(spec["port"])},
                          daemon=True).start()
-    with keeping(root, name, lambda: settled(study)):   # the journal, to the bucket
+    mark_driver(root, name)
+    # the journal to the bucket (outside: its last push comes after kept's wind-down)
+    with keeping(root, name, lambda: settled(study)), kept(root, study):
         work(root, study)
     print(json.dumps(report(study, with_trials=False)), flush=True)
     return 0
@@ -112,6 +117,124 @@ def show(root: str, name: str, cmd: str) -> int:
                                      "by": "cancel"})
     print(json.dumps(report(study, with_trials=cmd == "results")))
     return 0
+
+
+# -- the head's end: what it leaves for a laptop that was gone -------------------------------
+
+class Stopped(Exception):
+    """SIGTERM to the head driver: the node guard stops the node (a budget, the lifetime),
+    or ``down`` stops the cluster's processes."""
+
+
+def _stopped(signum: int, frame: Any) -> None:
+    raise Stopped()
+
+
+@contextmanager
+def kept(root: str, study: Any) -> Iterator[None]:
+    """Around the head's worker: results.json kept current (a thread, at each trial's end)
+    and written at the end; a SIGTERM stops the sweep with the guard's reason (wind_down)."""
+    done = threading.Event()
+    threading.Thread(target=keep_on_change, args=(root, study, done), daemon=True).start()
+    signal.signal(signal.SIGTERM, _stopped)
+    try:
+        yield
+    except Stopped:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        wind_down(root, study)
+    finally:
+        done.set()
+        keep_results(root, study)
+
+
+GUARD_WORDS = {
+    "budget": "the cluster's budget (max_cost_usd) was spent: the node guard stopped the "
+              "running trials (SIGTERM, then their stop_grace) and the sweep",
+    "lifetime": "the cluster's lifetime (max_hours) ended: the node guard stopped the running "
+                "trials and the sweep",
+    "idle": "the node guard stopped the idle cluster",
+}
+
+
+def guard_reason(root: str) -> str:
+    """Why the driver was stopped, in words: the node guard's reason (its stopped.json, written
+    before it stops the jobs), or a SIGTERM from outside the sweep."""
+    try:
+        with open(os.path.join(root, ".cloudtrain", "guard", "stopped.json")) as f:
+            reason = json.load(f).get("reason")
+    except (OSError, ValueError, AttributeError):
+        reason = None
+    if reason is None:
+        return "the sweep's driver was stopped (SIGTERM: 'cloudtrain down', or its job cancelled)"
+    return GUARD_WORDS.get(str(reason), f"the node guard stopped the cluster ({reason})")
+
+
+def wind_down(root: str, study: Any) -> None:
+    """Stop the sweep with the guard's reason; within the trials' grace (the guard SIGTERMs
+    their jobs too), tell each running trial FAIL once its job has ended, and what still runs
+    then FAIL as well."""
+    from optuna.trial import TrialState
+    if "stop" not in study.user_attrs:
+        study.set_user_attr("stop", {"reason": guard_reason(root), "at": time.time(),
+                                     "by": "guard"})
+    spec = study.user_attrs.get("spec", {})
+    end = time.time() + max(0.5, float(spec.get("stop_grace", 10)) - 1.0)
+    while True:
+        running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        for t in running:
+            if job_over(root, str(t.user_attrs.get("job_id", ""))) or time.time() >= end:
+                tell(study, t.number, TrialState.FAIL)       # its end: datetime_complete
+        if not running or time.time() >= end:
+            return
+        time.sleep(0.2)
+
+
+def job_over(root: str, job_id: str) -> bool:
+    """The trial's job has ended: its exit code is written, or its process is gone."""
+    d = os.path.join(root, "jobs", job_id)
+    if not job_id or "/" in job_id or os.path.exists(os.path.join(d, "rc")):
+        return True
+    try:
+        with open(os.path.join(d, "pid")) as f:
+            os.killpg(int(f.read().strip()), 0)
+        return False
+    except (OSError, ValueError):
+        return True
+
+
+def keep_on_change(root: str, study: Any, done: Any) -> None:
+    """results.json again whenever a trial has ended since the last write."""
+    ended = -1
+    while not done.wait(1.0):
+        try:
+            now = sum(1 for t in study.get_trials(deepcopy=False) if t.state.is_finished())
+            if now != ended:
+                keep_results(root, study)
+                ended = now
+        except Exception:  # noqa: BLE001 - a snapshot that fails: the next one, or the last
+            pass
+
+
+def keep_results(root: str, study: Any) -> None:
+    """ROOT/.cloudtrain/sweeps/NAME/results.json: the ``results`` document, written atomically
+    (what the laptop reads when the head is gone: docs/sweep.md, "Reading a sweep")."""
+    path = os.path.join(sdir(root, study.study_name), "results.json")
+    doc = dict(report(study, with_trials=True), written_at=time.time())
+    tmp = f"{path}.{threading.get_ident()}.tmp"      # the thread's and the last write's
+    with open(tmp, "w") as f:
+        json.dump(doc, f)
+    os.replace(tmp, path)
+
+
+def mark_driver(root: str, name: str) -> None:
+    """ROOT/jobs/sweep-NAME/pid: the driver is the sweep's job on the head (the guard counts
+    it as work, and its end as the job's end for ``down: true``) from its first moment, even
+    when the CLI that started it was killed before it could write it."""
+    d = os.path.join(root, "jobs", f"sweep-{name}")
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "pid.tmp"), "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(os.path.join(d, "pid.tmp"), os.path.join(d, "pid"))
 
 
 def main(argv: list[str]) -> int:

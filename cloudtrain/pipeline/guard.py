@@ -311,6 +311,8 @@ def reconcile(env: Env, name: str) -> dict[str, Any] | None:
     reason = next((s.reason for s in sorted(stops, key=lambda s: s.stopped_at) if s.reason),
                   "self-stop")
     down = saved(env, name).get("down", True)
+    from cloudtrain.pipeline.sweepdoc import keep_final
+    keep_final(env, name)      # a sweep's results the head left, before its disk goes
     if down:   # the nodes are gone: what was never pulled went with them (ledger, status)
         lost = outputs.gone(env, outputs.unpulled(env, name),
                             f"the cluster stopped itself: {reason}")

@@ -60,7 +60,7 @@ def on_head(handle: Handle, group: Group, cmd: str, *args: str, optuna: bool = F
     line = node_command(handle, head, cmd, *args, optuna=optuna)
     res = group.run(line, timeout=600, stdin=stdin, ranks=[head.rank])[head.rank]
     if not res.ok:
-        said = res.stderr.strip()[-600:] or str(res.error or "")
+        said = res.stderr.strip()[-600:] or res.stdout.strip()[-600:] or str(res.error or "")
         raise RemoteError(f"The sweep driver's '{cmd}' failed on the head "
                           f"(exit {res.exit_code}): {said}")
     return res.stdout

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from cloudtrain.errors import UserError
 
 if TYPE_CHECKING:
-    from cloudtrain.pipeline.sweepread import Results, Trial
+    from cloudtrain.pipeline.sweepdoc import Results, Trial
 
 
 def history(trials: list[Trial], minimize: bool) -> tuple[list[int], list[float], list[float]]:

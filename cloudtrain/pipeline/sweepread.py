@@ -1,175 +1,77 @@
 """Reading a sweep from the laptop (docs/sweep.md): ``sweep status``, ``sweep results``,
 ``sweep cancel``. The head's driver (cloudtrain/node/sweep.py) answers one JSON document
-(``status``/``results``); this module turns it into typed, frozen records, adds the money
-(each trial's share of the cluster's price: its GPUs' share of the cluster's slots for its
-duration) and renders it (table, JSON, CSV; the plot is pipeline/sweepplot.py)."""
+(``status``/``results``); pipeline/sweepdoc.py turns it into typed, frozen records with the
+money; this module reads it (from the head, or from the ledger once the cluster is gone) and
+renders it (table, JSON, CSV; the plot is pipeline/sweepplot.py)."""
 
 from __future__ import annotations
 
 import csv
 import io
-import math
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from cloudtrain.errors import RemoteError, UserError
 from cloudtrain.pipeline import sweepnode
 from cloudtrain.pipeline.sweep import find_record
-from cloudtrain.schema import SweepRow, SweepTrialRow
+from cloudtrain.pipeline.sweepdoc import Results, from_ledger, keep, parsed
+from cloudtrain.schema import SweepRow
 
 if TYPE_CHECKING:
     from cloudtrain.context import Env
 
-STATES = ("running", "complete", "pruned", "fail", "waiting")
 
-
-def _num(d: dict[str, Any], *keys: str) -> float | None:
-    """The first of ``keys`` that holds a number."""
-    for key in keys:
-        v = d.get(key)
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            return float(v)
-    return None
-
-
-@dataclass(frozen=True)
-class Trial:
-    """One trial as the driver reports it, with its cost."""
-
-    number: int
-    state: str
-    params: dict[str, Any]
-    value: float | None
-    intermediates: int
-    started_at: float | None
-    ended_at: float | None
-    duration_s: float | None
-    gpus: tuple[str, ...]
-    node: str | None
-    """The node (its host name, as the driver names it) the trial ran on."""
-    cost_usd: float | None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"number": self.number, "state": self.state, "params": self.params,
-                "value": self.value, "intermediates": self.intermediates,
-                "started_at": self.started_at, "ended_at": self.ended_at,
-                "duration_s": self.duration_s, "gpus": list(self.gpus), "node": self.node,
-                "cost_usd": self.cost_usd}
-
-
-def slot_price(rec: SweepRow) -> float | None:
-    """$/h of one GPU slot: the node's price over its slots."""
-    return None if rec.hourly_price is None else rec.hourly_price / max(1, rec.slots_per_node)
-
-
-def trial_of(d: dict[str, Any], price: float | None, now: float) -> Trial:
-    started, ended = _num(d, "started", "started_at"), _num(d, "ended", "ended_at")
-    dur = _num(d, "duration_s")
-    if dur is None and started is not None:
-        dur = (ended or now) - started
-    gpus = tuple(str(g) for g in d.get("gpus") or [])
-    cost = None if price is None or dur is None else price * max(1, len(gpus)) * dur / 3600
-    node = d.get("node")
-    return Trial(int(d.get("number", -1)), str(d.get("state") or "?").lower(),
-                 dict(d.get("params") or {}), _num(d, "value"),
-                 int(_num(d, "intermediate", "intermediates") or 0),
-                 started, ended, dur, gpus, None if node is None else str(node),
-                 None if cost is None else round(cost, 6))
-
-
-@dataclass(frozen=True)
-class Results:
-    """A sweep's trials, its best, its money."""
-
-    record: SweepRow
-    trials: tuple[Trial, ...]
-    best: int | None
-    spent_usd: float | None
-    estimate_usd: float | None
-    finished: bool
-
-    def count(self, state: str) -> int:
-        return sum(1 for t in self.trials if t.state == state)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"sweep": self.record.name, "cluster": self.record.cluster,
-                "trials_asked": self.record.spec.get("trials"),
-                "counts": {s: self.count(s) for s in STATES}, "best": self.best,
-                "spent_usd": self.spent_usd, "estimate_usd": self.estimate_usd,
-                "finished": self.finished, "trials": [t.as_dict() for t in self.trials]}
-
-
-def estimate_to_end(rec: SweepRow, trials: tuple[Trial, ...], spent: float | None) -> float | None:
-    """Spend so far plus the trials left, at the mean duration of the ended ones, on their
-    share of the cluster."""
-    price = slot_price(rec)
-    ended = [t for t in trials if t.ended_at is not None and t.duration_s is not None]
-    if price is None or spent is None or not ended:
-        return spent
-    left = max(0, int(rec.spec.get("trials") or 0) - len(ended))
-    mean_h = sum(t.duration_s or 0.0 for t in ended) / len(ended) / 3600
-    per = int(rec.spec.get("gpus_per_trial") or 1)
-    return round(spent + left * mean_h * price * per, 6)
-
-
-def sweep_spend(rec: SweepRow, trials: tuple[Trial, ...]) -> float | None:
-    """What the sweep has cost: its trials' costs (None when the price is unknown)."""
-    costs = [t.cost_usd for t in trials if t.cost_usd is not None]
-    return round(math.fsum(costs), 6) if slot_price(rec) is not None else None
-
-
-def read(env: Env, name: str, cmd: str = "results") -> Results:
+def read(env: Env, name: str) -> Results:
     """Sweep ``name``: the driver's document, read from the head and kept in the ledger (the
-    sweep's spend and its per-trial rows); once its cluster is gone (``down: true``), the
-    ledger's last reading."""
+    sweep's spend and its per-trial rows); once its cluster is gone or stopped, the ledger's
+    last reading (the head's own last results when they were kept: sweepdoc.keep_final),
+    marked incomplete when it was not the sweep's end."""
     from cloudtrain.cluster import connect, get_handle
 
     from cloudtrain.pipeline.guard import reconcile
 
     rec = find_record(env, name)
-    reconcile(env, rec.cluster)          # nodes that went down by themselves (down: true)
-    if env.state.get_cluster(rec.cluster) is None:
-        return from_ledger(rec, env.state.sweep_trials(name))
+    if reconcile(env, rec.cluster) is not None:     # nodes that stopped themselves: what the
+        rec = find_record(env, name)                # head left was kept (sweepdoc.keep_final)
+    why = gone(env, rec)
+    if why is not None:
+        return from_ledger(rec, env.state.sweep_trials(name), why)
     handle = get_handle(env, rec.cluster)
     group = connect(env, handle, timeout=30)
     try:
-        doc = sweepnode.document(handle, group, cmd, name)
+        doc = sweepnode.document(handle, group, "results", name)   # status counts its trials too
+    except RemoteError as exc:
+        if "no such sweep on this node" not in str(exc):
+            raise
+        raise never_started(rec) from None
     finally:
         group.close()
     res = parsed(rec, doc)
-    env.state.set_sweep_trials(name, res.spent_usd, ledger_rows(res))
+    keep(env, res)
     return res
 
 
-def ledger_rows(res: Results) -> list[SweepTrialRow]:
-    return [SweepTrialRow(res.record.name, t.number, t.state, t.value, t.started_at, t.ended_at,
-                          ",".join(t.gpus), t.node, t.cost_usd, t.params) for t in res.trials]
+def gone(env: Env, rec: SweepRow) -> str | None:
+    """Why the sweep's cluster can no longer be read (None: it is up): gone, with the ledger's
+    end reason; stopped; or a cluster of that name created after the sweep."""
+    row = env.state.get_cluster(rec.cluster)
+    if row is not None and row.created_at <= rec.started_at + 1 and \
+            row.status in ("UP", "DEGRADED"):
+        return None
+    if row is not None and row.created_at <= rec.started_at + 1:
+        return f"the cluster is {row.status.lower()}"
+    ended = [u for u in env.state.usage(cluster=rec.cluster)
+             if u.ended_at is not None and u.ended_at >= rec.started_at]
+    last = ended[-1].end_reason if ended else None
+    return f"the cluster went down ({last})" if last else "the cluster went down"
 
 
-def from_ledger(rec: SweepRow, rows: list[SweepTrialRow]) -> Results:
-    """The sweep as the ledger last saw it (its cluster is gone: nothing runs any more)."""
-    trials = tuple(Trial(r.number, r.state, r.params, r.value, 0, r.started_at, r.ended_at,
-                         None if r.started_at is None or r.ended_at is None
-                         else r.ended_at - r.started_at,
-                         tuple(g for g in r.gpus.split(",") if g), r.node, r.cost_usd)
-                   for r in rows)
-    done = [t for t in trials if t.state == "complete" and t.value is not None]
-    goal = str((rec.spec.get("objective") or {}).get("goal", "minimize"))
-    pick = min if goal.startswith("min") else max
-    best = pick(done, key=lambda t: t.value or 0.0).number if done else None
-    return Results(rec, trials, best, rec.spent_usd, rec.spent_usd, True)
-
-
-def parsed(rec: SweepRow, doc: dict[str, Any]) -> Results:
-    now, price = time.time(), slot_price(rec)
-    listed = doc.get("trials_list", doc.get("trials"))
-    trials = tuple(trial_of(d, price, now) for d in (listed if isinstance(listed, list) else [])
-                   if isinstance(d, dict))
-    best = doc.get("best")
-    best_n = best.get("number") if isinstance(best, dict) else best
-    spent = sweep_spend(rec, trials)
-    return Results(rec, trials, best_n if isinstance(best_n, int) else None, spent,
-                   estimate_to_end(rec, trials, spent), bool(doc.get("finished")))
+def never_started(rec: SweepRow) -> UserError:
+    return UserError(
+        f"Sweep {rec.name} was recorded on this machine, but its driver never started on the "
+        f"head of cluster '{rec.cluster}' (the command that started it was stopped first), so "
+        "it has no trials.",
+        "Start it again with 'cloudtrain sweep SWEEP.yaml' (the same file, so the same name).")
 
 
 def cancel(env: Env, name: str) -> str:
@@ -210,18 +112,37 @@ def bar(done: int, total: int, width: int = 30) -> str:
 
 
 def status_lines(res: Results) -> list[str]:
-    """``sweep status``: the counts, the progress bar, the best, the money."""
+    """``sweep status``: the counts, the progress bar, the best, the money; why it stopped;
+    and, once its cluster is gone, whether this is its end or only the last reading."""
     total = int(res.record.spec.get("trials") or len(res.trials))
     ended = res.count("complete") + res.count("pruned") + res.count("fail")
     lines = [f"Sweep {res.record.name} on cluster {res.record.cluster}"
-             + (" (finished)" if res.finished else ""),
+             + (" (finished)" if res.finished else " (INCOMPLETE)" if res.incomplete else ""),
              bar(ended, total),
              "  ".join(f"{s}: {res.count(s)}" for s in ("running", "complete", "pruned", "fail"))]
+    if res.stopped:
+        lines.append(f"stopped: {res.stopped}")
     best = next((t for t in res.trials if t.number == res.best), None)
     if best is not None:
         lines.append(f"best: trial {best.number} = {best.value} with {best.params}")
     lines.append(f"spent: {money(res.spent_usd)}, estimate to the end: {money(res.estimate_usd)}")
+    if res.gone is not None:
+        lines.append(gone_words(res))
     return lines
+
+
+def gone_words(res: Results) -> str:
+    why = res.gone or "the cluster is gone"
+    why = why[0].upper() + why[1:]
+    when = "never" if res.as_of is None else time.strftime("%Y-%m-%d %H:%M:%S",
+                                                           time.localtime(res.as_of))
+    if res.finished:
+        return f"{why}; these are the sweep's final results " \
+               f"(as of {when})."
+    return (f"{why} before its end was read: these are the trials "
+            f"as of {when}, and what happened after that went with the nodes (the trials "
+            "shown running were not seen to end). Read 'cloudtrain sweep status' while the "
+            "cluster is up to keep the end.")
 
 
 def money(x: float | None) -> str:

@@ -105,6 +105,18 @@ def test_job_end_waits_for_the_queue_and_for_a_follower_that_is_there(tmp_path: 
     assert guard.job_ended(root, "j2") == NOW
 
 
+def test_a_down_job_whose_process_died_without_an_exit_code_stops_the_node(
+        tmp_path: Path) -> None:
+    # The sweep's driver (jobs/sweep-NAME/pid, no rc: it is not a ctjob.sh job) or a job
+    # SIGKILLed before it wrote its rc: it has ended at the moment the guard looks. It used to
+    # be "ended" at time.time(), always a little after the loop's now: the node never stopped.
+    root = str(tmp_path)
+    _job(tmp_path, "sweep-s", pid=2 ** 22 + 12345)              # no such process
+    pol = {"down_on_end": ["sweep-s"]}
+    assert guard.job_ended(root, "sweep-s", NOW) == NOW
+    assert guard.decide(root, pol, NOW, NOW, NOW, False)[0] == "job-end"
+
+
 def test_a_queued_job_counts_only_while_something_will_start_it(tmp_path: Path) -> None:
     q = tmp_path / ".cloudtrain" / "queue"
     q.mkdir(parents=True)

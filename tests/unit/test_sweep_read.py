@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from cloudtrain.pipeline.sweep import Estimate
-from cloudtrain.pipeline.sweepread import bar, csv_text, parsed, status_lines, table
-from cloudtrain.schema import SweepRow
+from cloudtrain.pipeline.sweepdoc import parsed
+from cloudtrain.pipeline.sweepread import bar, csv_text, status_lines, table
+from cloudtrain.schema import SweepEnd, SweepRow
 
 REC = SweepRow("search", "exp", {"trials": 4, "gpus_per_trial": 1,
                                "objective": {"metric": "val_loss", "goal": "minimize"}},
@@ -76,7 +77,7 @@ def test_the_plot_is_written(tmp_path: Path) -> None:
 
 
 def test_the_ledger_keeps_the_sweep_and_its_trials(tmp_path: Path) -> None:
-    from cloudtrain.pipeline.sweepread import from_ledger, ledger_rows
+    from cloudtrain.pipeline.sweepdoc import from_ledger, ledger_rows
     from cloudtrain.state import open_state
 
     state = open_state(tmp_path)
@@ -85,17 +86,32 @@ def test_the_ledger_keeps_the_sweep_and_its_trials(tmp_path: Path) -> None:
     state.set_sweep_trials("search", res.spent_usd, ledger_rows(res))
     row = state.get_sweep("search")
     assert row is not None and row.spent_usd == pytest.approx(7.0) and row.slots_per_node == 2
-    kept = from_ledger(row, state.sweep_trials("search"))
-    assert kept.best == 2 and kept.finished
+    kept = from_ledger(row, state.sweep_trials("search"), "the cluster went down")
+    assert kept.best == 2
     assert [t.as_dict() for t in kept.trials] == [
         {**t.as_dict(), "intermediates": 0} for t in res.trials]
+    # That reading was not the sweep's end (a trial still to run): never shown as final.
+    assert not kept.finished and kept.incomplete and kept.as_dict()["incomplete"]
+    lines = status_lines(kept)
+    assert "(INCOMPLETE)" in lines[0] and "(finished)" not in lines[0]
+    assert "before its end was read" in lines[-1] and "went with the nodes" in lines[-1]
+    # A reading that was the end (here: stopped on its budget) is kept as final, with why.
+    state.set_sweep_trials("search", res.spent_usd, ledger_rows(res),
+                           SweepEnd(True, "the cluster's budget (max_cost_usd) was spent", 2000.0))
+    row = state.get_sweep("search")
+    assert row is not None and row.finished and row.updated_at == 2000.0
+    final = from_ledger(row, state.sweep_trials("search"), "the cluster went down (budget)")
+    assert final.finished and not final.incomplete
+    lines = status_lines(final)
+    assert "(finished)" in lines[0] and "stopped: the cluster's budget" in lines[3]
+    assert "final results" in lines[-1]
     state.add_sweep(REC)                   # the same name started again: a fresh entry
     assert state.sweep_trials("search") == []
 
 
 def test_cost_report_lists_the_sweep_as_one_entry_with_its_trials(tmp_path: Path) -> None:
     from cloudtrain.ledger import sweeps_json
-    from cloudtrain.pipeline.sweepread import ledger_rows
+    from cloudtrain.pipeline.sweepdoc import ledger_rows
     from cloudtrain.state import open_state
 
     state = open_state(tmp_path)
@@ -120,3 +136,50 @@ def test_cancel_says_the_drivers_reason_and_the_trials_it_stops() -> None:
                                        "trial(s) get SIGTERM and their stop_grace.")
     assert cancel_words("s", "") == "Sweep s cancelled."
     assert cancel_words("s", "not json") == "not json"
+
+
+def test_keep_final_reads_the_heads_results_only_from_a_local_node_and_bounded(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # What a self-stopped local head left is kept before the cluster is removed; the file is
+    # untrusted: only under the cluster's folder, a JSON object, at most MAX_DOC bytes.
+    from types import SimpleNamespace
+
+    from cloudtrain.pipeline import sweepdoc
+    from cloudtrain.schema import ClusterRow, NodeRow
+    from cloudtrain.state import open_state
+
+    home = tmp_path / "home"
+    state = open_state(home)
+    cdir = home / "clusters" / "exp"
+    root = cdir / "local" / "nodes" / "0" / "root"
+    node = NodeRow("exp", 0, "i0", "127.0.0.1", 22, "u", "127.0.0.1", "running", str(root))
+    state.upsert_cluster(ClusterRow("exp", "local", "UP", 1, 900.0, 900.0))
+    state.replace_nodes("exp", [node])
+    state.add_sweep(REC)
+    env = SimpleNamespace(state=state, cluster_dir=lambda name: home / "clusters" / name)
+    f = root / ".cloudtrain" / "sweeps" / "search" / "results.json"
+    f.parent.mkdir(parents=True)
+    out = tmp_path / "elsewhere.json"                            # a path outside the cluster
+    out.write_text(json.dumps(dict(doc(), finished=True)))
+    f.symlink_to(out)
+    assert sweepdoc.keep_final(env, "exp") == []
+    f.unlink()
+    assert sweepdoc.keep_final(env, "exp") == []                 # nothing left: nothing kept
+    f.write_text("[1, 2]")
+    assert sweepdoc.keep_final(env, "exp") == []                 # not an object
+    monkeypatch.setattr(sweepdoc, "MAX_DOC", 100)
+    f.write_text(json.dumps(dict(doc(), finished=True)))
+    assert sweepdoc.keep_final(env, "exp") == []                 # too large
+    monkeypatch.setattr(sweepdoc, "MAX_DOC", 1 << 20)
+    f.write_text(json.dumps(dict(doc(), finished=True, stopped="budget words",
+                                 written_at=float("inf"))))
+    assert sweepdoc.keep_final(env, "exp") == ["search"]
+    row = state.get_sweep("search")
+    assert row is not None and row.finished and row.stopped == "budget words"
+    assert row.updated_at is not None and row.updated_at < 1e10  # an absurd time is not kept
+    assert [t.number for t in state.sweep_trials("search")] == [0, 1, 2]
+    assert sweepdoc.keep_final(env, "exp") == []                 # its end is kept already
+    # On a cloud the head's disk is not here: nothing is read.
+    state.upsert_cluster(ClusterRow("exp", "aws", "UP", 1, 900.0, 900.0))
+    state.add_sweep(REC)
+    assert sweepdoc.keep_final(env, "exp") == []
