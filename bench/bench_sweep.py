@@ -55,8 +55,10 @@ resources: {{provider: local, local: {{gpus: {slots}}}}}
 run: |
   t0=$(date +%s.%N)
   sleep {seconds}
-  echo "{{\\"step\\": 0, \\"score\\": ${{CLOUDTRAIN_PARAM_X:-0}}}}" >> "${{CLOUDTRAIN_METRICS_FILE:-/dev/null}}"
-  echo "${{CLOUDTRAIN_SWEEP:-launch}} ${{CLOUDTRAIN_TRIAL:-$CT_LAUNCH}} $HOME ${{CUDA_VISIBLE_DEVICES:--}} $t0 $(date +%s.%N)" >> {stamps}
+  m=${{CLOUDTRAIN_METRICS_FILE:-/dev/null}}
+  echo "{{\\"step\\": 0, \\"score\\": ${{CLOUDTRAIN_PARAM_X:-0}}}}" >> "$m"
+  who="${{CLOUDTRAIN_SWEEP:-launch}} ${{CLOUDTRAIN_TRIAL:-$CT_LAUNCH}}"
+  echo "$who $HOME ${{CUDA_VISIBLE_DEVICES:--}} $t0 $(date +%s.%N)" >> {stamps}
 """
 
 SWEEP = """\
@@ -266,7 +268,7 @@ def run_loop(res: CountResult, home: Path, wd: Path, task: Path, cluster: str, s
     for s in read_stamps(stamps):
         if s.kind == "launch":
             per.setdefault(s.trial, []).append(s)
-    runs = sorted(((min(s.start for s in v), max(s.end for s in v)) for v in per.values()))
+    runs = sorted((min(s.start for s in v), max(s.end for s in v)) for v in per.values())
     res.launch_gaps = [b[0] - a[1] for a, b in zip(runs, runs[1:])]
 
 
@@ -344,15 +346,15 @@ def report(results: list[CountResult], slots: int, trials: int, seconds: float,
                   fmt(max(r.launch_gaps)) if r.launch_gaps else "-"] for r in results]))
     print()
     print("## Sweep: a trial's end -> the next trial's start in the same slot (warm cluster)")
-    rows = []
+    grows: list[list[object]] = []
     for r in results:
         g = [x.gap for x in r.gaps]
-        rows.append([r.nodes, len(g), fmt(median(g)) if g else "-", fmt(max(g)) if g else "-",
+        grows.append([r.nodes, len(g), fmt(median(g)) if g else "-", fmt(max(g)) if g else "-",
                      _med([x.to_rc for x in r.gaps]), _med([x.to_seen for x in r.gaps]),
                      _med([x.to_submit for x in r.gaps]), _med([x.to_queue for x in r.gaps]),
                      _med([x.to_script for x in r.gaps])])
     print(table(["nodes", "gaps", "median s", "max s", "end->rc", "rc->seen", "seen->submit",
-                 "submit->queued start", "start->script"], rows))
+                 "submit->queued start", "start->script"], grows))
     print("  end->rc       = the script's last stamp -> its rc file (queue record's ended_at)")
     print("  rc->seen      = -> the worker saw the job end (its poll: `queue.py list`; the")
     print("                  trial's 'ended' attribute)")
