@@ -65,7 +65,7 @@ class QueueDispatch:
 
     def jobs(self) -> dict[str, JobView]:
         out = {r["id"]: JobView(str(r.get("state")), r.get("exit_code"),
-                                tuple(str(g) for g in r.get("held") or ()))
+                                tuple(str(g) for g in r.get("held") or r.get("ran_on") or ()))
                for r in json.loads(self._queue("list", self.root) or "[]")}
         for job_id, at in list(self.kill_at.items()):
             if out.get(job_id, JobView("succeeded", None)).state in ENDED:

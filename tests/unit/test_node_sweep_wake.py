@@ -57,3 +57,25 @@ def test_an_rc_file_wakes_the_worker_once_only(tmp_path: Path) -> None:
     t0 = time.monotonic()
     w.nap(0.5)
     assert time.monotonic() - t0 >= 0.5
+
+
+def test_a_trial_too_short_to_be_seen_running_still_records_its_gpus(tmp_path: Path) -> None:
+    # The queue keeps the slots an ended job held (its record's ran_on): a trial that starts
+    # and ends between two looks of the worker still has its GPUs in the results.
+    root = tmp_path / "root"
+    (root / ".cloudtrain").mkdir(parents=True)
+    (root / ".cloudtrain" / "slots").write_text("2")
+    shutil.copy(queue.__file__, tmp_path / "queue.py")
+    spec = dict(SPEC, slots=2, trials=4, script="""\
+echo '{"step": 1, "score": 0.5}' >> "$CLOUDTRAIN_METRICS_FILE"
+""")
+    study = sweepstudy.open_study(sweepstudy.journal(str(root), "w3"), "w3", spec)
+    dispatch = sweepwork.QueueDispatch(str(root), "sweep:w3", 1.0)
+    dispatch.queue_py = str(tmp_path / "queue.py")
+    Worker(str(root), study, dispatch, "node0").run(poll_s=1.0)
+    rep = sweepstudy.report(sweepstudy.read_study(str(root), "w3"), with_trials=True)
+    assert rep["counts"]["complete"] == 4, rep
+    assert all(len(t["gpus"]) == 1 and t["gpus"][0] in ("0", "1")
+               for t in rep["trials_list"]), rep["trials_list"]
+    recs = {r["id"]: r for r in queue.records(str(root))}
+    assert all(r["held"] == [] and len(r["ran_on"]) == 1 for r in recs.values()), recs
