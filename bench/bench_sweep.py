@@ -356,8 +356,8 @@ def report(results: list[CountResult], slots: int, trials: int, seconds: float,
     print(table(["nodes", "gaps", "median s", "max s", "end->rc", "rc->seen", "seen->submit",
                  "submit->queued start", "start->script"], grows))
     print("  end->rc       = the script's last stamp -> its rc file (queue record's ended_at)")
-    print("  rc->seen      = -> the worker saw the job end (its poll: `queue.py list`; the")
-    print("                  trial's 'ended' attribute)")
+    print("  rc->seen      = -> the worker saw the job end (woken by the rc file, else its")
+    print("                  poll; then `queue.py list`): the trial's 'ended' attribute")
     print("  seen->submit  = -> the next trial asked of Optuna and its attributes written (its")
     print("                  'started' attribute, set just before `queue.py submit`)")
     print("  submit->queued start = -> the queue started the job (record's started_at)")
