@@ -5,6 +5,7 @@
 #   bench/run_all.sh                     # defaults (launch: 1,4,8,16 nodes x 5 warm launches)
 #   NODES=1,4 REPEATS=3 bench/run_all.sh # quicker
 #   PYTHON=/path/to/python bench/run_all.sh
+#   SWEEP_NODES=1,2 bench/run_all.sh     # the sweep bench on 1 and 2 nodes (default 2)
 #
 # Exit status: non-zero only when a script crashed (targets missed still exit 0).
 set -u
@@ -31,4 +32,5 @@ run "$py" "$here/bench_commands.py"
 run "$py" "$here/bench_ssh.py"
 run "$py" "$here/bench_template.py" --nprocs 1,2
 run "$py" "$here/bench_aws.py"
+run "$py" "$here/bench_sweep.py" --nodes "${SWEEP_NODES:-2}"
 exit $status

@@ -209,6 +209,7 @@ def spec_json(sw: Sweep, head: NodeRow) -> str:
     doc = sw.spec.model_dump(mode="json")
     doc.update(name=sw.name, stop_grace=sw.task.stop_grace,
                script=trial_script(sw.task, head, sw.spec.gpus_per_trial))
+    doc["slots"] = slots_per_node(sw.task)     # a node's worker runs slots // gpus_per_trial
     if sw.task.checkpoints:     # the head keeps the study there (node/sweepkeep.py)
         doc["keep"] = {"url": str(sw.task.checkpoints), "env": dict(sw.task.envs)}
     return json.dumps(doc)
