@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from cloudtrain.errors import UserError
-from cloudtrain.pipeline import sweepnode
+from cloudtrain.pipeline import sweepnode, sweepout
 from cloudtrain.provider.contract import Plan
 from cloudtrain.schema import NodeRow, SweepRow
 
@@ -178,6 +178,7 @@ def start(env: Env, sw: Sweep, plan: Plan, confirm: Callable[[Plan], None]) -> S
     rec = SweepRow(sw.name, sw.cluster, sw.spec.model_dump(mode="json"), time.time(),
                    handle.row.hourly_price, slots_per_node(sw.task))
     env.state.add_sweep(rec)
+    sweepout.record(env, sw.cluster, sw.name, sw.task)     # its trials' outputs come back
     group = connect(env, handle)
     try:
         sweepnode.put_rules(env, handle, group, sw.task, sweepnode.Rules(
