@@ -197,4 +197,5 @@ def spec_json(sw: Sweep, head: NodeRow) -> str:
     doc = sw.spec.model_dump(mode="json")
     doc.update(name=sw.name, stop_grace=sw.task.stop_grace,
                script=trial_script(sw.task, head, sw.spec.gpus_per_trial))
+    doc.setdefault("slots", slots_per_node(sw.task))   # the node's GPU slots (the driver's)
     return json.dumps(doc)
