@@ -207,7 +207,19 @@ def _budget_spent(r: Running, job_id: str | None) -> None:
     raise err
 
 
-def _run_task(r: Running) -> Outcome:
+def prepare(env: Env, handle: Handle, group: Group, task: Task, job_id: str) -> None:
+    """What a launch does before its job, without a job: sync, bucket file_mounts, setup
+    (once per content hash, per node). ``sweep`` runs it before its trials; the setup's
+    logs are those of ``job_id``."""
+    r = Running(env, handle, group, task, JobStart(job_id), None)
+    prep, setup_hash = _ready(r)
+    if task.setup:
+        _set_up(r, prep, setup_hash, env.logs_dir(handle.name) / job_id)
+
+
+def _ready(r: Running) -> tuple[Mapping[int, NodeFacts], str]:
+    """0.-1b. the nodes prepared and synced, their bucket file_mounts fetched. Returns the
+    nodes' facts and the setup's hash."""
     plan = sync_plan(r.task)
     prep, fp = _prepared(r, plan)
     setup_hash = _synced(r, plan, prep, fp)
@@ -216,6 +228,11 @@ def _run_task(r: Running) -> Outcome:
     storage.fetch_mounts(r.env, r.handle, r.group, r.task, {
         n.rank: r.env_of(n, r.job_id + "-fetch") for n in r.handle.nodes})
     _budget_spent(r, None)
+    return prep, setup_hash
+
+
+def _run_task(r: Running) -> Outcome:
+    prep, setup_hash = _ready(r)
     logs = r.env.logs_dir(r.handle.name) / r.job_id
     r.env.state.add_launch(r.handle.name, r.job_id, r.task.name, r.start.detach)
     r.env.state.set_job_envs(r.handle.name, {**r.task.envs, **r.start.overrides})   # for exec

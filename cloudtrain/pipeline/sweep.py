@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from cloudtrain.errors import UserError
-from cloudtrain.pipeline import sweepnode, sweepout
+from cloudtrain.pipeline import sweepnode, sweepout, sweepscript
 from cloudtrain.provider.contract import Plan
 from cloudtrain.schema import NodeRow, SweepRow
 
@@ -174,7 +174,7 @@ def start(env: Env, sw: Sweep, plan: Plan, confirm: Callable[[Plan], None]) -> S
     if not existing:
         confirm(plan)
     handle = job.up(env, sw.task, sw.cluster, planned=plan)    # it takes the cluster's lock
-    sweepnode.send_workdir(env, handle, sw.task)
+    sweepscript.prepare_nodes(env, handle, sw.task, sw.name)   # sync and setup: launch's
     rec = SweepRow(sw.name, sw.cluster, sw.spec.model_dump(mode="json"), time.time(),
                    handle.row.hourly_price, slots_per_node(sw.task))
     env.state.add_sweep(rec)

@@ -14,6 +14,8 @@ from cloudtrain.pipeline import torchrun
 from cloudtrain.schema import NodeRow
 
 if TYPE_CHECKING:
+    from cloudtrain.cluster import Handle
+    from cloudtrain.context import Env
     from cloudtrain.taskmodel import Task  # annotations only: no pydantic at import
 
 
@@ -64,3 +66,17 @@ def trial_script(task: Task, head: NodeRow, gpus: int) -> str:
     lines += own_workdir(task)
     lines.append(str(task.run) if task.run is not None else train_line(task, gpus))
     return "\n".join(lines) + "\n"
+
+
+def prepare_nodes(env: Env, handle: Handle, task: Task, name: str) -> None:
+    """Before the sweep's driver starts: the launch chain's sync and ``setup:`` on every node
+    (pipeline/run.py ``prepare``: once per content hash, as a launch runs it), so every
+    trial finds the node set up. Its logs are the sweep job's (``sweep-NAME``)."""
+    from cloudtrain.cluster import connect
+    from cloudtrain.pipeline.run import prepare
+
+    group = connect(env, handle)
+    try:
+        prepare(env, handle, group, task, f"sweep-{name}")
+    finally:
+        group.close()

@@ -3,7 +3,8 @@
 (a file one appends to in place changes only its copy; the outputs one writes are not
 overwritten by the other's), the ended trials' outputs pulled into
 OUTPUTS_DIR/sweep-NAME/trial-N with the best linked, and ``down`` pulling what was never
-pulled before it removes the node."""
+pulled before it removes the node. The task's ``setup:`` runs once on the node before the
+trials (the launch chain's setup step)."""
 
 from __future__ import annotations
 
@@ -22,9 +23,12 @@ stop_grace: 5
 workdir: .
 outputs: [outputs/]
 resources: {provider: local, local: {gpus: 2}}
+setup: echo ran >> setup-runs.txt
 run: |
   python3 - <<'PY'
   import json, os, time
+  with open("setup-runs.txt") as f:          # setup ran once, before this trial (its copy)
+      assert f.read() == "ran\\n", "setup did not run once before the trial"
   n, lr = int(os.environ["CLOUDTRAIN_TRIAL"]), float(os.environ["CLOUDTRAIN_PARAM_LR"])
   with open("notes.txt", "a") as f:          # a workdir file, appended to in place
       f.write(f"trial {n}\\n")
@@ -103,6 +107,7 @@ def test_each_trial_has_its_own_workdir_and_its_outputs_come_back_with_the_best_
         # its copy of the workdir got its own line only; the synced workdir none
         assert (work / "notes.txt").read_text() == NOTES + f"trial {t['number']}\n"
         assert (work.parents[5] / "workdir" / "notes.txt").read_text() == NOTES
+        assert (work.parents[5] / "workdir" / "setup-runs.txt").read_text() == "ran\n"
         dirs.add(work)
     assert len(dirs) == 4
     assert os.readlink(top / "best") == f"trial-{doc['best']}"
