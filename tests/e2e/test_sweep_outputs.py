@@ -135,3 +135,17 @@ def test_down_pulls_the_trials_outputs_never_pulled_before_the_node_goes(
     assert not list(top.glob(".trial-*"))        # no partial pull left behind
     # the best: the lowest final val_loss (lr * 1 at the last step), i.e. the lowest lr
     assert os.readlink(top / "best") == f"trial-{min(got, key=lambda n: got[n]['lr'])}"
+
+
+@pytest.mark.e2e
+@needs_sshd
+def test_a_setup_that_fails_stops_the_sweep_before_its_driver_starts(
+        cli: CLI, tmp_path: Path) -> None:
+    (tmp_path / "task.yaml").write_text(TASK.replace("setup: echo ran >> setup-runs.txt",
+                                                     "setup: echo broken >&2; exit 3"))
+    (tmp_path / "outs.yaml").write_text(SWEEP)
+    r = cli.run("sweep", "outs.yaml", "-y", cwd=tmp_path, **FAST)
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "setup failed on node 0 (exit code 3)" in r.stderr, r.stderr
+    assert cli.run("sweep", "status", "outs", cwd=tmp_path).returncode == 2   # never recorded
+    assert cli.run("down", "outs", "-y", cwd=tmp_path).returncode == 0
