@@ -258,7 +258,8 @@ def _prepared(r: Running, plan: sync.SyncPlan
     if prep is None:
         prep = prep_facts(r.group.run(prep_command(r.handle, r.task)))
     if r.start.now:
-        queue.refuse_if_busy(r.handle, r.group)   # launch --now on a busy cluster: exit 2
+        # launch --now on a busy cluster: exit 2, unless its gpus_per_job slots are free
+        queue.refuse_if_busy(r.handle, r.group, r.task.resources.gpus_per_job)
     if not all(f.bootstrapped and n.python_bin for n, f in zip(r.handle.nodes, prep.values())):
         r.env.ui.step("Bootstrapping")
         run_bootstrap(r.env, r.handle, r.group, r.task.bootstrap)
