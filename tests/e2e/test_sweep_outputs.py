@@ -114,6 +114,11 @@ def test_each_trial_has_its_own_workdir_and_its_outputs_come_back_with_the_best_
     assert f"Best trial's outputs: {top / ('trial-' + str(doc['best']))}" in r.stderr
     r = cli.run("sweep", "outputs", "outs", cwd=tmp_path)
     assert r.returncode == 0 and "(0 pulled now)" in r.stdout, r.stdout + r.stderr
+    # `cloudtrain outputs` of the sweep's job is the same pull: nothing new, finished
+    (top / "best").unlink()
+    r = cli.run("outputs", "outs", "--job", "sweep-outs", cwd=tmp_path)
+    assert r.returncode == 0 and "has not ended" not in r.stderr, r.stdout + r.stderr
+    assert os.readlink(top / "best") == f"trial-{doc['best']}"
     r = cli.run("down", "outs", "-y", cwd=tmp_path)           # all pulled: nothing to pull
     assert r.returncode == 0, r.stdout + r.stderr
     assert "never" not in r.stderr, r.stderr
