@@ -38,11 +38,29 @@ LIST_BYTES = 1 << 20
 
 def record(env: Env, cluster: str, name: str, task: Task) -> None:
     """When the sweep starts: its outputs (the task's ``outputs:``), to come back under
-    ``OUTPUTS_DIR/sweep-NAME``."""
+    ``OUTPUTS_DIR/sweep-NAME``; what an earlier sweep of that name left there is set aside
+    first (a new study numbers its trials from 0 again: its trial-0 is not the old one)."""
     if task.outputs:
+        top = task.outputs_path() / f"sweep-{name}"
+        aside = set_aside(top)
+        if aside is not None:
+            env.ui.warn(f"{top} held an earlier sweep's outputs: moved to {aside}")
         env.state.add_outputs(OutputsRow(sweepnode.driver_job(name), cluster, list(task.outputs),
-                                         False, str(task.outputs_path() / f"sweep-{name}"),
-                                         time.time()))
+                                         False, str(top), time.time()))
+
+
+def set_aside(top: Path) -> Path | None:
+    """Rename a non-empty ``top`` to ``top.YYYYmmdd-HHMMSS[-N]`` (never over anything)."""
+    if top.is_symlink() or not top.is_dir() or not any(top.iterdir()):
+        return None
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for i in range(1000):
+        aside = top.with_name(f"{top.name}.{stamp}" + (f"-{i}" if i else ""))
+        if not aside.exists() and not aside.is_symlink():
+            os.rename(top, aside)
+            return aside
+    raise UserError(f"Cannot set {top} aside: too many earlier copies beside it.",
+                    f"Move the earlier sweep's outputs out of {top.parent}.")
 
 
 def row_of(env: Env, cluster: str, name: str) -> OutputsRow | None:

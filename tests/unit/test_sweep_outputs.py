@@ -79,3 +79,18 @@ def test_only_ended_trials_with_whole_numbers_are_pulled() -> None:
     assert sweepout.ended_and_best({"trials": [{"number": 4, "state": "fail"}], "best": 4}) \
         == ([4], 4)
     assert sweepout.ended_and_best({"trials": 12, "best": None}) == ([], None)
+
+
+def test_an_earlier_sweeps_outputs_are_set_aside_never_overwritten(tmp_path: Path) -> None:
+    top = tmp_path / "sweep-s"
+    assert sweepout.set_aside(top) is None                 # nothing there
+    top.mkdir()
+    assert sweepout.set_aside(top) is None                 # empty: kept as it is
+    (top / "trial-0").mkdir()
+    (top / "trial-0" / "x").write_text("old")
+    first = sweepout.set_aside(top)
+    assert first is not None and (first / "trial-0" / "x").read_text() == "old"
+    assert not top.exists() and first.name.startswith("sweep-s.")
+    (top / "trial-0").mkdir(parents=True)
+    second = sweepout.set_aside(top)
+    assert second is not None and second != first and first.exists()
