@@ -7,13 +7,15 @@ from __future__ import annotations
 import os
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from cloudtrain.errors import UserError
+from cloudtrain.errors import RemoteError, UserError
 from cloudtrain.node import sweepstudy, sweepwork
 from cloudtrain.pipeline import sweepout
 from cloudtrain.pipeline.sweepscript import own_workdir
+from cloudtrain.schema import NodeRow
 from cloudtrain.spec import parse_task
 
 
@@ -94,3 +96,36 @@ def test_an_earlier_sweeps_outputs_are_set_aside_never_overwritten(tmp_path: Pat
     (top / "trial-0").mkdir(parents=True)
     second = sweepout.set_aside(top)
     assert second is not None and second != first and first.exists()
+
+
+class _Said:
+    """One node's answer, as remote.Group returns it."""
+
+    def __init__(self, stdout: str, ok: bool = True) -> None:
+        self.stdout, self.ok, self.stderr = stdout, ok, "" if ok else "no route"
+
+
+class _Group:
+    def __init__(self, said: dict[int, _Said]) -> None:
+        self.said, self.commands = said, []
+
+    def run(self, command, *, ranks, timeout):  # type: ignore[no-untyped-def]  # a stand-in
+        self.commands += [command(n) for n in NODES if n.rank in ranks]
+        return {r: self.said[r] for r in ranks}
+
+
+NODES = [NodeRow("c", r, f"i{r}", "127.0.0.1", 22, "u", "10.0.0.1", "UP", f"root{r}")
+         for r in (0, 1)]
+
+
+def test_each_trial_is_pulled_from_the_node_that_holds_its_folder_read_as_untrusted() -> None:
+    handle = SimpleNamespace(nodes=NODES)
+    group = _Group({0: _Said("0\n1\njunk\n../x\n-3\n99999999999\n"), 1: _Said("2\n1\n")})
+    got = sweepout.where_trials_ran(handle, group, "s")     # type: ignore[arg-type]
+    assert {k: v.rank for k, v in got.items()} == {0: 0, 1: 0, 2: 1}
+    assert "root1/.cloudtrain/sweeps/s/trials" in group.commands[1]
+    assert f"head -c {sweepout.LIST_BYTES}" in group.commands[0]
+    assert sweepout.trial_base(NODES[1], "s", 2) == "root1/.cloudtrain/sweeps/s/trials/2/work"
+    with pytest.raises(RemoteError, match="node 1 did not list"):
+        sweepout.where_trials_ran(handle, _Group({0: _Said("0"), 1: _Said("", ok=False)}),  # type: ignore[arg-type]
+                                  "s")
