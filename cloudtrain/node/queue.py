@@ -23,7 +23,7 @@ submission order: a job never starts before an earlier one that still waits.
 
 Files in ROOT/.cloudtrain/queue: JOB_ID.json (the record: id, submitter, submitted_at, task,
 state, started_at, ended_at, exit_code, gpus: N or null, held: the slot indices while running,
-[] otherwise), JOB_ID.sh (the job's script, 0600, until it starts),
+[] otherwise; had: the slots an ended job held), JOB_ID.sh (the job's script, 0600, until it starts),
 lock (flock). A job starts as ctjob.sh starts one (ROOT/jobs/JOB_ID: run.sh, node.log, pid,
 rc), so ``logs --job`` and the stop path work on it unchanged. Every node of a cluster holds
 the same queue (the CLI submits to each, with one SUBMITTED_AT), so each node starts its part
@@ -145,7 +145,8 @@ def refresh(root: str, rec: dict) -> dict:
     else:
         return rec
     state = "cancelled" if rec.get("cancel") else ("succeeded" if code == 0 else "failed")
-    rec = dict(rec, state=state, exit_code=code, ended_at=ended, held=[])
+    rec = dict(rec, state=state, exit_code=code, ended_at=ended, held=[],
+               had=rec.get("held") or [])     # what it held, for a reader that saw it end
     write_json(os.path.join(qdir(root), rec["id"] + ".json"), rec)
     return rec
 

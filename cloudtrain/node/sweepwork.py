@@ -63,8 +63,8 @@ class QueueDispatch:
                     "--gpus", str(gpus), stdin=script.encode())
 
     def jobs(self) -> dict[str, JobView]:
-        out = {r["id"]: JobView(str(r.get("state")), r.get("exit_code"),
-                                tuple(str(g) for g in r.get("held") or ()))
+        out = {r["id"]: JobView(str(r.get("state")), r.get("exit_code"),   # had: once ended
+                                tuple(str(g) for g in r.get("held") or r.get("had") or ()))
                for r in json.loads(self._queue("list", self.root) or "[]")}
         for job_id, at in list(self.kill_at.items()):
             if out.get(job_id, JobView("succeeded", None)).state in ENDED:
