@@ -6,7 +6,7 @@ outside the folder). The best trial's folder is named by the link ``best``.
 
 The sweep's outputs are recorded like a job's (table ``outputs``, job ``sweep-NAME``), so a
 cluster that goes down without them says so (docs/storage.md, "Outputs"). A trial's folder
-appears only once its pull is whole (pulled into ``.trial-N.part``, then renamed): a trial
+appears only once its pull is whole (pulled into ``.trial-N.*.part``, then renamed): a trial
 whose folder is here is not pulled again. ``sweep results`` and ``sweep outputs`` pull the
 trials that ended since; ``down`` pulls them before it removes the nodes."""
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -111,21 +112,27 @@ def where_trials_ran(handle: Handle, group: Group, name: str) -> dict[int, NodeR
 
 def pull_trial(env: Env, handle: Handle, row: OutputsRow, node: NodeRow, number: int,
                name: str) -> bool:
-    """One trial's outputs into ``trial-N`` (through ``.trial-N.part``): True when whole."""
+    """One trial's outputs into ``trial-N`` (through its own ``.trial-N.*.part`` folder, so
+    two pulls at once never mix): True when whole."""
     top = Path(row.dest)
-    part, final = top / f".trial-{number}.part", top / f"trial-{number}"
-    shutil.rmtree(part, ignore_errors=True)      # ours: an earlier pull cut short
-    part.mkdir(parents=True)
+    top.mkdir(parents=True, exist_ok=True)
+    part = Path(tempfile.mkdtemp(prefix=f".trial-{number}.", suffix=".part", dir=top))
+    final = top / f"trial-{number}"
     base = trial_base(node, name, number)
     for rel in row.paths:
         try:
             got = sync.pull(node, handle.keys, rel, part, base=base)
         except RemoteError as exc:
             env.ui.warn(f"trial {number}: {exc.message}")
+            shutil.rmtree(part, ignore_errors=True)
             return False
         for what in got.skipped:
             env.ui.warn(f"trial {number}: output '{rel}' on node {node.rank}: not copied: {what}")
-    os.rename(part, final)
+    try:
+        os.rename(part, final)
+    except OSError:                  # another pull (a second command) renamed its copy first
+        shutil.rmtree(part, ignore_errors=True)
+        return final.is_dir()
     return True
 
 
