@@ -351,6 +351,29 @@ def sweeps_json(state: State) -> list[dict[str, object]]:
     } for s in state.sweeps()]
 
 
+SWEEP_COLUMNS = ("name", "cluster", "started_at", "trials", "complete", "pruned", "fail",
+                 "running", "spent_usd", "as_of")
+"""``cost-report --csv --sweeps`` and the table's sweeps: one row per sweep, from the same
+entries as the JSON's ``sweeps`` (its names; the counts are of its ``trials`` by state)."""
+
+
+def sweep_rows(sweeps: list[dict[str, object]]) -> list[list[str]]:
+    """One row per entry of :func:`sweeps_json` (header first). A spend never read is
+    "unknown"."""
+    out = [list(SWEEP_COLUMNS)]
+    for s in sweeps:
+        trials = s.get("trials")
+        states = [str(t.get("state")) for t in trials if isinstance(t, dict)] \
+            if isinstance(trials, list) else []
+        spent = s.get("spent_usd")
+        out.append([str(s.get("name")), str(s.get("cluster")), str(s.get("started_at") or ""),
+                    str(len(states)), *(str(states.count(k)) for k in
+                                        ("complete", "pruned", "fail", "running")),
+                    "unknown" if not isinstance(spent, (int, float))
+                    else f"{spent:.6f}".rstrip("0").rstrip("."), str(s.get("as_of") or "")])
+    return out
+
+
 def recovery_line(r: RecoveryRow) -> str:
     """One recovery, in words, for ``status`` and ``cost-report``."""
     when = _iso(r.lost_at)

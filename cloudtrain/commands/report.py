@@ -31,13 +31,16 @@ CHART_EXTRA = "pip install 'cloudtrain[chart]'"
 @click.option("--chart", "chart", type=click.Path(dir_okay=False), metavar="FILE.png",
               help=f"Also write a PNG of daily spend by provider (needs matplotlib: "
                    f"{CHART_EXTRA}).")
+@click.option("--sweeps", "sweeps_only", is_flag=True,
+              help="The sweeps instead of the clusters (table, or --csv): one row per sweep, "
+                   "its trials by state and its spend as last read.")
 @click.option("--offline", is_flag=True,
               help="Ask no provider: clusters the state says are running are marked "
                    "unconfirmed (counted up to when their recorded rules stopped them, else "
                    "up to now).")
 @guard
 def cost_report(days: float | None, as_json: bool, as_csv: bool, chart: str | None,
-                offline: bool) -> None:
+                sweeps_only: bool, offline: bool) -> None:
     """What every cluster cost, terminated ones included: provider, region, instance, nodes,
     spot, hours, price per node-hour at launch, cost; totals per provider.
 
@@ -47,18 +50,19 @@ def cost_report(days: float | None, as_json: bool, as_csv: bool, chart: str | No
     a cluster whose nodes stopped themselves counts up to when they stopped; --offline asks
     none and marks them unconfirmed). Prices are never looked up again: a newer catalog
     does not change past costs, and a cluster with no recorded price shows "unknown" and is
-    left out of the totals. Days on the chart are UTC calendar days.
+    left out of the totals. Days on the chart are UTC calendar days. Sweeps follow the
+    clusters, one row each (their spend is part of their cluster's cost).
     """
     from cloudtrain.errors import UserError
 
     if as_json and as_csv:
         raise UserError("--json and --csv are two output formats; pick one.",
                         "e.g. cloudtrain cost-report --json")
-    _run(days, as_json, as_csv, chart, offline)
+    _run(days, as_json, as_csv, chart, offline, sweeps_only)
 
 
 def _run(days: float | None, as_json: bool, as_csv: bool, chart: str | None,
-         offline: bool) -> None:
+         offline: bool, sweeps_only: bool = False) -> None:
     import time
 
     from cloudtrain import ledger
@@ -82,11 +86,14 @@ def _run(days: float | None, as_json: bool, as_csv: bool, chart: str | None,
         import csv
 
         w = csv.writer(sys.stdout, lineterminator="\n")
-        w.writerows(ledger.csv_rows(rep))
+        w.writerows(ledger.sweep_rows(ledger.sweeps_json(env.state)) if sweeps_only
+                    else ledger.csv_rows(rep))
     else:
-        _table(rep)
-        for r in env.state.recoveries():
-            click.echo(ledger.recovery_line(r))
+        if not sweeps_only:
+            _table(rep)
+            for r in env.state.recoveries():
+                click.echo(ledger.recovery_line(r))
+        _sweep_table(ledger.sweep_rows(ledger.sweeps_json(env.state)), sweeps_only)
     if chart:
         path = Path(chart)
         render_chart(ledger.daily_spend(rows, now=now, days=days), path)
@@ -127,6 +134,31 @@ def _table(rep: Report) -> None:
                "cluster-hour(s)")
     for n in rep.notes:
         click.echo(f"note: {n}")
+
+
+def _sweep_table(rows: list[list[str]], alone: bool) -> None:
+    """The sweeps (header first): one row each; "No sweep recorded." when asked alone."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from cloudtrain.ui import color_ok
+
+    if len(rows) == 1:
+        if alone:
+            click.echo("No sweep recorded.")
+        return
+    if not alone:
+        click.echo("")
+    table = Table(box=None, pad_edge=False)
+    for col in rows[0]:
+        table.add_column("SWEEP" if col == "name" else col.upper().replace("_", " "),
+                         justify="left" if col in ("name", "cluster", "started_at", "as_of")
+                         else "right")
+    for row in rows[1:]:
+        table.add_row(*(("$" + c) if h == "spent_usd" and c != "unknown" else c
+                        for h, c in zip(rows[0], row)))
+    Console(no_color=not color_ok(sys.stdout), highlight=False,
+            color_system="auto" if color_ok(sys.stdout) else None, width=200).print(table)
 
 
 def _hours(h: float) -> str:

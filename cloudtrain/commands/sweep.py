@@ -33,6 +33,7 @@ def sweep() -> None:
                                                    start it (the name is the file's stem)
       cloudtrain sweep status NAME                 trials, best so far, spend, progress
       cloudtrain sweep results NAME [--json|--csv|--plot FILE.png]
+      cloudtrain sweep outputs NAME                pull ended trials' outputs (best: link)
       cloudtrain sweep cancel NAME                 stop it (trials get SIGTERM and their grace)
 
     The sweep runs on the cluster's head node and goes on with this laptop closed; its
@@ -88,9 +89,13 @@ def results(name: str, as_json: bool, as_csv: bool, plot_file: str | None) -> No
     """Every trial's params, objective, state, duration, GPUs and cost; the best marked *."""
     import json
 
-    from cloudtrain.pipeline import sweepread
+    from cloudtrain.pipeline import sweepout, sweepread
 
-    res = sweepread.read(open_env(), name)
+    env = open_env()
+    res = sweepread.read(env, name)
+    said = sweepout.after_results(env, res.record.cluster, name, res.as_dict())
+    if said:                                     # finished trials' outputs, the best named
+        click.echo(said, err=True)
     if plot_file:
         from cloudtrain.pipeline.sweepplot import plot
 
@@ -101,6 +106,18 @@ def results(name: str, as_json: bool, as_csv: bool, plot_file: str | None) -> No
         click.echo(sweepread.csv_text(res), nl=False)
     elif not plot_file:
         click.echo(sweepread.table(res))
+
+
+@sweep.command(name="outputs", context_settings=CONTEXT)
+@click.argument("name")
+@guard
+def outputs(name: str) -> None:
+    """Pull the ended trials' outputs into OUTPUTS_DIR/sweep-NAME/trial-N (the best: link best)."""
+    from cloudtrain.pipeline import sweepout, sweepread
+
+    env = open_env()
+    res = sweepread.read(env, name)
+    click.echo(sweepout.pull_command(env, res.record.cluster, name, res.as_dict()))
 
 
 @sweep.command(name="cancel", context_settings=CONTEXT)

@@ -10,6 +10,8 @@ with no CLI connected (docs/queue.md).
     python3 queue.py wait ROOT JOB_ID      the waiter (started by submit; in its own session)
     python3 queue.py list ROOT             every record, oldest first (one JSON list)
     python3 queue.py slots ROOT            the node's GPU slot count
+    python3 queue.py room ROOT             {"slots", "free": [slot indices], "queued": N}: what
+                                           a job submitted now would find (launch --now)
     python3 queue.py cancel ROOT JOB_ID    a queued job removed; a running one marked (the CLI
                                            stops it with the job's stop_grace)
 
@@ -199,6 +201,15 @@ def allocate(recs: list[dict], job_id: str, n: int) -> list[int] | None:
     need = want if isinstance(want, int) and want > 0 else n
     free = [i for i in range(n) if i not in busy]
     return free[:need] if len(free) >= need else None
+
+
+def room(root: str) -> dict:
+    """What a job submitted now would find (``launch --now``): the node's slots, the free
+    ones, and how many jobs wait (a new job never starts before them)."""
+    recs, n = records(root), slots(root)
+    busy = {i for rec in recs for i in held(rec, n)}
+    return {"slots": n, "free": [i for i in range(n) if i not in busy],
+            "queued": sum(1 for rec in recs if rec.get("state") == "queued")}
 
 
 def ahead(root: str, job_id: str) -> list[dict]:
@@ -436,6 +447,10 @@ def main(argv: list[str]) -> int:
         return wait(args[0], args[1])
     if cmd == "cancel" and len(args) == 2:
         return cancel(args[0], args[1])
+    if cmd == "room" and len(args) == 1:
+        with Locked(args[0]):
+            print(json.dumps(room(args[0])))
+        return 0
     if cmd == "list" and len(args) == 1:
         with Locked(args[0]):
             print(json.dumps(records(args[0])))

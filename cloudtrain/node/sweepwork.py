@@ -105,11 +105,21 @@ class Running:
     woke: bool = False          # its rc file woke the worker (Worker.nap) once already
 
 
+def synced_workdir(trial_dir: str) -> str:
+    """The node's synced workdir (``ROOT/workdir``) seen from a trial's folder
+    (``ROOT/.cloudtrain/sweeps/NAME/trials/NUMBER``, sweepstudy.sdir)."""
+    return os.path.normpath(os.path.join(trial_dir, *[".."] * 5, "workdir"))
+
+
 def trial_script(spec: dict, name: str, number: int, metrics: str, params: dict) -> str:
-    """The job a trial runs: its params as env and as "$@" (--name value), then the spec's
-    script (the task's run:/train:, composed by the CLI)."""
+    """The job a trial runs: its params as env and as "$@" (--name value), its own folder
+    (``CLOUDTRAIN_TRIAL_DIR``, the metrics file's; the spec's script makes the trial's copy
+    of the synced workdir, ``CLOUDTRAIN_SYNCED_WORKDIR``, in it: docs/sweep.md "Outputs"),
+    then the spec's script (the task's run:/train:, composed by the CLI)."""
+    folder = os.path.dirname(metrics)
     env = {"CLOUDTRAIN_SWEEP": name, "CLOUDTRAIN_TRIAL": str(number),
-           "CLOUDTRAIN_METRICS_FILE": metrics}
+           "CLOUDTRAIN_METRICS_FILE": metrics, "CLOUDTRAIN_TRIAL_DIR": folder,
+           "CLOUDTRAIN_SYNCED_WORKDIR": synced_workdir(folder)}
     env.update({f"CLOUDTRAIN_PARAM_{k.upper()}": str(v) for k, v in params.items()})
     args = [part for k, v in params.items() for part in (f"--{k}", str(v))]
     lines = [f"export {k}={shlex.quote(v)}" for k, v in env.items()]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from cloudtrain.cluster import cluster_lock
 from cloudtrain.context import Env
 from cloudtrain.errors import CloudtrainError, reached_nothing
-from cloudtrain.pipeline import teardown
+from cloudtrain.pipeline import sweepout, teardown
 from cloudtrain.pipeline.outputs import Unpulled
 from cloudtrain.provider import registry
 from cloudtrain.schema import ClusterRow
@@ -26,6 +26,8 @@ def down(env: Env, name: str, provider_name: str | None, *, forget: bool = False
     try:
         if pname is not None:
             registry.require_sdk(pname)   # exit 2 with the pip line, before anything
+        if row is not None:               # a sweep's trials' outputs first (pipeline/sweepout.py)
+            sweepout.before_down(env, name, unpulled)
         teardown.down(env, name, provider_name=provider_name, require_found=True,
                       unpulled=unpulled)
     except CloudtrainError as exc:

@@ -56,6 +56,12 @@ def pull_job(env: Env, name: str, job_id: str | None) -> tuple[OutputsRow, list[
     check(name)
     handle = get_handle(env, name)
     row = _pick(env, name, job_id)
+    if row.job_id.startswith("sweep-") and env.state.get_sweep(row.job_id[6:]) is not None:
+        from cloudtrain.pipeline import sweepout   # a sweep's: every ended trial's, in its folder
+
+        done = sweepout.pull_now(env, name, row.job_id[6:])
+        now = sweepout.row_of(env, name, row.job_id[6:])     # pulled: finished, all here
+        return row, [done.folder] if done else [], bool(now and now.pulled_at is not None)
     group = connect(env, handle, timeout=15)
     try:
         ended = _ended(group, handle, row)

@@ -89,17 +89,44 @@ def active(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [x for x in recs if x.get("state") in ("queued", "running")]
 
 
-def refuse_if_busy(handle: Handle, group: Group) -> None:
-    """``launch --now``: exit 2 (nothing queued) when a job runs or waits on the cluster."""
+def why_not_now(handle: Handle, group: Group, gpus: int) -> str | None:
+    """Why a job of ``gpus`` slots per node (``gpus_per_job``) submitted now would not start
+    at once on every node (None: it would): a job waits there (jobs start in submission
+    order), or too few of its slots are free. A node's answer is read as untrusted."""
+    res = group.run(lambda n: node_command(handle, n, "room"), timeout=60)
+    for rank, r in sorted(res.items()):
+        try:
+            room = json.loads(r.stdout.strip().splitlines()[-1]) if r.ok else None
+        except (ValueError, IndexError):
+            room = None
+        if not isinstance(room, dict) or not isinstance(room.get("free"), list):
+            return f"node {rank} did not say its free GPU slots"
+        if room.get("queued") != 0:
+            return f"a job waits on node {rank}, and jobs start in submission order"
+        if len(room["free"]) < gpus:
+            return (f"node {rank} has {len(room['free'])} free GPU slot(s) of "
+                    f"{room.get('slots')}, and this job's gpus_per_job is {gpus}")
+    return None
+
+
+def refuse_if_busy(handle: Handle, group: Group, gpus: int | None = None) -> None:
+    """``launch --now``: exit 2 (nothing queued) unless the job starts at once: no job runs
+    or waits on the cluster, or (``gpus``: the job's ``gpus_per_job``) no job waits and each
+    node has ``gpus`` free slots beside the jobs that run there."""
     busy = active(records(handle, group))
-    if busy:
-        first = busy[0]
-        raise UserError(
-            f"--now: cluster '{handle.name}' is busy: job {first['id']} ({first.get('task')}, "
-            f"submitted by {first.get('submitter')}) is {first.get('state')}"
-            + (f", {len(busy) - 1} more queued" if len(busy) > 1 else "") + ".",
-            f"Launch without --now to wait its turn, or stop it: "
-            f"cloudtrain cancel {handle.name} {first['id']}")
+    if not busy:
+        return
+    why = why_not_now(handle, group, gpus) if gpus is not None else None
+    if gpus is not None and why is None:
+        return
+    first = busy[0]
+    raise UserError(
+        f"--now: cluster '{handle.name}' is busy: job {first['id']} ({first.get('task')}, "
+        f"submitted by {first.get('submitter')}) is {first.get('state')}"
+        + (f", {len(busy) - 1} more queued" if len(busy) > 1 else "")
+        + (f"; {why}" if why else "") + ".",
+        f"Launch without --now to wait its turn, or stop it: "
+        f"cloudtrain cancel {handle.name} {first['id']}")
 
 
 def refuse_changes_while_busy(handle: Handle, group: Group, what: str) -> None:

@@ -207,7 +207,19 @@ def _budget_spent(r: Running, job_id: str | None) -> None:
     raise err
 
 
-def _run_task(r: Running) -> Outcome:
+def prepare(env: Env, handle: Handle, group: Group, task: Task, job_id: str) -> None:
+    """What a launch does before its job, without a job: sync, bucket file_mounts, setup
+    (once per content hash, per node). ``sweep`` runs it before its trials; the setup's
+    logs are those of ``job_id``."""
+    r = Running(env, handle, group, task, JobStart(job_id), None)
+    prep, setup_hash = _ready(r)
+    if task.setup:
+        _set_up(r, prep, setup_hash, env.logs_dir(handle.name) / job_id)
+
+
+def _ready(r: Running) -> tuple[Mapping[int, NodeFacts], str]:
+    """0.-1b. the nodes prepared and synced, their bucket file_mounts fetched. Returns the
+    nodes' facts and the setup's hash."""
     plan = sync_plan(r.task)
     prep, fp = _prepared(r, plan)
     setup_hash = _synced(r, plan, prep, fp)
@@ -216,6 +228,11 @@ def _run_task(r: Running) -> Outcome:
     storage.fetch_mounts(r.env, r.handle, r.group, r.task, {
         n.rank: r.env_of(n, r.job_id + "-fetch") for n in r.handle.nodes})
     _budget_spent(r, None)
+    return prep, setup_hash
+
+
+def _run_task(r: Running) -> Outcome:
+    prep, setup_hash = _ready(r)
     logs = r.env.logs_dir(r.handle.name) / r.job_id
     r.env.state.add_launch(r.handle.name, r.job_id, r.task.name, r.start.detach)
     r.env.state.set_job_envs(r.handle.name, {**r.task.envs, **r.start.overrides})   # for exec
@@ -241,7 +258,8 @@ def _prepared(r: Running, plan: sync.SyncPlan
     if prep is None:
         prep = prep_facts(r.group.run(prep_command(r.handle, r.task)))
     if r.start.now:
-        queue.refuse_if_busy(r.handle, r.group)   # launch --now on a busy cluster: exit 2
+        # launch --now on a busy cluster: exit 2, unless its gpus_per_job slots are free
+        queue.refuse_if_busy(r.handle, r.group, r.task.resources.gpus_per_job)
     if not all(f.bootstrapped and n.python_bin for n, f in zip(r.handle.nodes, prep.values())):
         r.env.ui.step("Bootstrapping")
         run_bootstrap(r.env, r.handle, r.group, r.task.bootstrap)

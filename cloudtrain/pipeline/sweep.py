@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from cloudtrain.errors import UserError
-from cloudtrain.pipeline import sweepnode
+from cloudtrain.pipeline import sweepnode, sweepout, sweepscript
 from cloudtrain.provider.contract import Plan
 from cloudtrain.schema import NodeRow, SweepRow
 
@@ -189,11 +189,12 @@ def drive(env: Env, sw: Sweep, handle: Handle, group: Group, *, record: bool = T
     on the node guards (``grace``: an attached controller's), the driver started on the head
     (``driver``). ``sweep --recover``'s controller does it again after a replacement
     (pipeline/sweeprecover.py)."""
-    sweepnode.send_workdir(env, handle, sw.task)
+    sweepscript.prepare_nodes(env, handle, sw.task, sw.name)   # sync and setup: launch's
     rec = SweepRow(sw.name, sw.cluster, sw.spec.model_dump(mode="json"), time.time(),
                    handle.row.hourly_price, slots_per_node(sw.task))
     if record:
         env.state.add_sweep(rec)
+        sweepout.record(env, sw.cluster, sw.name, sw.task)     # its trials' outputs come back
     sweepnode.put_rules(env, handle, group, sw.task, sweepnode.Rules(
         sweepnode.driver_job(sw.name), sw.spec.max_cost_usd, sw.spec.down, grace))
     if driver:

@@ -140,18 +140,3 @@ def put_rules(env: Env, handle: Handle, group: Group, task: Task, asked: Rules) 
                             **rules.compose(saved(env, handle.name), launch)).policy
     env.state.set_budget(handle.name, pol.max_cost_usd)
     env.ui.info(f"Budget in force on '{handle.name}': {rules.budget_words(pol.as_dict())}")
-
-
-def send_workdir(env: Env, handle: Handle, task: Task) -> None:
-    """The task's workdir and file mounts on every node, before the driver starts (the
-    trials run it from there)."""
-    from cloudtrain.pipeline import run, sync
-
-    plan = run.sync_plan(task)
-    if plan.workdir is None and not plan.mounts:
-        return
-    env.ui.step(f"Syncing {plan.workdir or 'file mounts'} to {len(handle.nodes)} node(s)")
-    bad = {r: e for r, e in sync.push_all(plan, handle.nodes, handle.keys).items() if e}
-    if bad:
-        raise RemoteError("Sync failed: " + "; ".join(f"node {k}: {e}" for k, e in bad.items()),
-                          "Check the nodes with 'cloudtrain status' and start the sweep again.")

@@ -83,7 +83,7 @@ def kept(env: Env, name: str) -> None:
     from cloudtrain.pipeline import sweepread
 
     try:
-        sweepread.read(env, name, "results")
+        sweepread.read(env, name)
     except CloudtrainError as exc:
         env.ui.warn(f"could not read the sweep's last results before the teardown: {exc}")
 

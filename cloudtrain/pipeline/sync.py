@@ -390,9 +390,10 @@ def _check_staging(staging: Path) -> None:
                                   "Check what the job writes into its outputs.")
 
 
-def pull(node: NodeRow, keys: ClusterKeys, rel: str, dest: Path) -> Pulled:
-    """Copy ``workdir/rel`` from the node into ``dest/rel``, treating the node as untrusted:
-    nothing can land outside ``dest``."""
+def pull(node: NodeRow, keys: ClusterKeys, rel: str, dest: Path, base: str | None = None) -> Pulled:
+    """Copy ``workdir/rel`` (``base/rel``: another folder on the node, a sweep trial's own
+    workdir) from the node into ``dest/rel``, treating the node as untrusted: nothing can
+    land outside ``dest``."""
     parts = [p for p in PurePosixPath(rel).parts if p not in ("", ".", "/")]
     if ".." in parts:
         raise RemoteError(f"output '{rel}' is not a path inside the workdir.",
@@ -403,7 +404,7 @@ def pull(node: NodeRow, keys: ClusterKeys, rel: str, dest: Path) -> Pulled:
     except OSError as exc:
         raise _unsafe(str(dest), exc) from None
     # no parts: the whole workdir ("." in outputs), its contents straight into dest
-    src = str(PurePosixPath(workdir_on(node), *parts)) + ("" if parts else "/")
+    src = str(PurePosixPath(base or workdir_on(node), *parts)) + ("" if parts else "/")
     skipped: list[str] = []
     try:
         staging = Path(tempfile.mkdtemp(prefix=".cloudtrain-pull-", dir=dest))
