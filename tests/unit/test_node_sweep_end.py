@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from cloudtrain.node import queue, sweep, sweepstudy, sweepwork
+from cloudtrain.node import queue, sweep
 
 TRIAL = r"""
 exec python3 - <<'PY'
@@ -33,8 +33,9 @@ def shipped(tmp: Path) -> tuple[Path, Path]:
     with 2 GPU slots."""
     node, root = tmp / "node", tmp / "root"
     node.mkdir()
-    for mod in (sweep, sweepstudy, sweepwork, queue):
-        (node / Path(mod.__file__).name).write_text(Path(mod.__file__).read_text())
+    here = Path(sweep.__file__).parent          # what the bootstrap bundle ships
+    for src in [*sorted(here.glob("sweep*.py")), here / "store.py", Path(queue.__file__)]:
+        (node / src.name).write_text(src.read_text())
     (root / ".cloudtrain").mkdir(parents=True)
     (root / ".cloudtrain" / "slots").write_text("2")
     return node / "sweep.py", root
