@@ -6,13 +6,17 @@ standard library: optuna (grpcio too, for the other nodes' workers), imported in
 functions that use it, installed on the nodes when a sweep runs.
 
     python3 sweep.py start ROOT NAME SPEC_JSON_FILE   the head (study, gRPC storage proxy on
-                                                      spec "port", its worker), detached
-    python3 sweep.py worker ROOT NAME HEAD_ADDR PORT  another node's worker, detached
+                                                      spec "host", a free port; its worker),
+                                                      detached; prints {"pid", "port", "dir"}
+    python3 sweep.py worker ROOT NAME HEAD_ADDR PORT [RANK]
+                                                      another node's worker, detached; its pid
+                                                      in ROOT/jobs/sweep-NAME.worker/pid
     python3 sweep.py status|results ROOT NAME         one JSON document (results: every trial)
     python3 sweep.py cancel ROOT NAME                 stop the sweep (running trials: SIGTERM)
 
-Files in ROOT/.cloudtrain/sweeps/NAME: journal.log (the study), spec.json, head.log,
-worker.log, trials/NUMBER/metrics.jsonl (the trial's $CLOUDTRAIN_METRICS_FILE).
+Files in ROOT/.cloudtrain/sweeps/NAME: journal.log (the study), spec.json, proxy.json (the
+head's {"host", "port"} once its study and proxy are ready), head.log, worker.log,
+trials/NUMBER/metrics.jsonl (the trial's $CLOUDTRAIN_METRICS_FILE).
 """
 
 from __future__ import annotations
@@ -36,6 +40,10 @@ else:  # on a node: run as a script, its siblings beside it
 
 # -- the commands ---------------------------------------------------------------------------
 
+READY_S = float(os.environ.get("CLOUDTRAIN_SWEEP_READY", "120"))  # start: the head's proxy.json
+LINGER_S = 30.0       # the head serves the study this long at most for workers still leaving
+
+
 def detach(root: str, name: str, args: list[str], log: str) -> int:
     """This file run with ``args`` in its own session (it outlives the SSH connection)."""
     os.makedirs(sdir(root, name), exist_ok=True)
@@ -45,10 +53,48 @@ def detach(root: str, name: str, args: list[str], log: str) -> int:
                                 start_new_session=True).pid
 
 
-def run_head(root: str, name: str) -> int:
-    """The head: the study from spec.json, the gRPC storage proxy, the head's worker. Trials
-    left running by an earlier head (a recovered cluster resuming the journal) are told FAIL."""
+def write_json(path: str, doc: dict) -> None:
+    with open(path + ".tmp", "w") as f:
+        json.dump(doc, f)
+    os.replace(path + ".tmp", path)
+
+
+def node_label(spec: dict, rank: int) -> str:
+    """How results name a node: its internal address from the spec's ``nodes`` (local nodes
+    share a host name), else the host name."""
+    nodes = spec.get("nodes")
+    if isinstance(nodes, list) and 0 <= rank < len(nodes) and isinstance(nodes[rank], str):
+        return nodes[rank]
+    return socket.gethostname()
+
+
+def serve(storage: Any, host: str) -> int:
+    """Optuna's gRPC storage proxy on ``host`` (the head's internal address, never every
+    interface: the proxy has no authentication) and a port free there; the port once it
+    answers. Raises OSError when five ports in a row would not serve."""
     import optuna
+    for _ in range(5):
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+            s.bind((host, 0))
+            port = int(s.getsockname()[1])
+        t = threading.Thread(target=optuna.storages.run_grpc_proxy_server, args=(storage,),
+                             kwargs={"host": host, "port": port}, daemon=True)
+        t.start()
+        deadline = time.time() + 20
+        while t.is_alive() and time.time() < deadline:
+            try:
+                socket.create_connection((host, port), timeout=1).close()
+                return port
+            except OSError:
+                time.sleep(0.1)
+    raise OSError(f"the gRPC storage proxy would not listen on {host}")
+
+
+def run_head(root: str, name: str) -> int:
+    """The head: the study from spec.json, the gRPC storage proxy (when the spec names the
+    head's ``host``: other nodes run workers), proxy.json, the head's worker; at the end it
+    serves the study a while longer for the workers still leaving. Trials left running by
+    an earlier head (a recovered cluster resuming the journal) are told FAIL."""
     from optuna.trial import TrialState
     with open(os.path.join(sdir(root, name), "spec.json")) as f:
         spec = json.load(f)
@@ -59,39 +105,115 @@ def run_head(root: str, name: str) -> int:
         tell(study, number, TrialState.FAIL)
     if lost:
         study.set_user_attr("lost", study.user_attrs.get("lost", []) + lost)
-    if spec.get("port"):
-        threading.Thread(target=optuna.storages.run_grpc_proxy_server, args=(storage,),
-                         kwargs={"host": "0.0.0.0", "port": int(spec["port"])},
-                         daemon=True).start()
-    work(root, study)
+    host = spec.get("host")
+    port = serve(storage, host) if isinstance(host, str) and host else None
+    write_json(os.path.join(sdir(root, name), "proxy.json"), {"host": host, "port": port})
+    work(root, study, node_label(spec, 0))
+    if port is not None:
+        wait_for_workers(study, [node_label(spec, r)
+                                 for r in range(1, len(spec.get("nodes") or []))])
     print(json.dumps(report(study, with_trials=False)), flush=True)
     return 0
 
 
-def run_worker(root: str, name: str, host: str, port: int) -> int:
-    """Another node's worker: the study through the head's gRPC storage proxy."""
+def wait_for_workers(study: Any, labels: list[str], limit: float = LINGER_S) -> None:
+    """Until every other node's worker said it left (``left:LABEL``), at most ``limit`` s."""
+    deadline = time.time() + limit
+    while time.time() < deadline:
+        attrs = study.user_attrs
+        if all(f"left:{label}" in attrs for label in labels):
+            return
+        time.sleep(0.2)
+
+
+def run_worker(root: str, name: str, host: str, port: int, rank: int) -> int:
+    """Another node's worker: the study through the head's gRPC storage proxy, its sampler
+    seeded ``seed + rank`` (the same seed on two nodes would draw the same params). Once the
+    sweep has ended it says it left and marks the end of the sweep's job on this node
+    (ROOT/jobs/sweep-NAME/rc, which ``down: true`` waits for); a worker that fails (the head
+    lost) marks nothing."""
+    import optuna
     from optuna.storages import GrpcStorageProxy
-    work(root, open_study(GrpcStorageProxy(host=host, port=port), name))
+    proxy = GrpcStorageProxy(host=host, port=port)
+    proxy.wait_server_ready(timeout=60)
+    spec = optuna.load_study(study_name=name, storage=proxy).user_attrs["spec"]
+    seed = spec.get("seed")
+    study = open_study(proxy, name, dict(spec, seed=None if seed is None else seed + rank))
+    label = node_label(spec, rank)
+    work(root, study, label)
+    study.set_user_attr(f"left:{label}", time.time())
+    end = os.path.join(root, "jobs", f"sweep-{name}")
+    os.makedirs(end, exist_ok=True)
+    with open(os.path.join(end, "rc"), "w") as f:
+        f.write("0\n")
+    print(json.dumps({"left": label}), flush=True)
     return 0
 
 
-def work(root: str, study: Any) -> None:
+def work(root: str, study: Any, label: str) -> None:
     """This node's worker over the node's queue, until the sweep has ended."""
     grace = float(study.user_attrs["spec"].get("stop_grace", 10))
     dispatch = QueueDispatch(root, f"sweep:{study.study_name}", grace)
-    Worker(root, study, dispatch, socket.gethostname()).run()
+    Worker(root, study, dispatch, label).run()
 
 
 def start(root: str, name: str, spec_file: str) -> int:
+    """spec.json, the head detached, then wait (READY_S at most) for its proxy.json."""
     os.makedirs(sdir(root, name), exist_ok=True)
     with open(spec_file) as f:
         spec = json.load(f)
-    path = os.path.join(sdir(root, name), "spec.json")
-    with open(path + ".tmp", "w") as f:
-        json.dump(spec, f)
-    os.replace(path + ".tmp", path)
+    write_json(os.path.join(sdir(root, name), "spec.json"), spec)
+    ready = os.path.join(sdir(root, name), "proxy.json")
+    if os.path.exists(ready):
+        os.remove(ready)                   # an earlier head's (a resumed sweep)
     pid = detach(root, name, ["head", root, name], "head.log")
-    print(json.dumps({"pid": pid, "dir": sdir(root, name)}))
+    deadline = time.time() + READY_S
+    while not os.path.exists(ready):
+        gone = _reaped(pid)
+        if gone or time.time() > deadline:
+            said = "the sweep's head " + ("exited" if gone else f"was not ready after "
+                                          f"{READY_S:g} s") + ": " + \
+                _tail(os.path.join(sdir(root, name), "head.log"))
+            print(json.dumps({"pid": pid, "error": said}))
+            print(said, file=sys.stderr)
+            return 1
+        time.sleep(0.1)
+    with open(ready) as f:
+        port = json.load(f).get("port")
+    print(json.dumps({"pid": pid, "port": port, "dir": sdir(root, name)}))
+    return 0
+
+
+def _reaped(pid: int) -> bool:
+    """True when ``pid`` (our child) has exited (reaped here, so that it is no zombie)."""
+    try:
+        return os.waitpid(pid, os.WNOHANG)[0] == pid
+    except ChildProcessError:
+        return True
+
+
+def _tail(path: str, limit: int = 600) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.path.getsize(path) - limit))
+            return f.read().decode(errors="replace").strip()
+    except OSError:
+        return "(no log)"
+
+
+def start_worker(root: str, name: str, host: str, port: str, rank: str) -> int:
+    """A worker detached; its pid in ROOT/jobs/sweep-NAME.worker/pid (the node's guard counts
+    it as work; that job id is in no ``down_on_end``: a worker's end alone never stops the
+    node). An earlier sweep's end mark of the same name is removed first."""
+    end = os.path.join(root, "jobs", f"sweep-{name}", "rc")
+    if os.path.exists(end):
+        os.remove(end)
+    pid = detach(root, name, ["worker-run", root, name, host, port, rank], "worker.log")
+    job = os.path.join(root, "jobs", f"sweep-{name}.worker")
+    os.makedirs(job, exist_ok=True)
+    with open(os.path.join(job, "pid"), "w") as f:
+        f.write(f"{pid}\n")
+    print(json.dumps({"pid": pid, "job": f"sweep-{name}.worker"}))
     return 0
 
 
@@ -114,14 +236,13 @@ def main(argv: list[str]) -> int:
     args = [os.path.abspath(os.path.expanduser(args[0]))] + args[1:] if args else args
     if cmd == "start" and len(args) == 3:
         return start(*args)
-    if cmd == "worker" and len(args) == 4:
-        pid = detach(args[0], args[1], ["worker-run", *args], "worker.log")
-        print(json.dumps({"pid": pid}))
-        return 0
+    if cmd == "worker" and len(args) in (4, 5) and all(a.isdigit() for a in args[3:]):
+        return start_worker(args[0], args[1], args[2], args[3],
+                            args[4] if len(args) == 5 else "1")
     if cmd == "head" and len(args) == 2:
         return run_head(*args)
-    if cmd == "worker-run" and len(args) == 4:
-        return run_worker(args[0], args[1], args[2], int(args[3]))
+    if cmd == "worker-run" and len(args) == 5:
+        return run_worker(args[0], args[1], args[2], int(args[3]), int(args[4]))
     if cmd in ("status", "results", "cancel") and len(args) == 2:
         return show(args[0], args[1], cmd)
     print(__doc__, file=sys.stderr)
