@@ -42,15 +42,17 @@ else:  # on a node: run as a script, its siblings beside it
 
 READY_S = float(os.environ.get("CLOUDTRAIN_SWEEP_READY", "120"))  # start: the head's proxy.json
 LINGER_S = 30.0       # the head serves the study this long at most for workers still leaving
+FINAL_READ_S = 60.0   # ...and waits this long at most for a reader to fetch the final results
 
 
 def detach(root: str, name: str, args: list[str], log: str) -> int:
-    """This file run with ``args`` in its own session (it outlives the SSH connection)."""
+    """This file run with ``args`` in its own session (it outlives the SSH connection), in
+    ROOT: the trials it submits start there (their script goes into ROOT's ``workdir``)."""
     os.makedirs(sdir(root, name), exist_ok=True)
     with open(os.path.join(sdir(root, name), log), "ab") as f:
         return subprocess.Popen([sys.executable, os.path.abspath(__file__), *args],
                                 stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
-                                start_new_session=True).pid
+                                start_new_session=True, cwd=root).pid
 
 
 def write_json(path: str, doc: dict) -> None:
@@ -109,19 +111,24 @@ def run_head(root: str, name: str) -> int:
     port = serve(storage, host) if isinstance(host, str) and host else None
     write_json(os.path.join(sdir(root, name), "proxy.json"), {"host": host, "port": port})
     work(root, study, node_label(spec, 0))
-    if port is not None:
-        wait_for_workers(study, [node_label(spec, r)
-                                 for r in range(1, len(spec.get("nodes") or []))])
+    others = [node_label(spec, r) for r in range(1, len(spec.get("nodes") or []))] \
+        if port is not None else []
+    linger(study, others)
     print(json.dumps(report(study, with_trials=False)), flush=True)
     return 0
 
 
-def wait_for_workers(study: Any, labels: list[str], limit: float = LINGER_S) -> None:
-    """Until every other node's worker said it left (``left:LABEL``), at most ``limit`` s."""
-    deadline = time.time() + limit
-    while time.time() < deadline:
-        attrs = study.user_attrs
-        if all(f"left:{label}" in attrs for label in labels):
+def linger(study: Any, labels: list[str], workers_s: float = LINGER_S,
+           read_s: float = FINAL_READ_S) -> None:
+    """The sweep has ended; the head (the sweep's job: its end may take the nodes down) goes
+    on until every other node's worker said it left (``left:LABEL``; at most ``workers_s``),
+    and until ``results`` has read the final document once (``read_final``, so that the
+    laptop's ledger holds every trial; at most ``read_s``: nobody may be reading)."""
+    start = time.time()
+    while True:
+        attrs, now = study.user_attrs, time.time()
+        left = now >= start + workers_s or all(f"left:{label}" in attrs for label in labels)
+        if left and ("read_final" in attrs or now >= start + read_s):
             return
         time.sleep(0.2)
 
@@ -218,8 +225,9 @@ def start_worker(root: str, name: str, host: str, port: str, rank: str) -> int:
 
 
 def show(root: str, name: str, cmd: str) -> int:
-    """status, results, or cancel: mark the study stopped (every worker then cancels its
-    running trials on its next poll)."""
+    """status, results (a finished sweep's marks ``read_final``: see linger), or cancel:
+    mark the study stopped (every worker then cancels its running trials on its next
+    poll)."""
     study = read_study(root, name)
     if study is None:
         print(json.dumps({"name": name, "error": "no such sweep on this node"}))
@@ -227,7 +235,10 @@ def show(root: str, name: str, cmd: str) -> int:
     if cmd == "cancel" and "stop" not in study.user_attrs:
         study.set_user_attr("stop", {"reason": "cancelled (sweep cancel)", "at": time.time(),
                                      "by": "cancel"})
-    print(json.dumps(report(study, with_trials=cmd == "results")))
+    doc = report(study, with_trials=cmd == "results")
+    if cmd == "results" and doc["finished"] and "read_final" not in study.user_attrs:
+        study.set_user_attr("read_final", time.time())     # the head may end now: linger()
+    print(json.dumps(doc))
     return 0
 
 

@@ -8,6 +8,7 @@ through ``CLOUDTRAIN_TRIAL_ARGS``, quoted by the shell)."""
 from __future__ import annotations
 
 import shlex
+from pathlib import PurePosixPath
 from typing import TYPE_CHECKING
 
 from cloudtrain.pipeline import sync, torchrun
@@ -34,12 +35,14 @@ def train_line(task: Task, gpus: int) -> str:
 
 
 def trial_script(task: Task, head: NodeRow, gpus: int) -> str:
-    """The trial's shell body: into the synced workdir (the node's Python first on PATH),
-    then the task's command."""
-    lines = []
+    """The trial's shell body: the task's envs, into the synced workdir (the node's Python
+    first on PATH), then the task's command. Every node runs the same script, each in its
+    own workdir: the driver starts the trials in the node's root (node/sweep.py), which
+    holds it (``workdir``, as pipeline/sync.py puts it there)."""
+    lines = [f"export {k}={shlex.quote(str(v))}" for k, v in task.envs.items()]
     if head.python_bin:
         lines.append(f"export PATH={shlex.quote(head.python_bin)}:\"$PATH\"")
-    wd = shlex.quote(sync.workdir_on(head))
+    wd = shlex.quote(PurePosixPath(sync.workdir_on(head)).name)
     lines.append(f"mkdir -p {wd} && cd {wd} || exit 1")
     lines.append(str(task.run) if task.run is not None else train_line(task, gpus))
     return "\n".join(lines) + "\n"
