@@ -36,6 +36,10 @@ if __package__:
 else:  # on a node: run as a script, its siblings beside it
     from sweepstudy import journal, open_study, read_study, report, sdir, tell  # type: ignore[no-redef]  # the shipped sibling
     from sweepwork import QueueDispatch, Worker  # type: ignore[no-redef]  # the shipped sibling
+    # The node's queue.py lies beside this file: once the siblings are in, the standard
+    # library's ``queue`` (grpc's thread pool imports it) must not resolve to it.
+    sys.path[:] = [p for p in sys.path
+                   if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
 
 
 # -- the commands ---------------------------------------------------------------------------
