@@ -122,7 +122,7 @@ def read(env: Env, name: str, cmd: str = "results") -> Results:
     """Sweep ``name``: the driver's document, read from the head and kept in the ledger (the
     sweep's spend and its per-trial rows); once its cluster is gone (``down: true``), the
     ledger's last reading."""
-    from cloudtrain.cluster import connect, get_handle
+    from cloudtrain.cluster import get_handle
 
     from cloudtrain.pipeline.guard import reconcile
 
@@ -131,7 +131,7 @@ def read(env: Env, name: str, cmd: str = "results") -> Results:
     if env.state.get_cluster(rec.cluster) is None:
         return from_ledger(rec, env.state.sweep_trials(name))
     handle = get_handle(env, rec.cluster)
-    group = connect(env, handle, timeout=30)
+    group = sweepnode.head_group(handle)
     try:
         doc = sweepnode.document(handle, group, cmd, name)
     finally:
@@ -174,11 +174,11 @@ def parsed(rec: SweepRow, doc: dict[str, Any]) -> Results:
 
 def cancel(env: Env, name: str) -> str:
     """Stop the sweep on the head (running trials get SIGTERM and their grace)."""
-    from cloudtrain.cluster import connect, get_handle
+    from cloudtrain.cluster import get_handle
 
     rec = find_record(env, name)
     handle = get_handle(env, rec.cluster)
-    group = connect(env, handle, timeout=30)
+    group = sweepnode.head_group(handle)
     try:
         said = sweepnode.on_head(handle, group, "cancel", name).strip()
     finally:
