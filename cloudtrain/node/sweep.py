@@ -153,12 +153,22 @@ def run_worker(root: str, name: str, host: str, port: int, rank: int) -> int:
     label = node_label(spec, rank)
     work(root, study, label)
     study.set_user_attr(f"left:{label}", time.time())
-    end = os.path.join(root, "jobs", f"sweep-{name}")
-    os.makedirs(end, exist_ok=True)
-    with open(os.path.join(end, "rc"), "w") as f:
-        f.write("0\n")
+    mark_end(root, name, 0)
     print(json.dumps({"left": label}), flush=True)
     return 0
+
+
+def end_mark(root: str, name: str) -> str:
+    """ROOT/jobs/sweep-NAME/rc: the end of the sweep's job on this node, as the node guard
+    reads a job's end (``down_on_end``: node/guard.py ``job_ended``)."""
+    return os.path.join(root, "jobs", f"sweep-{name}", "rc")
+
+
+def mark_end(root: str, name: str, code: int) -> None:
+    os.makedirs(os.path.dirname(end_mark(root, name)), exist_ok=True)
+    with open(end_mark(root, name) + ".tmp", "w") as f:
+        f.write(f"{code}\n")
+    os.replace(end_mark(root, name) + ".tmp", end_mark(root, name))
 
 
 def work(root: str, study: Any, label: str) -> None:
@@ -175,8 +185,9 @@ def start(root: str, name: str, spec_file: str) -> int:
         spec = json.load(f)
     write_json(os.path.join(sdir(root, name), "spec.json"), spec)
     ready = os.path.join(sdir(root, name), "proxy.json")
-    if os.path.exists(ready):
-        os.remove(ready)                   # an earlier head's (a resumed sweep)
+    for old in (ready, end_mark(root, name)):   # an earlier head's (a resumed sweep)
+        if os.path.exists(old):
+            os.remove(old)
     pid = detach(root, name, ["head", root, name], "head.log")
     deadline = time.time() + READY_S
     while not os.path.exists(ready):
@@ -216,9 +227,8 @@ def start_worker(root: str, name: str, host: str, port: str, rank: str) -> int:
     """A worker detached; its pid in ROOT/jobs/sweep-NAME.worker/pid (the node's guard counts
     it as work; that job id is in no ``down_on_end``: a worker's end alone never stops the
     node). An earlier sweep's end mark of the same name is removed first."""
-    end = os.path.join(root, "jobs", f"sweep-{name}", "rc")
-    if os.path.exists(end):
-        os.remove(end)
+    if os.path.exists(end_mark(root, name)):
+        os.remove(end_mark(root, name))
     pid = detach(root, name, ["worker-run", root, name, host, port, rank], "worker.log")
     job = os.path.join(root, "jobs", f"sweep-{name}.worker")
     os.makedirs(job, exist_ok=True)
@@ -240,7 +250,8 @@ def show(root: str, name: str, cmd: str) -> int:
         study.set_user_attr("stop", {"reason": "cancelled (sweep cancel)", "at": time.time(),
                                      "by": "cancel"})
     doc = report(study, with_trials=cmd == "results")
-    if cmd == "results" and doc["finished"] and "read_final" not in study.user_attrs:
+    ended = doc["finished"] and not doc["counts"]["running"] and not doc["counts"]["waiting"]
+    if cmd == "results" and ended and "read_final" not in study.user_attrs:
         study.set_user_attr("read_final", time.time())     # the head may end now: linger()
     print(json.dumps(doc))
     return 0
@@ -255,7 +266,12 @@ def main(argv: list[str]) -> int:
         return start_worker(args[0], args[1], args[2], args[3],
                             args[4] if len(args) == 5 else "1")
     if cmd == "head" and len(args) == 2:
-        return run_head(*args)
+        code = 1
+        try:
+            code = run_head(*args)
+        finally:      # the job sweep-NAME ends here (an exception too), not with the pid only
+            mark_end(args[0], args[1], code)
+        return code
     if cmd == "worker-run" and len(args) == 5:
         return run_worker(args[0], args[1], args[2], int(args[3]), int(args[4]))
     if cmd in ("status", "results", "cancel") and len(args) == 2:

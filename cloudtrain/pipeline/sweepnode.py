@@ -8,10 +8,12 @@ grpcio and protobuf on a cluster of several nodes: the workers reach the head's 
 through Optuna's gRPC storage proxy, which the head serves on its internal address only).
 
 The driver's own process is the sweep's job on the head: once ``start`` says its pid, the
-laptop writes it to ``ROOT/jobs/sweep-NAME/pid``, so the guard counts the driver as work, stops
-it with the jobs when the budget is reached, and takes its end (the pid gone) as the end of
-the job ``sweep-NAME``, which ``down: true`` adds to the cluster's ``down_on_end``
-(docs/guard.md): the nodes go down once it has ended and nothing runs or waits."""
+laptop writes it to ``ROOT/jobs/sweep-NAME/pid``, so the guard counts the driver as work and
+stops it with the jobs when the budget is reached; the driver writes ``jobs/sweep-NAME/rc``
+when it exits, the end of the job ``sweep-NAME``, which ``down: true`` adds to the cluster's
+``down_on_end`` (docs/guard.md): the nodes go down once it has ended and nothing runs or
+waits. Each other node runs a worker (its own job ``sweep-NAME.worker``), which marks the
+same end on its node once it saw the sweep end."""
 
 from __future__ import annotations
 
@@ -135,11 +137,11 @@ def said_int(said: str, key: str, cmd: str) -> int:
 
 
 def mark_job(handle: Handle, group: Group, name: str, pid: int) -> None:
-    """``ROOT/jobs/sweep-NAME/pid`` on the head: the guard counts the driver as work, and its
-    end (the pid gone) as the end of the sweep's job (``down_on_end``). (A worker on another
-    node records its own pid, under the job id ``sweep-NAME.worker``, which no
-    ``down_on_end`` names; it marks ``jobs/sweep-NAME/rc`` on its node once the sweep has
-    ended: node/sweep.py.)"""
+    """``ROOT/jobs/sweep-NAME/pid`` on the head: the guard counts the driver as work; the
+    driver marks the end of the sweep's job (``down_on_end``) in ``jobs/sweep-NAME/rc`` when
+    it exits. (A worker on another node records its own pid, under the job id
+    ``sweep-NAME.worker``, which no ``down_on_end`` names; it marks ``jobs/sweep-NAME/rc`` on
+    its node once the sweep has ended: node/sweep.py.)"""
     head = handle.nodes[0]
     d = f"jobs/{driver_job(name)}"
     line = bash(f"r={shlex.quote(head.root_dir)}; case $r in /*) ;; *) r=$HOME/$r ;; esac; "

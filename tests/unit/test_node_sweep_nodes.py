@@ -7,7 +7,7 @@ port it picks, a worker on the other node reaching it there.
   the job ``sweep-NAME.worker`` (work for the node's guard); both nodes run trials, with
   different params (the samplers are seeded seed + rank); once the sweep has ended the
   worker marks the end of the job ``sweep-NAME`` on its node, and the head ends once the
-  final results were read;
+  final results were read, marking it on its own;
 - the proxy listens on the head's address only, not on every interface;
 - a worker whose head is lost ends without marking the sweep's end: its node's guard never
   sees the job ``sweep-NAME`` end (``down_on_end`` does not fire);
@@ -121,12 +121,15 @@ def test_two_nodes_share_the_study_and_the_worker_marks_the_sweeps_end(tmp_path:
     rc, res = cmd(head, "results", str(root0), "s")
     assert rc == 0 and res["finished"]
     assert wait(lambda: not alive(started["pid"]), 30)
+    assert (root0 / "jobs/sweep-s/rc").read_text() == "0\n"    # the head's end of sweep-s
+    assert guard.job_ended(str(root0), "sweep-s") is not None
 
 
 def test_the_proxy_listens_on_the_heads_address_only(tmp_path: Path) -> None:
     head, root0 = shipped(tmp_path, "n0")
     rc, started = cmd(head, "start", str(root0), "s",
-                      str(spec(tmp_path, TRIAL.replace("range(1, 4)", "range(1, 400)"))))
+                      str(spec(tmp_path, TRIAL.replace("range(1, 4)", "range(1, 400)"),
+                               nodes=[HEAD])))
     assert rc == 0, started
     try:
         socket.create_connection((HEAD, started["port"]), timeout=5).close()
@@ -134,7 +137,9 @@ def test_the_proxy_listens_on_the_heads_address_only(tmp_path: Path) -> None:
             socket.create_connection((OTHER, started["port"]), timeout=5).close()
     finally:
         assert cmd(head, "cancel", str(root0), "s")[0] == 0
-        assert wait(lambda: not alive(started["pid"]), 60)
+        # Its trials stop; once a reader has the final results (nothing runs), it ends.
+        assert wait(lambda: cmd(head, "results", str(root0), "s")[0] == 0
+                    and not alive(started["pid"]), 60)
 
 
 def test_a_worker_that_loses_the_head_never_marks_the_sweeps_end(tmp_path: Path) -> None:
