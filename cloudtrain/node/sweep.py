@@ -47,6 +47,7 @@ else:  # on a node: run as a script, its siblings beside it
 READY_S = float(os.environ.get("CLOUDTRAIN_SWEEP_READY", "120"))  # start: the head's proxy.json
 LINGER_S = 30.0       # the head serves the study this long at most for workers still leaving
 FINAL_READ_S = 60.0   # ...and waits this long at most for a reader to fetch the final results
+ANSWER_S = 5.0        # after that read: time for its answer to reach the laptop over SSH
 
 
 def detach(root: str, name: str, args: list[str], log: str) -> int:
@@ -127,12 +128,15 @@ def linger(study: Any, labels: list[str], workers_s: float = LINGER_S,
     """The sweep has ended; the head (the sweep's job: its end may take the nodes down) goes
     on until every other node's worker said it left (``left:LABEL``; at most ``workers_s``),
     and until ``results`` has read the final document once (``read_final``, so that the
-    laptop's ledger holds every trial; at most ``read_s``: nobody may be reading)."""
+    laptop's ledger holds every trial; at most ``read_s``: nobody may be reading), plus
+    ANSWER_S after that read (the node going down would cut the reader's SSH session)."""
     start = time.time()
     while True:
         attrs, now = study.user_attrs, time.time()
         left = now >= start + workers_s or all(f"left:{label}" in attrs for label in labels)
-        if left and ("read_final" in attrs or now >= start + read_s):
+        read = attrs.get("read_final")
+        if left and (isinstance(read, (int, float)) and now >= read + ANSWER_S
+                     or now >= start + read_s):
             return
         time.sleep(0.2)
 

@@ -146,6 +146,14 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
+def _dashed(arg: str) -> str:
+    """``--batch_size`` as ``--batch-size``: a sweep's parameter names have no dashes."""
+    if not arg.startswith("--"):
+        return arg
+    name, eq, value = arg.partition("=")
+    return name.replace("_", "-") + eq + value
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description="DDP training template: run with `python train.py` or under torchrun.",
@@ -219,7 +227,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="log training loss every N steps (0 disables)")
     g.add_argument("--sleep-per-step", type=_non_negative_float, default=0.0, metavar="SECONDS",
                    help="sleep after each step (to watch a demo, or to test interruptions)")
-    args = p.parse_args(argv)
+    args = p.parse_args([_dashed(a) for a in (sys.argv[1:] if argv is None else argv)])
     if args.hidden % args.heads:
         p.error(f"--heads {args.heads} must divide --hidden {args.hidden}")
     trial = trial_dir()
