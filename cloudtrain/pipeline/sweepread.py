@@ -133,7 +133,7 @@ def read(env: Env, name: str, cmd: str = "results") -> Results:
     handle = get_handle(env, rec.cluster)
     group = sweepnode.head_group(handle)
     try:
-        doc = sweepnode.document(handle, group, cmd, name)
+        doc = sweepnode.document(handle, group, "results", name)   # status counts trials too
     finally:
         group.close()
     res = parsed(rec, doc)
