@@ -198,19 +198,34 @@ def drive(env: Env, sw: Sweep, handle: Handle, group: Group, *, record: bool = T
     sweepnode.put_rules(env, handle, group, sw.task, sweepnode.Rules(
         sweepnode.driver_job(sw.name), sw.spec.max_cost_usd, sw.spec.down, grace))
     if driver:
-        sweepnode.start_driver(handle, group, sw.name, spec_json(sw, handle.nodes[0]))
+        got = sweepnode.start_driver(handle, group, sw.name, spec_json(sw, handle.nodes))
+        env.ui.info(started_words(got))
     return rec
 
 
-def spec_json(sw: Sweep, head: NodeRow) -> str:
+def started_words(got: sweepnode.Started) -> str:
+    """What was started where, in one line."""
+    if got.port is None:
+        return f"Sweep driver on the head: pid {got.pid}."
+    workers = ", ".join(f"node {r} pid {p}" for r, p in sorted(got.workers.items()))
+    return (f"Sweep driver on the head: pid {got.pid}, its study served to the other nodes at "
+            f"{got.host}:{got.port} (the head's internal address); workers: {workers}.")
+
+
+def spec_json(sw: Sweep, nodes: list[NodeRow]) -> str:
     """The spec the driver is started with: the sweep file's fields, the trial's ``script``
-    (pipeline/sweepscript.py) and the task's ``stop_grace`` (a pruned trial's)."""
+    (pipeline/sweepscript.py), the task's ``stop_grace`` (a pruned trial's), the GPU
+    ``slots`` of a node, the nodes' internal addresses (``nodes``, by rank: how results name
+    them) and, on several nodes, ``host``: the head's internal address, where it serves the
+    study to the other nodes' workers."""
     from cloudtrain.pipeline.sweepscript import trial_script
 
     doc = sw.spec.model_dump(mode="json")
-    doc.update(name=sw.name, stop_grace=sw.task.stop_grace,
-               script=trial_script(sw.task, head, sw.spec.gpus_per_trial))
-    doc["slots"] = slots_per_node(sw.task)     # a node's worker runs slots // gpus_per_trial
+    doc.update(name=sw.name, stop_grace=sw.task.stop_grace, slots=slots_per_node(sw.task),
+               nodes=[n.internal_ip for n in nodes],
+               script=trial_script(sw.task, nodes[0], sw.spec.gpus_per_trial))
+    if len(nodes) > 1:
+        doc["host"] = nodes[0].internal_ip
     if sw.task.checkpoints:     # the head keeps the study there (node/sweepkeep.py)
         doc["keep"] = {"url": str(sw.task.checkpoints), "env": dict(sw.task.envs)}
     return json.dumps(doc)

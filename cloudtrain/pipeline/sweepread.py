@@ -26,7 +26,7 @@ def read(env: Env, name: str) -> Results:
     sweep's spend and its per-trial rows); once its cluster is gone or stopped, the ledger's
     last reading (the head's own last results when they were kept: sweepdoc.keep_final),
     marked incomplete when it was not the sweep's end."""
-    from cloudtrain.cluster import connect, get_handle
+    from cloudtrain.cluster import get_handle
 
     from cloudtrain.pipeline.guard import reconcile
 
@@ -37,7 +37,7 @@ def read(env: Env, name: str) -> Results:
     if why is not None:
         return from_ledger(rec, env.state.sweep_trials(name), why)
     handle = get_handle(env, rec.cluster)
-    group = connect(env, handle, timeout=30)
+    group = sweepnode.head_group(handle)
     try:
         doc = sweepnode.document(handle, group, "results", name)   # status counts its trials too
     except RemoteError as exc:
@@ -76,11 +76,11 @@ def never_started(rec: SweepRow) -> UserError:
 
 def cancel(env: Env, name: str) -> str:
     """Stop the sweep on the head (running trials get SIGTERM and their grace)."""
-    from cloudtrain.cluster import connect, get_handle
+    from cloudtrain.cluster import get_handle
 
     rec = find_record(env, name)
     handle = get_handle(env, rec.cluster)
-    group = connect(env, handle, timeout=30)
+    group = sweepnode.head_group(handle)
     try:
         said = sweepnode.on_head(handle, group, "cancel", name).strip()
     finally:

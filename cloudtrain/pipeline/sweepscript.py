@@ -58,9 +58,11 @@ def own_workdir(task: Task) -> list[str]:
 
 
 def trial_script(task: Task, head: NodeRow, gpus: int) -> str:
-    """The trial's shell body: the node's Python first on PATH, into the trial's own copy of
-    the synced workdir (:func:`own_workdir`), then the task's command."""
-    lines = []
+    """The trial's shell body: the task's envs, the node's Python first on PATH, into the
+    trial's own copy of the node's synced workdir (:func:`own_workdir`), then the task's
+    command. Every node runs the same script: the driver starts the trials in the node's
+    root (node/sweep.py), and the copy is made from that node's own workdir."""
+    lines = [f"export {k}={shlex.quote(str(v))}" for k, v in task.envs.items()]
     if head.python_bin:
         lines.append(f"export PATH={shlex.quote(head.python_bin)}:\"$PATH\"")
     lines += own_workdir(task)

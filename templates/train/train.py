@@ -23,7 +23,9 @@ Files under --out (only the first process of each node writes checkpoints; only 
 writes the rest):
 
     metrics.jsonl          one JSON object a line: {"step","loss","lr","samples_per_sec"} and
-                           {"step","val_loss"}
+                           {"step","val_loss"}; the same lines are appended to
+                           $CLOUDTRAIN_METRICS_FILE when it is set (a trial of a
+                           ``cloudtrain sweep``: the sweep optimises e.g. val_loss)
     result.json            summary of the run: steps, stop reason, losses, throughput, setup
                            (written at the end of ``Trainer._run``, also after SIGTERM)
     tb/                    TensorBoard event files (if tensorboard is installed)
@@ -34,6 +36,12 @@ writes the rest):
 The checkpoints go to $CLOUDTRAIN_CHECKPOINT_DIR instead when it is set: cloudtrain sets it when
 the task has ``checkpoints: s3://...`` (or gs://, Azure Blob), restores the newest complete
 checkpoint there before the job starts and uploads new ones while it runs.
+
+A trial of a sweep ($CLOUDTRAIN_SWEEP and $CLOUDTRAIN_TRIAL set) keeps its checkpoints in
+sweep-NAME/trial-N under $CLOUDTRAIN_CHECKPOINT_DIR, so that trials neither share nor resume
+each other's. cloudtrain runs each trial in its own copy of the workdir ($CLOUDTRAIN_TRIAL_DIR
+set), so --out is the trial's own; run by another tool in a shared folder, a trial writes under
+--out/sweep-NAME/trial-N instead.
 
 Exit codes: 0 finished (or stopped early), 2 bad arguments or data, 143 stopped by SIGTERM.
 """
@@ -140,6 +148,14 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
+def _dashed(arg: str) -> str:
+    """``--batch_size`` as ``--batch-size``: a sweep's parameter names have no dashes."""
+    if not arg.startswith("--"):
+        return arg
+    name, eq, value = arg.partition("=")
+    return name.replace("_", "-") + eq + value
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description="DDP training template: run with `python train.py` or under torchrun.",
@@ -213,9 +229,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="log training loss every N steps (0 disables)")
     g.add_argument("--sleep-per-step", type=_non_negative_float, default=0.0, metavar="SECONDS",
                    help="sleep after each step (to watch a demo, or to test interruptions)")
-    args = p.parse_args(argv)
+    args = p.parse_args([_dashed(a) for a in (sys.argv[1:] if argv is None else argv)])
     if args.hidden % args.heads:
         p.error(f"--heads {args.heads} must divide --hidden {args.hidden}")
+    trial = trial_dir()
+    if trial is not None and not os.environ.get("CLOUDTRAIN_TRIAL_DIR"):
+        args.out = str(Path(args.out) / trial)   # a trial sharing its workdir: a folder of its own
     return args
 
 
@@ -666,11 +685,23 @@ class Checkpoints:
         return len(steps), dest
 
 
+def trial_dir() -> Path | None:
+    """sweep-NAME/trial-N for a trial of a cloudtrain sweep, else None."""
+    sweep, trial = os.environ.get("CLOUDTRAIN_SWEEP"), os.environ.get("CLOUDTRAIN_TRIAL")
+    if not sweep or not trial:
+        return None
+    return Path(f"sweep-{Path(sweep).name}") / f"trial-{Path(trial).name}"
+
+
 def checkpoint_dir(args: argparse.Namespace) -> Path:
     """$CLOUDTRAIN_CHECKPOINT_DIR when cloudtrain sets it (the task has ``checkpoints:``, a
-    bucket the node uploads them to and restores them from), else --out/checkpoints."""
+    bucket the node uploads them to and restores them from; a sweep's trial: its own folder
+    there), else --out/checkpoints."""
     env = os.environ.get("CLOUDTRAIN_CHECKPOINT_DIR")
-    return Path(env) if env else Path(args.out) / "checkpoints"
+    if not env:
+        return Path(args.out) / "checkpoints"
+    trial = trial_dir()
+    return Path(env) / trial if trial else Path(env)
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
@@ -767,8 +798,13 @@ class Reporter:
         self.tb = SummaryWriter(log_dir=str(out / "tb"), purge_step=None if fresh else start_step)
 
     def record(self, **fields: Any) -> None:
-        self.metrics.write(json.dumps(fields) + "\n")
+        line = json.dumps(fields) + "\n"
+        self.metrics.write(line)
         self.metrics.flush()  # readers (and tests) follow the file while it grows
+        sweep_file = os.environ.get("CLOUDTRAIN_METRICS_FILE")
+        if sweep_file:  # a sweep's trial: the driver reads the same lines there (one append each)
+            with open(sweep_file, "a", encoding="utf-8") as f:
+                f.write(line)
 
     def scalar(self, tag: str, value: float, step: int) -> None:
         if self.tb:
