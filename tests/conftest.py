@@ -76,6 +76,15 @@ def processes_with(needle: str) -> list[int]:
     return out
 
 
+def node_bundle(dest: Path) -> None:
+    """The node scripts a sweep needs, copied into ``dest`` as the bootstrap bundle ships them
+    side by side (pipeline/bootstrap.py): every node/sweep*.py, store.py and queue.py."""
+    node = Path(__file__).resolve().parent.parent / "cloudtrain" / "node"
+    dest.mkdir(parents=True, exist_ok=True)
+    for src in [*sorted(node.glob("sweep*.py")), node / "store.py", node / "queue.py"]:
+        (dest / src.name).write_text(src.read_text())
+
+
 def wait_until(pred, timeout: float, step: float = 0.1) -> bool:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from conftest import node_bundle
+
 from cloudtrain.node import sweep, sweepstudy, sweepwork
 from cloudtrain.node.sweepwork import JobView, Worker
 
@@ -201,13 +203,10 @@ def test_a_worker_on_another_node_shares_the_study_through_the_grpc_proxy(
 def _shipped(tmp_path: Path, slots: int = 2) -> Path:
     """sweep.py as the nodes hold it: a plain file beside the node's real queue.py (with
     ``slots`` GPU slots on the node ROOT = tmp_path/root), run with python3."""
-    from cloudtrain.node import queue
 
     node = tmp_path / "node"
     node.mkdir()
-    here = Path(sweep.__file__).parent          # what the bootstrap bundle ships
-    for src in [*sorted(here.glob("sweep*.py")), here / "store.py", Path(queue.__file__)]:
-        (node / src.name).write_text(src.read_text())
+    node_bundle(node)
     (tmp_path / "root" / ".cloudtrain").mkdir(parents=True)
     (tmp_path / "root" / ".cloudtrain" / "slots").write_text(str(slots))
     return node / "sweep.py"

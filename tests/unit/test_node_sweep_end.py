@@ -13,7 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-from cloudtrain.node import queue, sweep
+from conftest import node_bundle
+
 
 TRIAL = r"""
 exec python3 - <<'PY'
@@ -33,9 +34,7 @@ def shipped(tmp: Path) -> tuple[Path, Path]:
     with 2 GPU slots."""
     node, root = tmp / "node", tmp / "root"
     node.mkdir()
-    here = Path(sweep.__file__).parent          # what the bootstrap bundle ships
-    for src in [*sorted(here.glob("sweep*.py")), here / "store.py", Path(queue.__file__)]:
-        (node / src.name).write_text(src.read_text())
+    node_bundle(node)
     (root / ".cloudtrain").mkdir(parents=True)
     (root / ".cloudtrain" / "slots").write_text("2")
     return node / "sweep.py", root

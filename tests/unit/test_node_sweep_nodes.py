@@ -28,7 +28,9 @@ from typing import Any
 
 import pytest
 
-from cloudtrain.node import guard, queue, sweep, sweepstudy, sweepwork
+from conftest import node_bundle
+
+from cloudtrain.node import guard, sweepstudy
 
 pytest.importorskip("grpc")
 
@@ -50,9 +52,7 @@ ENV = {**os.environ, "CLOUDTRAIN_SWEEP_POLL": "0.05"}
 def shipped(tmp_path: Path, node: str) -> tuple[Path, Path]:
     """A node: its copy of the driver beside its queue.py, its ROOT with 2 GPU slots."""
     d = tmp_path / node
-    (d / "bin").mkdir(parents=True)
-    for mod in (sweep, sweepstudy, sweepwork, queue):
-        (d / "bin" / Path(mod.__file__).name).write_text(Path(mod.__file__).read_text())
+    node_bundle(d / "bin")
     (d / "root" / ".cloudtrain").mkdir(parents=True)
     (d / "root" / ".cloudtrain" / "slots").write_text("2")
     return d / "bin" / "sweep.py", d / "root"

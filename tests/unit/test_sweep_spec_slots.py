@@ -35,7 +35,7 @@ def spec(tmp_path: Path, gpus: int) -> dict:
     f = tmp_path / "s.yaml"
     f.write_text(SWEEP.replace("GPUS", str(gpus)))
     head = NodeRow("exp", 0, "i", "127.0.0.1", 22, "u", "127.0.0.1", "running", "/r")
-    return json.loads(spec_json(load(str(f), None), head))
+    return json.loads(spec_json(load(str(f), None), [head]))
 
 
 def test_the_driver_spec_says_each_nodes_gpu_slots(tmp_path: Path) -> None:
