@@ -2,8 +2,8 @@
 12 trials on 2 local nodes x 2 GPU slots, TPE and the median pruner, ``down: true``.
 
 The trials run the template's ``train.py`` (``train:``) through a small wrapper that records,
-outside the nodes, the CUDA_VISIBLE_DEVICES each trial saw, its node (its working directory:
-every local node has its own root) and when it started and ended. The sweep must run 4
+outside the nodes, the CUDA_VISIBLE_DEVICES each trial saw, its node (the root its working
+directory is under: every local node has its own) and when it started and ended. The sweep must run 4
 trials at once at some point and never two at once on one (node, slot), prune at least one
 hopeless trial, finish, name the best, plot, and take the cluster down by itself.
 
@@ -39,7 +39,7 @@ RECORD = """\
 # what this trial saw (its slot, its node, its times) in $TRIAL_LOG, outside the nodes.
 import json, os, signal, subprocess, sys, time
 
-rec = {"trial": int(os.environ["CLOUDTRAIN_TRIAL"]), "node": os.getcwd(),
+rec = {"trial": int(os.environ["CLOUDTRAIN_TRIAL"]), "node": os.getcwd().split("/.cloudtrain/")[0],
        "cuda": os.environ.get("CUDA_VISIBLE_DEVICES"), "start": time.time()}
 child = subprocess.Popen([sys.executable, "-u", "train.py", *sys.argv[1:]])
 signal.signal(signal.SIGTERM, lambda *_: child.send_signal(signal.SIGTERM))
