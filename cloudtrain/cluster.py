@@ -96,10 +96,13 @@ def node_rows(cluster: str, nodes: list[Node]) -> list[NodeRow]:
             for n in sorted(nodes, key=lambda n: n.rank)]
 
 
-def connect(env: Env, handle: Handle, timeout: float = SSH_TIMEOUT) -> Group:
+def connect(env: Env, handle: Handle, timeout: float = SSH_TIMEOUT,
+            nodes: list[NodeRow] | None = None) -> Group:
+    """SSH to the cluster's nodes (``nodes``: only those, e.g. the head alone), the host
+    keys learned as the handle says; nothing is left open when one cannot be reached."""
     from cloudtrain.remote import Group
 
-    group = Group(handle.nodes, handle.keys)
+    group = Group(handle.nodes if nodes is None else nodes, handle.keys)
     try:
         group.connect(timeout=timeout, learn=handle.learn)
     except BaseException:

@@ -86,16 +86,20 @@ def _error_from_validation(exc: ValidationError, located: LocatedYaml, source: s
         hint = f"Did you mean '{close[0]}'?" if close else (
             f"Known fields here: {', '.join(known)}." if known else "Remove it.")
         return SpecError("unknown field", hint=hint, field=dotted, line=line, source=source)
-    msg = one_line(e["msg"])
-    if msg.startswith("Value error, "):
-        msg = msg[len("Value error, "):]
+    return value_error(e, len(errors), dotted or "(top)", line, source)
+
+
+def value_error(e: Any, count: int, field: str, line: int | None, source: str) -> SpecError:
+    """A pydantic error other than an unknown field (the first of ``count``) as the paragraph
+    that names ``field``: what is wrong, what was given, how many problems follow."""
+    msg = one_line(e["msg"]).removeprefix("Value error, ").removeprefix("Assertion failed, ")
     if e["type"] == "missing":
         msg = "is required"
     got = e.get("input")
     if e["type"] not in ("missing", "value_error") and not isinstance(got, (dict, list)):
         msg += f" (got {got!r:.80})"
-    more = f" ({len(errors) - 1} more problem(s) after this one.)" if len(errors) > 1 else ""
-    return SpecError(msg, hint=("Fix it and run again." + more).strip(), field=dotted or "(top)",
+    more = f" ({count - 1} more problem(s) after this one.)" if count > 1 else ""
+    return SpecError(msg, hint=("Fix it and run again." + more).strip(), field=field,
                      line=line, source=source)
 
 

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from cloudtrain.errors import SpecError
 from cloudtrain.names import NAME_RE
-from cloudtrain.spec import one_line
+from cloudtrain.spec import one_line, value_error
 from cloudtrain.taskmodel import MAX_USD
 from cloudtrain.yamlsrc import MAX_BYTES, LocatedYaml, load_located
 
@@ -235,15 +235,7 @@ def _error(exc: ValidationError, located: LocatedYaml, source: str) -> SpecError
         close = get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6)
         hint = f"Did you mean '{close[0]}'?" if close else f"Known fields here: {', '.join(known)}."
         return SpecError("unknown field", hint=hint, field=dotted, line=line, source=source)
-    msg = one_line(e["msg"]).removeprefix("Value error, ").removeprefix("Assertion failed, ")
-    if e["type"] == "missing":
-        msg = "is required"
-    got = e.get("input")
-    if e["type"] not in ("missing", "value_error") and not isinstance(got, (dict, list)):
-        msg += f" (got {got!r:.80})"
-    more = f" ({len(errors) - 1} more problem(s) after this one.)" if len(errors) > 1 else ""
-    return SpecError(msg, hint=("Fix it and run again." + more).strip(), field=dotted,
-                     line=line, source=source)
+    return value_error(e, len(errors), dotted, line, source)
 
 
 def parse_sweep(text: str, source: str = "sweep.yaml") -> Sweep:

@@ -60,17 +60,13 @@ def node_command(handle: Handle, node: NodeRow, cmd: str, *args: str, optuna: bo
         + install + f"exec \"$py\" \"$s\" {shlex.quote(cmd)} \"$r\" {rest}")
 
 
-def head_group(handle: Handle, timeout: float = 30) -> Group:
+def head_group(env: Env, handle: Handle, timeout: float = 30) -> Group:
     """A connection to the head alone: reading or cancelling a sweep needs nothing else
     (with ``down: true`` the other nodes go down as soon as their workers saw the end,
     while the head still waits for the final results to be read)."""
-    group = Group(handle.nodes[:1], handle.keys)
-    try:
-        group.connect(timeout=timeout, learn=handle.learn)
-    except BaseException:
-        group.close()
-        raise
-    return group
+    from cloudtrain.cluster import connect
+
+    return connect(env, handle, timeout, nodes=handle.nodes[:1])
 
 
 def on_head(handle: Handle, group: Group, cmd: str, *args: str, optuna: bool = False,

@@ -37,7 +37,7 @@ def read(env: Env, name: str) -> Results:
     if why is not None:
         return from_ledger(rec, env.state.sweep_trials(name), why)
     handle = get_handle(env, rec.cluster)
-    group = sweepnode.head_group(handle)
+    group = sweepnode.head_group(env, handle)
     try:
         doc = sweepnode.document(handle, group, "results", name)   # status counts its trials too
     except RemoteError as exc:
@@ -80,7 +80,7 @@ def cancel(env: Env, name: str) -> str:
 
     rec = find_record(env, name)
     handle = get_handle(env, rec.cluster)
-    group = sweepnode.head_group(handle)
+    group = sweepnode.head_group(env, handle)
     try:
         said = sweepnode.on_head(handle, group, "cancel", name).strip()
     finally:
