@@ -67,9 +67,11 @@ def detach(root: str, name: str, args: list[str], log: str) -> int:
 
 
 def write_json(path: str, doc: dict) -> None:
-    with open(path + ".tmp", "w") as f:
+    """``doc`` at ``path``, atomically (each thread its own temporary file)."""
+    tmp = f"{path}.{threading.get_ident()}.tmp"
+    with open(tmp, "w") as f:
         json.dump(doc, f)
-    os.replace(path + ".tmp", path)
+    os.replace(tmp, path)
 
 
 def node_label(spec: dict, rank: int) -> str:
@@ -370,12 +372,8 @@ def keep_on_change(root: str, study: Any, done: Any) -> None:
 def keep_results(root: str, study: Any) -> None:
     """ROOT/.cloudtrain/sweeps/NAME/results.json: the ``results`` document, written atomically
     (what the laptop reads when the head is gone: docs/sweep.md, "Reading a sweep")."""
-    path = os.path.join(sdir(root, study.study_name), "results.json")
-    doc = dict(report(study, with_trials=True), written_at=time.time())
-    tmp = f"{path}.{threading.get_ident()}.tmp"      # the thread's and the last write's
-    with open(tmp, "w") as f:
-        json.dump(doc, f)
-    os.replace(tmp, path)
+    write_json(os.path.join(sdir(root, study.study_name), "results.json"),
+               dict(report(study, with_trials=True), written_at=time.time()))
 
 
 def mark_driver(root: str, name: str) -> None:

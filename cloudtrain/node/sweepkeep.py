@@ -36,8 +36,10 @@ from typing import Callable, Iterator
 
 if __package__:
     from cloudtrain.node import store
-else:  # on a node: run as a script, store.py beside it
+    from cloudtrain.node.sweepstudy import sdir
+else:  # on a node: run as a script, store.py and sweepstudy.py beside it
     import store  # type: ignore[no-redef]  # the shipped sibling
+    from sweepstudy import sdir  # type: ignore[no-redef]  # the shipped sibling
 
 KEEP_FILE = "keep.json"
 JOURNAL = "journal.log"
@@ -46,10 +48,6 @@ POLL_S = float(os.environ.get("CLOUDTRAIN_SWEEP_KEEP_POLL", "1"))
 TIMEOUT_S = 600.0            # one transfer, at most
 NOTHING, USAGE, FAILED = 3, 2, 1
 MAX_KEEP_FILE = 1 << 20      # bytes read of keep.json
-
-
-def sdir(root: str, name: str) -> str:
-    return os.path.join(root, ".cloudtrain", "sweeps", name)
 
 
 @dataclass(frozen=True)
