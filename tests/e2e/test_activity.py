@@ -155,13 +155,23 @@ def test_plain_status_after_a_lifetime_a_detached_down_job_and_an_attached_launc
     task = _task(tmp_path, "al", "echo hi", extra="autostop: {idle_minutes: 0.25}\n")
     r = cli.run("launch", str(task), "-y", **FAST)
     assert r.returncode == 0, r.stderr
-    # A detached job with --down, followed to its end by 'logs': the CLI saw it end.
-    task = _task(tmp_path, "dd", "sleep 6; echo done")
+    # A detached job with --down, followed to its end by 'logs': the CLI saw it end. The job
+    # ends once 'logs -f' follows it (a fixed sleep raced a loaded machine's 'logs' start:
+    # a detached --down job's node stops at its end, before a late 'logs' could read it).
+    go = tmp_path / "go"
+    task = _task(tmp_path, "dd", f"echo started; while [ ! -e {go} ]; do sleep 0.1; done; "
+                 "echo done")
     r = cli.run("launch", str(task), "-y", "-d", "--down", **FAST)
     assert r.returncode == 0, r.stderr
     assert _plain(cli, "dd")["status"] == "UP"          # it runs: nothing to predict
-    r = cli.run("logs", "dd", "-f")
-    assert r.returncode == 0 and "done" in r.stdout, r.stdout + r.stderr
+    follow = cli.popen("logs", "dd", "-f")
+    assert follow.stdout is not None
+    seen = [follow.stdout.readline()]
+    while seen[-1] and "started" not in seen[-1]:
+        seen.append(follow.stdout.readline())
+    go.touch()
+    out, err = follow.communicate(timeout=120)
+    assert follow.returncode == 0 and "done" in out, "".join(seen) + out + err
     assert wait_until(lambda: not _alive(cli, "dd"), 30), "the job end did not stop it"
     dd = _plain(cli, "dd")
     assert (dd["status"], dd["expected_stop_reason"]) == ("PROBABLY_STOPPED", "job-end"), dd

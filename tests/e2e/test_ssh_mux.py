@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from cloudtrain_provisioners.local import sshd
 from conftest import CLI, assert_nothing_left, needs_sshd, processes_with, wait_until
 
 pytestmark = [needs_sshd, pytest.mark.e2e]
@@ -103,7 +104,8 @@ def test_a_replaced_node_or_down_never_reuses_a_multiplexed_connection(
     subprocess.run(["/usr/sbin/sshd", "-f", str(d / "sshd_config"), "-E", str(d / "sshd.log")],
                    check=True)
     new_key = " ".join((d / "ssh_host_ed25519_key.pub").read_text().split()[:2])
-    assert wait_until(lambda: (d / "sshd.pid").exists(), 10)
+    # sshd's parent returns before the daemon has written its pid file (read it once it has).
+    assert wait_until(lambda: sshd.pid(d) is not None, 10)
     new_listener = _listener(cli, 1)
     assert new_listener != old_listener
 

@@ -7,12 +7,14 @@ import re
 import shutil
 import signal
 import subprocess
+import time
 from functools import lru_cache
 from pathlib import Path
 
 from cloudtrain.errors import ProviderError, UserError
 
 MARKER = "CLOUDTRAIN_LOCAL_CLUSTER"
+START_WAIT_S = 15.0   # how long a started sshd may take to write its pid file
 
 
 def find_sshd() -> str:
@@ -105,9 +107,15 @@ def start(node_dir: Path, netns: str | None = None) -> None:
     if netns:
         cmd = ["ip", "netns", "exec", netns] + cmd
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
-    if proc.returncode != 0:
+    # sshd's parent exits as soon as it has forked the daemon, which writes the pid file
+    # after that: a node is not up (list_nodes would call it 'stopped') until it has.
+    deadline = time.monotonic() + START_WAIT_S
+    while proc.returncode == 0 and pid(node_dir) is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if proc.returncode != 0 or pid(node_dir) is None:
         log = (node_dir / "sshd.log")
-        detail = (proc.stderr.strip() or (log.read_text().strip() if log.exists() else ""))
+        detail = (proc.stderr.strip() or (log.read_text().strip() if log.exists() else "")
+                  or f"no running sshd wrote {node_dir / 'sshd.pid'} in {START_WAIT_S:.0f} s")
         raise ProviderError(f"sshd for local node {node_dir.name} did not start: {detail[-500:]}",
                             "Check that the address and port are free and that sshd is installed.")
 
