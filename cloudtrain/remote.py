@@ -134,7 +134,9 @@ class Group:
     def run(self, command: str | CommandFor, *, stdin: bytes | Callable[[NodeRow], bytes] | None = None,
             on_line: LineSink | None = None, combine: bool = False, timeout: float | None = None,
             ranks: Iterable[int] | None = None,
-            on_done: Callable[[Result], None] | None = None) -> GroupResult:
+            on_done: Callable[[Result], None] | None = None,
+            keep: int | None = None) -> GroupResult:
+        """``keep``: the bytes of each node's stdout kept (Connection.run)."""
         wanted = set(ranks) if ranks is not None else {n.rank for n in self.nodes}
 
         def one(node: NodeRow) -> Result:
@@ -147,7 +149,7 @@ class Group:
                                       "was lost earlier in this command.",
                                       "Check the node with 'cloudtrain status'.")
                 res = conn.run(cmd, stdin=data, on_line=on_line, combine=combine,
-                               timeout=timeout, stop=self.stop)
+                               timeout=timeout, stop=self.stop, keep=keep)
             except BaseException as exc:  # noqa: BLE001 - every node's outcome is kept
                 res = Result(node.rank, None, error=exc)
             return res

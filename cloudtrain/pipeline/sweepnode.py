@@ -69,16 +69,27 @@ def head_group(env: Env, handle: Handle, timeout: float = 30) -> Group:
     return connect(env, handle, timeout, nodes=handle.nodes[:1])
 
 
+ANSWER_MAX_BYTES = 64 * 1024 * 1024
+"""The most of the driver's answer the laptop reads (a node is untrusted input): a results
+document is ~300 bytes per trial, so this holds sweeps of ~200,000 trials."""
+
+
 def on_head(handle: Handle, group: Group, cmd: str, *args: str, optuna: bool = False,
             stdin: bytes | None = None) -> str:
     """Run ``sweep.py CMD`` on the head; its stdout, or RemoteError naming what it said."""
     head = handle.nodes[0]
     line = node_command(handle, head, cmd, *args, optuna=optuna, grpc=len(handle.nodes) > 1)
-    res = group.run(line, timeout=600, stdin=stdin, ranks=[head.rank])[head.rank]
+    res = group.run(line, timeout=600, stdin=stdin, ranks=[head.rank],
+                    keep=ANSWER_MAX_BYTES + 1)[head.rank]
     if not res.ok:
         said = res.stderr.strip()[-600:] or res.stdout.strip()[-600:] or str(res.error or "")
         raise RemoteError(f"The sweep driver's '{cmd}' failed on the head "
                           f"(exit {res.exit_code}): {said}")
+    if len(res.stdout.encode()) > ANSWER_MAX_BYTES:
+        raise RemoteError(f"The sweep driver's '{cmd}' answered more than "
+                          f"{ANSWER_MAX_BYTES:,} bytes; the laptop reads no more from a node.",
+                          "Check the head with 'cloudtrain ssh CLUSTER': its sweep folder may be "
+                          "damaged.")
     return res.stdout
 
 
