@@ -190,3 +190,10 @@ def test_the_cloud_extras_resolve_from_the_index(venv: Venv, tmp_path: Path) -> 
     for sdk in ("boto3", "google-cloud-compute", "azure-identity", "azure-mgmt-compute",
                 "azure-mgmt-network", "azure-mgmt-resource"):
         assert sdk in names, sorted(names)
+    # The line a command prints when an SDK is missing works although cloudtrain is on no
+    # index: pip keeps the installed cloudtrain and adds only the extra's SDK.
+    r = venv.run("-m", "pip", "install", "--dry-run", "--quiet", "--report", str(report),
+                 "cloudtrain[aws]", exe="python", timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    names = {i["metadata"]["name"].lower() for i in json.loads(report.read_text())["install"]}
+    assert "boto3" in names and "cloudtrain" not in names, sorted(names)
