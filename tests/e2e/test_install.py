@@ -20,7 +20,7 @@ import pytest
 from conftest import REPO
 from corevenv import clean_env, core_venv  # noqa: F401  (core_venv: the session's fixture)
 
-pytestmark = pytest.mark.timeout(900)   # the first test builds the venv
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]   # the first test builds the venv
 
 CLOUD_TASK = """\
 name: {name}
