@@ -8,7 +8,8 @@ module that imports the fixture::
 
     from corevenv import core_venv   # noqa: F401  (the fixture: the venv's bin/ directory)
 
-About 15 s on this machine (build ~5 s, venv ~4 s, pip ~8 s); ``BUILD_SECONDS`` records it.
+About 16 s on an idle 2-core machine (build ~5 s, venv ~4 s, pip install ~8 s), 35-55 s while
+other tests load it; ``BUILD_SECONDS`` records the steps, and ``ready`` in its folder keeps them.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ into a clean venv without any cloud extra (tests/corevenv.py), used through that
 task, a cloud task whose SDK is missing (exit 2 with the pip line), the node bootstrap bundle
 from the shipped files, and the extras the README's pip lines name.
 
-The venv costs about 15 s once per session; each test then takes a second or two."""
+The venv costs 15-50 s once per session (shared with test_core_install); each test then takes
+a second or two, the dry-run resolution of the cloud extras 10-40 s (pip waiting on the index)."""
 
 from __future__ import annotations
 
