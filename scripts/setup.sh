@@ -2,8 +2,45 @@
 # Prepare a fresh machine for the demo and the tests: system packages (when root with apt),
 # then a virtual environment in .venv with cloudtrain (editable), its dev extras and PyTorch.
 # Safe to run again: it only installs what is missing.
+# Quiet: what apt, pip and npm print goes to .venv/setup.log (kept from the last run that
+# installed something); a step that fails shows the log's last lines and its path.
+# CLOUDTRAIN_TORCH_INDEX=URL: take PyTorch from that wheel index (e.g. the CPU-only build from
+# https://download.pytorch.org/whl/cpu; PyPI's torch on Linux x86_64 is the CUDA build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+LOG=.venv/setup.log
+# This run's output collects in a temporary file: it becomes $LOG when the run installed
+# something (or failed), so the log is always the last install's, never an ever-growing one.
+TMPLOG=$(mktemp "${TMPDIR:-/tmp}/cloudtrain-setup.XXXXXX")
+trap 'rm -f "$TMPLOG"' EXIT
+
+# Where the log is kept: in .venv once it exists, else next to the temporary file.
+keep_log() {
+    local dest=$LOG
+    [ -d .venv ] || dest=${TMPDIR:-/tmp}/cloudtrain-setup.log
+    cp "$TMPLOG" "$dest"
+    echo "$dest"
+}
+
+# Progress, for a person watching a terminal only (a run that installs takes minutes).
+say() { if [ -t 1 ]; then echo "setup: $*"; fi; }
+
+# quietly WHAT CMD...: run CMD with its output going to the log; on failure say WHAT failed,
+# show the log's last 40 lines and where the whole log is, and stop with CMD's exit code.
+quietly() {
+    local what=$1 rc=0 kept
+    shift
+    printf '\n$ %s\n' "$*" >>"$TMPLOG"
+    "$@" >>"$TMPLOG" 2>&1 || rc=$?
+    if [ "$rc" != 0 ]; then
+        kept=$(keep_log)
+        echo "setup: $what failed (exit $rc); the last 40 lines of its output:" >&2
+        tail -n 40 "$kept" | sed 's/^/  | /' >&2
+        echo "setup: the whole log: $kept" >&2
+        exit "$rc"
+    fi
+}
 
 need=()
 command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ] || need+=(openssh-server)
@@ -18,9 +55,10 @@ for_tests=0; [ "${1:-}" = "--tests" ] && for_tests=1
 [ "$for_tests" = 1 ] && { command -v npm >/dev/null 2>&1 || need+=(npm); }
 if [ "${#need[@]}" -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-        echo "setup: installing ${need[*]}"
-        apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+        say "installing ${need[*]} (apt)"
+        quietly "apt-get update" apt-get update
+        quietly "apt-get install ${need[*]}" env DEBIAN_FRONTEND=noninteractive \
+            apt-get install -y "${need[@]}"
     else
         echo "setup: please install: ${need[*]} (e.g. sudo apt-get install ${need[*]})" >&2
         exit 1
@@ -29,22 +67,37 @@ fi
 
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
-    "$PY" -m venv .venv
+    quietly "creating .venv with $PY" "$PY" -m venv .venv
 fi
 if ! .venv/bin/python -c "import cloudtrain, torch, pytest, paramiko" >/dev/null 2>&1 \
-        || [ pyproject.toml -nt .venv/.installed ]; then
-    .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-    .venv/bin/python -m pip install -q -c constraints-dev.txt torch numpy -e ".[dev]"
+        || [ pyproject.toml -nt .venv/.installed ] || [ constraints-dev.txt -nt .venv/.installed ]; then
+    say "installing cloudtrain (editable), its dev extras and PyTorch into .venv (log: $LOG)"
+    pip=(.venv/bin/python -m pip --disable-pip-version-check)
+    quietly "pip install --upgrade pip" "${pip[@]}" install --upgrade pip
+    if [ -n "${CLOUDTRAIN_TORCH_INDEX:-}" ]; then
+        quietly "pip install torch from $CLOUDTRAIN_TORCH_INDEX" "${pip[@]}" install \
+            -c constraints-dev.txt --index-url "$CLOUDTRAIN_TORCH_INDEX" torch
+    fi
+    quietly "pip install" "${pip[@]}" install -c constraints-dev.txt torch numpy -e ".[dev]"
     touch .venv/.installed
 fi
 # Azurite (the Azure Blob emulator the storage tests start) from npm, into tests/.npm (without
 # Node.js, where apt could not install it, those tests say what is missing).
 if [ "$for_tests" = 1 ] && [ ! -x tests/.npm/node_modules/.bin/azurite-blob ]; then
     if command -v npm >/dev/null 2>&1; then
-        npm install --prefix tests/.npm --no-audit --no-fund --loglevel=error azurite@3 >/dev/null \
-            || echo "setup: warning: 'npm install azurite' failed; the Azure storage tests will fail" >&2
+        say "installing azurite (npm) into tests/.npm"
+        printf '\n$ npm install azurite@3\n' >>"$TMPLOG"
+        if ! npm install --prefix tests/.npm --no-audit --no-fund --loglevel=error azurite@3 \
+                >>"$TMPLOG" 2>&1; then
+            kept=$(keep_log)
+            echo "setup: warning: 'npm install azurite' failed; the Azure storage tests will fail." \
+                 "Its last 40 lines:" >&2
+            tail -n 40 "$kept" | sed 's/^/  | /' >&2
+            echo "setup: the whole log: $kept" >&2
+        fi
     else
         echo "setup: note: no npm here; install Node.js to run the Azure Blob storage tests" >&2
     fi
 fi
+if [ -s "$TMPLOG" ]; then keep_log >/dev/null; fi   # this run installed: its log replaces the last
 echo "setup: ready ($(.venv/bin/python -c 'import torch, cloudtrain; print("cloudtrain", cloudtrain.__version__, "torch", torch.__version__)'))"

@@ -2,22 +2,21 @@
 that needs a cloud's SDK exits 2 with one paragraph naming the pip line, never a traceback,
 and creates nothing; lists of providers say which lack their SDK.
 
-The venv is made once per session (``python -m venv`` and ``pip install -e`` of this
-checkout: its core dependencies only; about 10 s with a warm pip cache). pip must reach an
-index (PyPI, or the machine's configured one)."""
+The venv is made once per session by tests/corevenv.py (the wheel of this checkout in a fresh
+``python -m venv``: its core dependencies only; about 15 s). pip must reach an index (PyPI, or
+the machine's configured one)."""
 
 from __future__ import annotations
 
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from corevenv import core_venv  # noqa: F401  (the session's core-only venv)
 
 AWS_TASK = """\
 name: {name}
@@ -32,18 +31,8 @@ PIP_AWS = "pip install 'cloudtrain[aws]'"
 
 
 @pytest.fixture(scope="session")
-def core_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    venv = tmp_path_factory.mktemp("core-venv")
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    python = venv / "bin" / "python"
-    r = subprocess.run([str(python), "-m", "pip", "install", "-q", "-e", str(REPO)],
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, f"pip install of the core package failed:\n{r.stdout}{r.stderr}"
-    check = subprocess.run([str(python), "-c", "import importlib.util as u; print([m for m in "
-                            "('boto3', 'botocore', 'google', 'azure') if u.find_spec(m)])"],
-                           capture_output=True, text=True, timeout=60)
-    assert check.stdout.strip() == "[]", check.stdout + check.stderr   # no SDK at all
-    return python
+def core_python(core_venv: Path) -> Path:  # noqa: F811
+    return core_venv / "python"   # the wheel in a venv of its own, no SDK (tests/corevenv.py)
 
 
 class CoreCLI:
