@@ -69,7 +69,7 @@ PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
     quietly "creating .venv with $PY" "$PY" -m venv .venv
 fi
-if ! .venv/bin/python -c "import cloudtrain, torch, pytest, paramiko" >/dev/null 2>&1 \
+if ! .venv/bin/python -c "import cloudtrain, torch, pytest, paramiko, xdist" >/dev/null 2>&1 \
         || [ pyproject.toml -nt .venv/.installed ] || [ constraints-dev.txt -nt .venv/.installed ]; then
     say "installing cloudtrain (editable), its dev extras and PyTorch into .venv (log: $LOG)"
     pip=(.venv/bin/python -m pip --disable-pip-version-check)
