@@ -97,7 +97,7 @@ def _one(name: str, ctx: ProviderContext, provider: Provider | None,
 
 def _no_sdk(name: str, module: str) -> ProviderCheck:
     return ProviderCheck(name, False, None, None, detail=f"its SDK ({module}) is not installed",
-                         fix=f"pip install 'cloudtrain[{name}]'")
+                         fix=f"Install it: pip install 'cloudtrain[{name}]'.")
 
 
 def usable_clouds(results: list[ProviderCheck]) -> list[str]:
