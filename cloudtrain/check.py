@@ -73,16 +73,16 @@ def _one(name: str, ctx: ProviderContext, provider: Provider | None,
          timeout: float) -> ProviderCheck:
     from cloudtrain.provider import registry
 
-    if provider is None:
-        missing = registry.sdk_missing(name)
-        if missing is not None:
-            return _no_sdk(name, missing)
-        provider = registry.get(name, ctx)
-    if not isinstance(provider, ChecksAccess):
-        return ProviderCheck(name, True, None, None,
-                             detail="this provider cannot check its access",
-                             fix="Its own documentation says what it needs.")
     try:
+        if provider is None:
+            missing = registry.sdk_missing(name)
+            if missing is not None:
+                return _no_sdk(name, missing)
+            provider = registry.get(name, ctx)
+        if not isinstance(provider, ChecksAccess):
+            return ProviderCheck(name, True, None, None,
+                                 detail="this provider cannot check its access",
+                                 fix="Its own documentation says what it needs.")
         return provider.check_access(timeout)
     except MissingSDK as exc:
         return _no_sdk(name, exc.module)

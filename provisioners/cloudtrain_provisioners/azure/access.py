@@ -15,12 +15,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from cloudtrain import credentials
 from cloudtrain.errors import CloudtrainError
 from cloudtrain.provider import ProviderCheck
 
 from .api import AUTH_HINT, SUBSCRIPTION_ENVS, TOKEN_ENV, Api, AzureClients
 
+FIX_NONE = ("Run 'az login', or set AZURE_CLIENT_ID, AZURE_TENANT_ID and AZURE_CLIENT_SECRET "
+            "(or AZURE_CLIENT_CERTIFICATE_PATH) for a service principal.")
 FIX_NO_SUBSCRIPTION = ("Set AZURE_SUBSCRIPTION_ID (or resources.azure.subscription_id in the "
                        "task), or run 'az account set --subscription ID'.")
 
@@ -30,12 +31,19 @@ def where_found() -> str | None:
     machine; a managed identity is not looked for here, since that takes a network call)."""
     if os.environ.get(TOKEN_ENV, "").strip():
         return f"a bearer token ({TOKEN_ENV})"
-    if not credentials.present("azure"):
-        return None
-    if os.environ.get("AZURE_CLIENT_ID", "").strip():
+    env = {k: os.environ.get(k, "").strip() for k in (
+        "AZURE_CLIENT_ID", "AZURE_CLIENT_SECRET", "AZURE_CLIENT_CERTIFICATE_PATH",
+        "AZURE_FEDERATED_TOKEN_FILE", "AZURE_CONFIG_DIR")}
+    if env["AZURE_CLIENT_ID"] and (env["AZURE_CLIENT_SECRET"]
+                                   or env["AZURE_CLIENT_CERTIFICATE_PATH"]
+                                   or env["AZURE_FEDERATED_TOKEN_FILE"]):
         return "service principal (AZURE_CLIENT_ID)"
-    folder = os.environ.get("AZURE_CONFIG_DIR", "").strip() or str(Path.home() / ".azure")
-    return f"Azure CLI login ({folder})"
+    folder = Path(env["AZURE_CONFIG_DIR"] or Path.home() / ".azure").expanduser()
+    try:
+        cli_login = any(p.is_file() for p in folder.glob("msal_token_cache.*"))
+    except OSError:
+        cli_login = False
+    return f"Azure CLI login ({folder})" if cli_login else None
 
 
 def check(clients: AzureClients, timeout: float) -> ProviderCheck:
@@ -43,7 +51,7 @@ def check(clients: AzureClients, timeout: float) -> ProviderCheck:
     found = where_found()
     if found is None:
         return ProviderCheck("azure", True, None, None,
-                             detail="no Azure credentials found", fix=credentials.how_to("azure"))
+                             detail="no Azure credentials found", fix=FIX_NONE)
     sub = clients.default_subscription()
     if sub is None:
         return ProviderCheck("azure", True, found, False, detail="no subscription is set",
