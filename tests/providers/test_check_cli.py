@@ -199,7 +199,7 @@ def test_check_aws_with_moto_credentials_reaches_the_account_and_regions(
     regions = boto3.client("ec2", region_name="eu-west-1", endpoint_url=moto_url,
                            aws_access_key_id="testing", aws_secret_access_key="testing"
                            ).describe_regions()["Regions"]
-    assert aws["reaches"] == ["account 123456789012",
+    assert aws["reaches"] == ["account 123456789012 as user/moto",
                               f"{len(regions)} regions (default eu-west-1)"]
     r = cloudtrain(env, "check", "aws")
     assert r.returncode == 0

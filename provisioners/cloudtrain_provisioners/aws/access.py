@@ -56,7 +56,9 @@ def check(profile: str | None, timeout: float) -> ProviderCheck:
         who: Any = session.client("sts", region_name=region, config=cfg).get_caller_identity()
     except Exception as exc:  # noqa: BLE001 - classified below
         return _failed(found, classify(exc, "STS GetCallerIdentity"))
-    reaches = [f"account {who.get('Account', '?')}"]
+    arn = str(who.get("Arn", ""))
+    reaches = [f"account {who.get('Account', '?')}"
+               + (f" as {arn.split(':')[-1]}" if ":" in arn else "")]
     try:
         ec2 = session.client("ec2", region_name=region, config=cfg)
         names = sorted(r["RegionName"] for r in ec2.describe_regions()["Regions"])
@@ -65,8 +67,7 @@ def check(profile: str | None, timeout: float) -> ProviderCheck:
         return ProviderCheck("aws", True, found, False, tuple(reaches), err.message,
                              err.hint or AUTH_HINT)
     reaches.append(f"{len(names)} regions (default {region})")
-    return ProviderCheck("aws", True, found, True, tuple(reaches),
-                         detail=f"as {who.get('Arn', '?')}")
+    return ProviderCheck("aws", True, found, True, tuple(reaches))
 
 
 def _failed(found: str | None, err: CloudtrainError) -> ProviderCheck:
