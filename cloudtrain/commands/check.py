@@ -17,12 +17,16 @@ from cloudtrain.commands.base import CONTEXT, guard, handed_providers
 @click.option("--json", "as_json", is_flag=True,
               help="Print a JSON list, one object per provider: provider, sdk, credentials, "
                    "works, reaches, detail, fix, usable.")
+@click.option("--timeout", "timeout", type=click.FloatRange(0.5, 120), default=5.0,
+              show_default=True, metavar="SECONDS",
+              help="How long each network call may take (to connect, and to read its answer).")
 @guard
-def check(providers: tuple[str, ...], as_json: bool) -> None:
+def check(providers: tuple[str, ...], as_json: bool, timeout: float) -> None:
     """Which providers are usable here: for each (default: every installed one; aws, gcp,
     azure, local, ssh), whether its SDK is installed, whether credentials are found, and
-    whether they work, by one cheap read-only call (AWS: the account and its regions; GCP:
-    the project and its zones; Azure: the subscription), each bounded by a few seconds.
+    whether they work, by cheap read-only calls (AWS: the account and its regions; GCP:
+    the project and its zones; Azure: the subscription), each bounded by --timeout
+    seconds (a provider's whole check by 20 s, or 4 x --timeout when that is longer).
     Nothing is created. local and ssh need no account and are always usable.
 
     \b
@@ -36,7 +40,8 @@ def check(providers: tuple[str, ...], as_json: bool) -> None:
     from cloudtrain.provider.contract import ProviderContext
 
     names = checks.chosen(providers, registry.names())
-    results = checks.check(names, ProviderContext(home_path()), handed_providers())
+    results = checks.check(names, ProviderContext(home_path()), handed_providers(),
+                           timeout=timeout, deadline=max(checks.DEADLINE, 4 * timeout))
     if as_json:
         click.echo(json.dumps(checks.as_json(results), indent=2))
     else:

@@ -113,8 +113,12 @@ def cloudtrain(env: dict[str, str], *args: str, cwd: Path | None = None,
                           env=env, cwd=cwd, timeout=120)
 
 
-def checked(env: dict[str, str], *names: str) -> tuple[int, dict[str, dict[str, Any]]]:
-    r = cloudtrain(env, "check", *names, "--json")
+def checked(env: dict[str, str], *names: str, timeout: float | None = 30
+            ) -> tuple[int, dict[str, dict[str, Any]]]:
+    """``check NAMES --json`` (``timeout``: its --timeout; the fakes can be slow on a busy
+    machine; None: the default)."""
+    more = ("--timeout", str(timeout)) if timeout is not None else ()
+    r = cloudtrain(env, "check", *names, "--json", *more)
     assert "Traceback" not in r.stderr, r.stderr
     return r.returncode, {d["provider"]: d for d in json.loads(r.stdout)}
 
@@ -158,6 +162,8 @@ def test_check_of_an_unknown_provider_exits_2_naming_the_valid_ones(tmp_path: Pa
     assert "Unknown provider: awz." in r.stderr
     assert "Did you mean 'aws'?" in r.stderr
     assert "Valid providers: aws, azure, gcp, local, ssh." in r.stderr
+    r = cloudtrain(hermetic(tmp_path), "check", "--timeout", "0")
+    assert r.returncode == 2 and "--timeout" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_check_of_local_alone_exits_0(tmp_path: Path) -> None:
@@ -201,7 +207,7 @@ def test_check_aws_with_moto_credentials_reaches_the_account_and_regions(
                            ).describe_regions()["Regions"]
     assert aws["reaches"] == ["account 123456789012 as user/moto",
                               f"{len(regions)} regions (default eu-west-1)"]
-    r = cloudtrain(env, "check", "aws")
+    r = cloudtrain(env, "check", "aws", "--timeout", "30")
     assert r.returncode == 0
     assert r.stdout.splitlines()[-1] == "Usable: aws."
     assert outside(env) == ""
@@ -216,7 +222,7 @@ def test_check_aws_whose_endpoint_does_not_answer_says_so_in_time(tmp_path: Path
         silent.listen(8)            # connections complete, nothing ever reads or answers
         env = aws_env(tmp_path, f"http://127.0.0.1:{silent.getsockname()[1]}")
         began = time.monotonic()
-        rc, found = checked(env, "aws")
+        rc, found = checked(env, "aws", timeout=None)   # the default: 5 s per call
         took = time.monotonic() - began
     assert took < 30, took
     assert rc == 1
@@ -228,16 +234,22 @@ def test_check_aws_whose_endpoint_does_not_answer_says_so_in_time(tmp_path: Path
 
 # --- GCP: the GCE fake -----------------------------------------------------------------------
 
+def gcp_env(tmp_path: Path, url: str, key: Path) -> dict[str, str]:
+    """The GCE fake's endpoint, a key file it trusts; any other HTTPS goes to the fake's
+    proxy, which refuses it."""
+    return {**hermetic(tmp_path), "GOOGLE_APPLICATION_CREDENTIALS": str(key),
+            "CLOUDTRAIN_GCP_API_ENDPOINT": url, "CLOUDSDK_CONFIG": str(tmp_path),
+            "HTTPS_PROXY": url, "https_proxy": url,
+            "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
+
+
 def test_check_gcp_with_the_gce_fake_reaches_the_project_and_zones(tmp_path: Path) -> None:
     pytest.importorskip("google.cloud.compute_v1")
     from gce_fake import GCEFake
 
     with GCEFake(require_auth=True) as fake:
         key = fake.service_account_key(tmp_path / "key.json")
-        env = {**hermetic(tmp_path), "GOOGLE_APPLICATION_CREDENTIALS": str(key),
-               "CLOUDTRAIN_GCP_API_ENDPOINT": fake.url, "CLOUDSDK_CONFIG": str(tmp_path),
-               "HTTPS_PROXY": fake.url, "https_proxy": fake.url,
-               "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
+        env = gcp_env(tmp_path, fake.url, key)
         rc, found = checked(env, "gcp")
         zones = sum(len(z) for z in fake.regions.values())
         project = fake.project
@@ -250,6 +262,25 @@ def test_check_gcp_with_the_gce_fake_reaches_the_project_and_zones(tmp_path: Pat
                               f"{zones} zones in {len(fake.regions)} regions"]
     assert asked, "the fake was never asked for the zones"
     assert outside(env) == ""
+
+
+def test_check_gcp_whose_credentials_may_not_list_zones_says_so(tmp_path: Path) -> None:
+    pytest.importorskip("google.cloud.compute_v1")
+    from gce_fake import GCEFake
+
+    with GCEFake(require_auth=True) as fake:
+        fake.fail_http(403, "forbidden", "Required 'compute.zones.list' permission",
+                       method="GET", path=r"/zones$")
+        key = fake.service_account_key(tmp_path / "key.json")
+        env = gcp_env(tmp_path, fake.url, key)
+        rc, found = checked(env, "gcp")
+        project = fake.project
+    gcp = found["gcp"]
+    assert rc == 1
+    assert gcp["credentials"] == f"key file {key} (GOOGLE_APPLICATION_CREDENTIALS)"
+    assert gcp["works"] is False and gcp["usable"] is False
+    assert gcp["reaches"] == [f"project {project}"]
+    assert "compute.zones.list" in gcp["detail"] and "roles/" in gcp["fix"]
 
 
 # --- Azure: the ARM fake ---------------------------------------------------------------------
@@ -266,6 +297,11 @@ def test_check_azure_with_the_arm_fake_reaches_the_subscription(tmp_path: Path) 
     from arm_fake import ArmFake
 
     fake = ArmFake(tmp_path / "arm").start()
+    for name in ("rg-a", "rg-b"):   # what the subscription holds already
+        fake.groups[name] = {"id": f"/subscriptions/{fake.subscription}/resourceGroups/{name}",
+                             "name": name, "type": "Microsoft.Resources/resourceGroups",
+                             "location": "eastus", "tags": {},
+                             "properties": {"provisioningState": "Succeeded"}}
     try:
         env = azure_env(tmp_path, fake, fake.token)
         rc, found = checked(env, "azure")
@@ -276,7 +312,9 @@ def test_check_azure_with_the_arm_fake_reaches_the_subscription(tmp_path: Path) 
     assert rc == 0, az
     assert az["works"] is True and az["usable"] is True
     assert az["credentials"] == "a bearer token (CLOUDTRAIN_AZURE_ACCESS_TOKEN)"
-    assert az["reaches"][0] == f"subscription {fake.subscription} (AZURE_SUBSCRIPTION_ID)"
+    assert az["reaches"] == [f"subscription {fake.subscription} (AZURE_SUBSCRIPTION_ID)",
+                             "2 resource group(s) readable",
+                             f"1 subscription(s) visible: cloudtrain-fake ({fake.subscription})"]
     assert bad_rc == 1
     assert bad["azure"]["works"] is False and "InvalidAuthenticationToken" in bad["azure"]["detail"]
     assert "az login" in bad["azure"]["fix"]

@@ -7,7 +7,7 @@ login, a managed identity); the subscription from CLOUDTRAIN_AZURE_SUBSCRIPTION_
 AZURE_SUBSCRIPTION_ID or the Azure CLI's default; the endpoint and CA bundle from
 CLOUDTRAIN_AZURE_ARM_ENDPOINT and CLOUDTRAIN_AZURE_CA_BUNDLE. One read-only call, tried
 once, its connection and read each bounded by ``timeout`` seconds: the subscription's
-resource groups (the first page).
+resource groups (the first page); then the subscriptions the credential sees.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from cloudtrain.errors import CloudtrainError
 from cloudtrain.provider import ProviderCheck
 
 from .api import AUTH_HINT, SUBSCRIPTION_ENVS, TOKEN_ENV, Api, AzureClients
+
+SUBSCRIPTIONS_API = "2022-12-01"
 
 FIX_NONE = ("Run 'az login', or set AZURE_CLIENT_ID, AZURE_TENANT_ID and AZURE_CLIENT_SECRET "
             "(or AZURE_CLIENT_CERTIFICATE_PATH) for a service principal.")
@@ -71,5 +73,22 @@ def check(clients: AzureClients, timeout: float) -> ProviderCheck:
         return ProviderCheck("azure", True, found, False, reaches, exc.message,
                              exc.hint or AUTH_HINT)
     more = "+" if n >= 100 else ""
+    visible = subscriptions(api)
+    seen = (f"{len(visible)} subscription(s) visible: {', '.join(visible[:5])}"
+            + (", ..." if len(visible) > 5 else ""),) if visible else ()
     return ProviderCheck("azure", True, found, True,
-                         (*reaches, f"{n}{more} resource group(s) readable"))
+                         (*reaches, f"{n}{more} resource group(s) readable", *seen))
+
+
+def subscriptions(api: Api) -> list[str]:
+    """The enabled subscriptions the credential sees ("name (id)"); [] where the endpoint
+    does not list them (some private clouds) or the call is refused: the subscription in use
+    was read already, this only adds what else is reachable."""
+    try:
+        answer = api.rest("list subscriptions", "GET",
+                          f"/subscriptions?api-version={SUBSCRIPTIONS_API}")
+    except CloudtrainError:
+        return []
+    subs = answer.get("value", []) if isinstance(answer, dict) else []
+    return [f"{s.get('displayName') or '?'} ({s.get('subscriptionId')})" for s in subs
+            if isinstance(s, dict) and s.get("state", "Enabled") == "Enabled"]
