@@ -397,3 +397,23 @@ def test_dry_run_and_cost_warn_in_one_line_when_the_cloud_is_not_usable(tmp_path
     cost = cloudtrain(env, "cost", str(task), cwd=tmp_path)
     assert up.returncode == 0 and cost.returncode == 0, up.stderr + cost.stderr
     assert _warnings(up.stdout + up.stderr) == [] and _warnings(cost.stdout + cost.stderr) == []
+
+
+def test_cost_of_an_azure_task_warns_unless_the_providers_token_is_set(tmp_path: Path) -> None:
+    """The warning finds credentials where the azure provider does: with only
+    CLOUDTRAIN_AZURE_ACCESS_TOKEN set (no Azure CLI login), no warning."""
+    task = tmp_path / "task.yaml"
+    task.write_text(TASK.replace("provider: aws", "provider: azure").replace(
+        "region: us-east-1", "region: eastus").replace("instance_type: g4dn.xlarge",
+                                                        "accelerators: T4:1"))
+    env = {**hermetic(tmp_path), "AZURE_CONFIG_DIR": str(tmp_path / "no-azure-cli")}
+    cost = cloudtrain(env, "cost", str(task), cwd=tmp_path)
+    assert cost.returncode == 0, cost.stderr
+    assert _warnings(cost.stderr) == ["warning: azure is not usable here (no credentials "
+                                      "found): 'up' would fail. Run 'cloudtrain check azure' "
+                                      "for what to do."]
+    env["CLOUDTRAIN_AZURE_ACCESS_TOKEN"] = "a-token"
+    cost = cloudtrain(env, "cost", str(task), cwd=tmp_path)
+    assert cost.returncode == 0, cost.stderr
+    assert _warnings(cost.stdout + cost.stderr) == []
+    assert outside(env) == ""
