@@ -87,6 +87,9 @@ def _one(name: str, ctx: ProviderContext, provider: Provider | None,
     except MissingSDK as exc:
         return _no_sdk(name, exc.module)
     except ModuleNotFoundError as exc:
+        if registry.sdk_error(exc) is None:   # not an SDK: a broken install, said as such
+            return ProviderCheck(name, True, "?", False, detail=str(exc),
+                                 fix="Reinstall cloudtrain (and the provider's extra).")
         return _no_sdk(name, exc.name or str(exc))
     except CloudtrainError as exc:
         return ProviderCheck(name, True, "?", False, detail=exc.message, fix=exc.hint)
