@@ -70,6 +70,8 @@ def _gcp() -> bool:
 
 
 def _azure() -> bool:
+    if _env("CLOUDTRAIN_AZURE_ACCESS_TOKEN"):   # the azure provider uses it as is
+        return True
     if _env("AZURE_CLIENT_ID") and (_env("AZURE_CLIENT_SECRET")
                                     or _env("AZURE_CLIENT_CERTIFICATE_PATH")
                                     or _env("AZURE_FEDERATED_TOKEN_FILE")):

@@ -50,6 +50,10 @@ def up(task_file: str, cluster_name: str | None, yes: bool, dry_run: bool, no_bo
     planned = plan.plan(env, task, name)
     if dry_run:
         print_plan(env.ui, planned, name)
+        from cloudtrain.check import warning
+
+        if (line := warning(planned.provider)) is not None:
+            env.ui.warn(line)
         return
     from cloudtrain.errors import CloudtrainError
     from cloudtrain.pipeline import job

@@ -182,6 +182,10 @@ def _run(q: CostQuery) -> None:
         click.echo(json.dumps(doc, indent=2))
         return
     _print(doc, result, h, top)
+    from cloudtrain.check import warning
+
+    if (line := warning(res.provider)) is not None:
+        click.echo(f"warning: {line}", err=True)
     for w in catalog.warnings:
         click.echo(f"warning: {w}", err=True)
 

@@ -37,10 +37,12 @@ from cloudtrain.keys import (USER_KNOWN_HOSTS, generate_host_key, host_entry_nam
 from cloudtrain.names import check as check_name
 from cloudtrain.ownership import (CLUSTER, CREATED, OWNER, RANK, SHARED_RANK, default_owner,
                                   now, owner_hash, owner_of_cluster, split_owner)
-from cloudtrain.provider.contract import (ClusterRequest, CollectsOrphans, HasHostKeySource,
+from cloudtrain.provider.contract import (ChecksAccess, ClusterRequest, CollectsOrphans,
+                                          HasHostKeySource,
                                           HasMasterPort, HasNodeEnv, MarksOwner, NetworkRef,
                                           Node, NodeHealth, NodeState, NodeStatus, Places,
-                                          Plan, Provider, ProviderContext, ReportsAttempts,
+                                          Plan, Provider, ProviderCheck, ProviderContext,
+                                          ReportsAttempts,
                                           ReportsInterruptions, ReportsNodeHealth, SelfStop,
                                           SelfStops, Target)
 from cloudtrain.storage.url import BucketURL, of_scheme as buckets_of_scheme
@@ -77,7 +79,8 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "CLUSTER", "CREATED", "OWNER", "RANK", "SHARED_RANK", "USER_KNOWN_HOSTS", "ClusterRequest",
+    "CLUSTER", "CREATED", "OWNER", "RANK", "SHARED_RANK", "USER_KNOWN_HOSTS", "ChecksAccess",
+    "ClusterRequest", "ProviderCheck",
     "CollectsOrphans", "HasHostKeySource", "HasMasterPort", "HasNodeEnv", "MarksOwner",
     "NetworkRef", "Node", "NodeStatus", "Places", "Plan", "Provider", "ProviderContext",
     "ReportsAttempts",

@@ -366,3 +366,34 @@ class SelfStops(Protocol):
         """The cluster's nodes that stopped themselves, from the cloud (or, for local nodes,
         their files). [] when none did."""
         ...
+
+
+@dataclass(frozen=True)
+class ProviderCheck:
+    """What ``cloudtrain check`` found of one provider: its SDK installed or not; where its
+    credentials were found, in words (None: none found); whether a cheap read-only call with
+    them worked (None: not tried, e.g. no credentials, or no answer in time); what they reach
+    (account, project, subscription, regions), in words; ``detail`` (what went wrong, or a
+    note) and ``fix`` (what to do next, "" when nothing is needed)."""
+
+    provider: str
+    sdk: bool
+    credentials: str | None
+    works: bool | None
+    reaches: tuple[str, ...] = ()
+    detail: str = ""
+    fix: str = ""
+
+    @property
+    def usable(self) -> bool:
+        """The SDK is installed, credentials were found and the read-only call worked."""
+        return self.sdk and self.credentials is not None and self.works is True
+
+
+@runtime_checkable
+class ChecksAccess(Protocol):
+    """``cloudtrain check``: the provider finds its credentials and tries them with one cheap,
+    read-only call (each network call bounded by ``timeout`` seconds), creating nothing. It
+    returns what it found, never raises for missing or refused credentials."""
+
+    def check_access(self, timeout: float) -> ProviderCheck: ...

@@ -560,6 +560,9 @@ class ArmFake:
         m = re.fullmatch(r"/_ops/([0-9a-f]+)(/location)?", low)
         if m:
             return self._poll(m.group(1), bool(m.group(2)))
+        if low == "/subscriptions" and method == "GET":   # the caller's subscriptions
+            return 200, {}, {"value": [{"subscriptionId": self.subscription, "state": "Enabled",
+                                        "displayName": "cloudtrain-fake"}]}
         base = self._base().lower()
         if not low.startswith(base):
             if low.startswith("/subscriptions/"):

@@ -23,12 +23,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
 
 from cloudtrain.errors import AuthError, CapacityError, ProviderError, QuotaError, UserError
-from cloudtrain.provider import (ClusterRequest, NetworkRef, Node, NodeHealth, Plan, SelfStop,
-                                 Target, generate_host_key, host_key_cloud_config)
+from cloudtrain.provider import (ClusterRequest, NetworkRef, Node, NodeHealth, Plan,
+                                 ProviderCheck, SelfStop, Target, generate_host_key,
+                                 host_key_cloud_config)
 from cloudtrain.provider.cloud import Existing
 from cloudtrain.provider.failover import Pin, Unavailable, worst
 
-from . import health, identity, images, instances, network, selfstop, tags, teardown
+from . import access, health, identity, images, instances, network, selfstop, tags, teardown
 from .api import Api, BotoClients, ClientFactory, IamApi
 from .options import AWSOptions
 from .placement import AWSPlacement
@@ -63,6 +64,11 @@ class AWSProvider(AWSPlacement):
         regions = self._record(cluster).get("regions", [])
         if region not in regions:
             self._save(cluster, regions=[*regions, region])
+
+    def check_access(self, timeout: float) -> ProviderCheck:
+        """``cloudtrain check aws`` (see :mod:`.access`)."""
+        profile = self.clients.profile if isinstance(self.clients, BotoClients) else None
+        return access.check(profile, timeout)
 
     # --- contract: check and plan ----------------------------------------------------------
 

@@ -26,12 +26,13 @@ from dataclasses import replace
 from typing import Any, ClassVar
 
 from cloudtrain.errors import NotAsked, ProviderError, UserError
-from cloudtrain.provider import (ClusterRequest, NetworkRef, Node, NodeHealth, Plan, SelfStop,
+from cloudtrain.provider import (ClusterRequest, NetworkRef, Node, NodeHealth, Plan, ProviderCheck,
+                                 SelfStop,
                                  Target, generate_host_key, host_key_cloud_config)
 from cloudtrain.provider.cloud import Existing
 from cloudtrain.provider.failover import Pin, Unavailable, worst
 
-from . import health, identity, images, instances, network, selfstop, tags, teardown
+from . import access, health, identity, images, instances, network, selfstop, tags, teardown
 from .api import Api, AzureClients
 from .options import ZONES, AzureOptions
 from .placement import AzurePlacement
@@ -85,6 +86,10 @@ class AzureProvider(AzurePlacement):
 
     def where(self, region: str, zone: str | None) -> str:
         return f"{region} zone {zone}" if zone else region   # zones are numbered per region
+
+    def check_access(self, timeout: float) -> ProviderCheck:
+        """``cloudtrain check azure`` (see :mod:`.access`)."""
+        return access.check(self.clients, timeout)
 
     # --- contract: check and plan --------------------------------------------------------------
 

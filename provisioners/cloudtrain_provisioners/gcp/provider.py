@@ -23,12 +23,12 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from cloudtrain.errors import AuthError, UserError, code_of
-from cloudtrain.provider import (ClusterRequest, NetworkRef, Node, NodeHealth, Plan, SelfStop,
-                                 Target)
+from cloudtrain.provider import (ClusterRequest, NetworkRef, Node, NodeHealth, Plan,
+                                 ProviderCheck, SelfStop, Target)
 from cloudtrain.provider.cloud import Existing
 from cloudtrain.provider.failover import Pin, Unavailable, worst
 
-from . import health, identity, images, instances, network, selfstop, tags, teardown
+from . import access, health, identity, images, instances, network, selfstop, tags, teardown
 from .api import Api, GoogleClients
 from .options import REGION_RE, ZONE_RE, GCPOptions
 from .placement import GCPPlacement
@@ -107,6 +107,10 @@ class GCPProvider(GCPPlacement):
         if target.zones:
             return [z for z in target.zones if z.startswith(target.region + "-")]
         return images.region_zones(api, project, target.region)
+
+    def check_access(self, timeout: float) -> ProviderCheck:
+        """``cloudtrain check gcp`` (see :mod:`.access`)."""
+        return access.check(self._factory(None), timeout)
 
     # --- contract: check and plan ----------------------------------------------------------
 

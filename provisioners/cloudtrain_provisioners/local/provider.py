@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from cloudtrain.errors import ProviderError, UserError
 from cloudtrain.provider import (ClusterRequest, NetworkRef, Node, NodeHealth, Plan,
-                                 ProviderContext, SelfStop)
+                                 ProviderCheck, ProviderContext, SelfStop)
 
 from . import netns, sshd
 
@@ -65,6 +65,14 @@ class LocalProvider:
 
     def __init__(self, ctx: ProviderContext) -> None:
         self.ctx = ctx
+
+    def check_access(self, timeout: float) -> ProviderCheck:
+        """``cloudtrain check``: nothing to sign in to; nodes are sshd processes here."""
+        has_sshd = shutil.which("sshd") is not None or Path("/usr/sbin/sshd").exists()
+        return ProviderCheck("local", True, "none needed", True, ("this machine",),
+                             "" if has_sshd else "no OpenSSH server (sshd) found",
+                             "" if has_sshd else "Install OpenSSH's server (e.g. apt-get "
+                                                 "install openssh-server) to run local nodes.")
 
     # --- helpers ---------------------------------------------------------------------------
 

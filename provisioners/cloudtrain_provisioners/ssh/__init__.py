@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from cloudtrain.errors import UserError
 from cloudtrain.provider import (USER_KNOWN_HOSTS, ClusterRequest, NetworkRef, Node, Plan,
-                                 ProviderContext, host_entry_name)
+                                 ProviderCheck, ProviderContext, host_entry_name)
 
 DEFAULT_KEYS = ("id_ed25519", "id_ecdsa", "id_rsa")
 
@@ -158,6 +158,11 @@ class SSHProvider:
 
     def _file(self, cluster: str) -> Path:
         return self.ctx.cluster_dir(cluster) / "ssh-hosts.json"
+
+    def check_access(self, timeout: float) -> ProviderCheck:
+        """``cloudtrain check``: no SDK and no account; its hosts and keys are a task's."""
+        return ProviderCheck("ssh", True, "your SSH keys (per host in the task)", True,
+                             ("the hosts a task lists in resources.ssh.hosts",))
 
     @staticmethod
     def _opts(request: ClusterRequest) -> SSHOptions:
