@@ -18,11 +18,7 @@ from typing import Any, Iterator
 
 import pytest
 
-try:   # helper "install" of issue 24 writes tests/corevenv.py (a session fixture core_venv)
-    from corevenv import core_venv  # noqa: F401 - the fixture, found by name below
-    HAVE_CORE_VENV = True
-except ImportError:
-    HAVE_CORE_VENV = False
+from corevenv import core_venv  # noqa: F401 - the fixture (tests/corevenv.py), found by name
 
 CLOUDS = ("aws", "gcp", "azure")
 
@@ -343,18 +339,10 @@ def test_check_with_boto3_missing_says_install_the_extra(tmp_path: Path) -> None
     assert "Traceback" not in r.stderr
 
 
-def test_check_in_a_core_only_venv(request: pytest.FixtureRequest, tmp_path: Path) -> None:
-    """The same through a venv holding only the core package (no cloud SDK at all).
-
-    COORDINATOR: this needs ``tests/corevenv.py`` from helper "install" (issue 24), which
-    defines the session fixture ``core_venv``; once it is merged this test runs as is (it
-    takes the venv's Python from the fixture's value: an object with ``.python``, or the
-    venv's folder). Until then it is skipped, saying so; it is not an importorskip."""
-    if not HAVE_CORE_VENV:
-        pytest.skip("tests/corevenv.py (helper 'install' of issue 24) is not merged into this "
-                    "tree yet: no core-only venv to run 'check' in")
-    venv = request.getfixturevalue("core_venv")
-    python = str(getattr(venv, "python", None) or Path(venv) / "bin" / "python")
+def test_check_in_a_core_only_venv(core_venv: Path, tmp_path: Path) -> None:  # noqa: F811
+    """The same through a venv holding only the core package (no cloud SDK at all): the
+    wheel installed without extras (tests/corevenv.py)."""
+    python = str(core_venv / "python")
     env = hermetic(tmp_path)
     r = cloudtrain(env, "check", "--json", python=python)
     assert r.returncode == 1, r.stderr
