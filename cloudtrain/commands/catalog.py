@@ -118,8 +118,12 @@ def _parse_gpu(spec: str, cat: Catalog) -> tuple[str, float | None]:
         lowered = {k.casefold(): k for k in known}
         canon = lowered.get(name.casefold())
     if canon is None:
+        from cloudtrain.ranking import count_spelling
+
+        spelled = count_spelling(name) if not sep else None
         close = suggest_gpu(name, known) if name else None
-        hint = f"Did you mean '{close}'? " if close else ""
+        hint = (f"Did you mean '{spelled}' (NAME:COUNT)? " if spelled else
+                f"Did you mean '{close}'? " if close else "")
         raise UserError(f"Unknown GPU '{name}'.",
                         hint + "Known GPUs: " + ", ".join(known) + ".")
     return canon, count
