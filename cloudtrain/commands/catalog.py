@@ -179,6 +179,8 @@ def _summary(cat: Catalog, provider: str | None, region: str | None, spot: bool,
               and not (region and o.region.casefold() != region.casefold())]
     offers, hidden = (offers, 0) if fractional else split_fractional(offers)
     for o in offers:
+        if not o.accelerator:
+            continue
         m = models.setdefault(o.accelerator, {"counts": set(), "providers": set(), "mem": set(),
                                               "od": None, "spot": None})
         m["counts"].add(o.accelerator_count)
