@@ -93,11 +93,13 @@ def _error_from_validation(exc: ValidationError, located: LocatedYaml, source: s
 
 
 def top_error(e: Any, count: int, known: list[str], located: LocatedYaml,
-              source: str) -> SpecError:
+              source: str, named: list[str] | None = None) -> SpecError:
     """An error about the file's top level (a rule between fields, e.g. 'run' and 'train'
-    both given) named by the fields its message quotes, at the first one's line."""
-    named = list(dict.fromkeys(n for n in re.findall(r"'([A-Za-z_]+)'", str(e["msg"]))
-                               if n in known))
+    both given) named by the fields its message quotes (or ``named``), at the first one's
+    line."""
+    if named is None:
+        named = list(dict.fromkeys(n for n in re.findall(r"'([A-Za-z_]+)'", str(e["msg"]))
+                                   if n in known))
     err = value_error(e, count, "", None, "")
     given = [n for n in named if isinstance(located.data, dict) and n in located.data]
     line = located.line_of((given[0],)) if given else 1

@@ -235,8 +235,9 @@ def _error(exc: ValidationError, located: LocatedYaml, source: str) -> SpecError
         close = get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6)
         hint = f"Did you mean '{close[0]}'?" if close else f"Known fields here: {', '.join(known)}."
         return SpecError("unknown field", hint=hint, field=dotted, line=line, source=source)
-    if not dotted:   # the file's top level (a rule between fields): name them
-        return top_error(e, len(errors), list(Sweep.model_fields), located, source)
+    if not dotted:   # the sweep's one rule between fields: the grid's (_grid)
+        return top_error(e, len(errors), list(Sweep.model_fields), located, source,
+                         named=["sampler", "params"])
     return value_error(e, len(errors), dotted, line, source)
 
 

@@ -42,14 +42,15 @@ class Row:
 
 
 def _key(o: Offer) -> tuple[object, ...]:
+    # The price to the cent, as the table shows it: rows that read the same are one.
     return (o.provider, o.instance_type, o.accelerator, o.accelerator_count, o.gpu_memory_gib,
-            o.vcpus, o.memory_gib, o.price)
+            o.vcpus, o.memory_gib, None if o.price is None else round(o.price, 2))
 
 
 def fold(offers: list[Offer]) -> list[Row]:
-    """Offers identical but for their region (and spot price, which varies by region) as one
-    row, in the order of the first of them. Only offers sold on demand fold (a spot-only
-    offer's price is its spot price)."""
+    """Offers identical but for their region (and spot price, which varies by region), at
+    the same price to the cent, as one row, in the order of the first of them. Only offers
+    sold on demand fold (a spot-only offer's price is its spot price)."""
     rows: dict[tuple[object, ...], list[Offer]] = {}
     for i, o in enumerate(offers):
         rows.setdefault(_key(o) if o.price is not None else (i,), []).append(o)
