@@ -241,8 +241,7 @@ def _summary(cat: Catalog, provider: str | None, region: str | None, spot: bool,
                    "gpu_memory_gib (per GPU), vcpus, memory_gib, region, price_hourly_usd and "
                    "spot_price_hourly_usd (USD per node-hour; null: not sold so).")
 @guard
-def gpus(gpu: str | None, provider: str | None, region: str | None, spot: bool, limit: int,
-         show_all: bool, models: bool, as_json: bool, fractional: bool) -> None:
+def gpus(gpu: str | None, **options: Any) -> None:
     """GPU offers from the catalog, cheapest first (per node, on-demand; --spot: spot).
 
     \b
@@ -259,14 +258,15 @@ def gpus(gpu: str | None, provider: str | None, region: str | None, spot: bool, 
 
     cat = _catalog()
     _warn(cat)
-    provider = provider.lower() if provider else None
-    if models or (gpu is None and not as_json):
+    provider = options["provider"].lower() if options["provider"] else None
+    region, spot, as_json = options["region"], options["spot"], options["as_json"]
+    if options["models"] or (gpu is None and not as_json):
         if gpu is not None:
             from cloudtrain.errors import UserError
 
             raise UserError("--models lists every GPU model: it takes no NAME.",
                             "e.g. cloudtrain gpus --models --json")
-        _summary(cat, provider, region, spot, as_json, fractional or as_json)
+        _summary(cat, provider, region, spot, as_json, options["fractional"] or as_json)
         return
     if gpu is None:
         offers = [o for o in cat.find(None, None, provider=provider, region=region, spot=spot)
@@ -277,19 +277,25 @@ def gpus(gpu: str | None, provider: str | None, region: str | None, spot: bool, 
     if as_json:
         click.echo(json.dumps([offer_json(o) for o in offers], indent=2))
         return
-    if not offers:
-        click.echo(_no_offers(cat, name, count, provider, region, spot))
-        return
+    nothing = _no_offers(cat, name, count, provider, region, spot)
+    _shown(cat, offers, nothing, options["fractional"] or (
+        count is not None and not float(count).is_integer()),
+        None if options["show_all"] else options["limit"])
+
+
+def _shown(cat: Catalog, offers: list[Any], nothing: str, fractional: bool,
+           limit: int | None) -> None:
+    """The offers' table: slices of a GPU left out unless ``fractional`` (one line says how
+    many), an offer in several regions at one price folded into one row; ``nothing``: what
+    to say when no offer is left."""
     from cloudtrain.catalog.rows import fold, hidden_line, split_fractional
 
-    asked_slice = gpu is not None and count is not None and not float(count).is_integer()
-    offers, hidden = (offers, 0) if fractional or asked_slice else split_fractional(offers)
+    offers, hidden = (offers, 0) if fractional else split_fractional(offers)
     rows = fold(offers)
     if not rows:
-        click.echo(_no_offers(cat, name, count, provider, region, spot))
-        click.echo(hidden_line(hidden), err=True)
-        return
-    _offers_table(cat, rows if show_all else rows[:limit], len(rows), len(offers))
+        click.echo(nothing)
+    else:
+        _offers_table(cat, rows[:limit], len(rows), len(offers))
     if hidden:
         click.echo(hidden_line(hidden), err=True)
 

@@ -19,10 +19,15 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from cloudtrain.pipeline.remote_job import LogSink
+
+class Inner(Protocol):
+    """Where the lines go (remote_job.LogSink): the node's log file, the terminal."""
+
+    def write(self, rank: int, line: str) -> None: ...
+    def echo(self, rank: int, line: str) -> None: ...
+    def close(self) -> None: ...
 
 # Seconds a line waits before it is shown (not with -v): a failing worker's marker arrives
 # within a second or two of its last lines (its process exits first), and with it the other
@@ -74,7 +79,7 @@ class RankSink:
     worker has failed (``watch_markers``: a worker's own failure counts, not only a node's;
     off when torchrun restarts failed workers)."""
 
-    def __init__(self, inner: LogSink, verbose: bool, watch_markers: bool = True,
+    def __init__(self, inner: Inner, verbose: bool, watch_markers: bool = True,
                  hold: float = HOLD, start: float = START) -> None:
         self.inner, self.verbose, self.hold, self.start = inner, verbose, hold, start
         self.t0: float | None = None   # the job's first line
