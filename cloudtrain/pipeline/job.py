@@ -138,4 +138,5 @@ def job_failed(outcome: run.Outcome, name: str, interrupted: list[str]) -> JobFa
     failed = outcome.failure or ranklog.Failed(outcome.failed_node or 0, outcome.failed_rank,
                                                None, outcome.exit_code)
     return JobFailed(outcome.exit_code, outcome.failed_node, ranklog.message(failed),
-                     ranklog.where(name, outcome.failed_node, outcome.logs))
+                     ranklog.where(name, outcome.failed_node, outcome.logs,
+                                   ranks=outcome.failure is not None))

@@ -193,9 +193,10 @@ def message(failed: Failed) -> str:
     return "\n".join([head + " Its last lines:", *(f"  | {ln}" for ln in failed.last)])
 
 
-def where(name: str, node: int | None, logs: Path | None) -> str:
-    """Where the full logs are: the local file, and the command that shows them."""
+def where(name: str, node: int | None, logs: Path | None, ranks: bool = True) -> str:
+    """Where the full logs are: the local file, and the command that shows them (``ranks``:
+    a train job, whose every rank's output ``launch -v`` shows live)."""
     n = 0 if node is None else node
     local = f"{logs / f'node-{n}.log'}, or " if logs is not None else ""
-    return (f"Full logs: {local}'cloudtrain logs {name} --node {n}'; every rank's output "
-            "live: launch -v.")
+    return (f"Full logs: {local}'cloudtrain logs {name} --node {n}'"
+            + ("; every rank's output live: launch -v." if ranks else "."))
