@@ -96,8 +96,13 @@ def show(env: Env, name: str, *, node: int | None, follow: bool, job_id: str | N
                 for line in fh:
                     env.ui.node_line(rank, line.rstrip("\n"))
                     shown += 1
-    if shown == 0 and not (follow and running):
-        where = f"node {node}" if node is not None else "any node"
+    where = f"node {node}" if node is not None else "any node"
+    if shown == 0 and running and follow:
+        env.ui.warn(f"Job {job} of '{name}' printed nothing on {where}.")
+    elif shown == 0 and running:
+        env.ui.warn(f"Job {job} of '{name}' runs and has printed nothing yet on {where}; "
+                    f"follow it: cloudtrain logs {name} -f")
+    elif shown == 0:
         raise UserError(f"Job {job} of '{name}' has no log lines from {where}"
                         + (f" (nodes with logs: {', '.join(map(str, logged))})." if logged
                            else " (it printed nothing, or its nodes are gone)."),
