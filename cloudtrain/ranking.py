@@ -8,6 +8,8 @@ ranking rules are in docs/cost.md; ``planner`` builds the choice for ``up`` on t
 
 from __future__ import annotations
 
+import re
+
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
@@ -221,8 +223,10 @@ def _resolve(resources: Resources, num_nodes: int, offers: list[Offer], *,
             gpu = canonical_gpu(acc.name)
             if gpu is None:
                 known = sorted({o.accelerator for o in offers if o.accelerator})
+                spelled = count_spelling(acc.name)
                 close = suggest_gpu(acc.name, known)
-                hint = f"Did you mean '{close}'? " if close else ""
+                hint = (f"Did you mean '{spelled}' (NAME:COUNT)? " if spelled else
+                        f"Did you mean '{close}'? " if close else "")
                 raise UserError(
                     f"resources.accelerators: unknown GPU '{acc.name}'.",
                     hint + "Known here: " + (", ".join(known[:30]) or "none")
@@ -399,6 +403,22 @@ def _suggest(offers: list[Offer], ask: _Ask, rejected: set[str]) -> list[str]:
         out.insert(0, f"the catalog has no instance type {ask.instance_type}"
                       + (f"; did you mean {close[0]}?" if close else ""))
     return out
+
+
+_COUNT_FIRST = re.compile(r"^\s*(\d+)\s*[x*]\s*(\S.*?)\s*$", re.IGNORECASE)
+_COUNT_LAST = re.compile(r"^\s*(\S.*?)\s*[x*]\s*(\d+)\s*$", re.IGNORECASE)
+
+
+def count_spelling(text: str) -> str | None:
+    """'H100:8' for a count written another way ('H100x8', '8xH100', '8 x h100', 'A100*4'),
+    when the name part is a known GPU; else None."""
+    for pattern, name_at, count_at in ((_COUNT_LAST, 1, 2), (_COUNT_FIRST, 2, 1)):
+        m = pattern.match(text)
+        if m and int(m.group(count_at)) > 0:
+            canon = canonical_gpu(m.group(name_at))
+            if canon is not None:
+                return f"{canon}:{int(m.group(count_at))}"
+    return None
 
 
 def rank(resources: Resources, num_nodes: int, offers: Iterable[Offer], *,

@@ -9,6 +9,7 @@ providers: the provider name and the ``resources.<provider>`` options are checke
 from __future__ import annotations
 
 import math
+import re
 from difflib import get_close_matches
 from pathlib import Path
 from typing import Any
@@ -86,7 +87,25 @@ def _error_from_validation(exc: ValidationError, located: LocatedYaml, source: s
         hint = f"Did you mean '{close[0]}'?" if close else (
             f"Known fields here: {', '.join(known)}." if known else "Remove it.")
         return SpecError("unknown field", hint=hint, field=dotted, line=line, source=source)
-    return value_error(e, len(errors), dotted or "(top)", line, source)
+    if not dotted:   # the file's top level (a rule between fields): name them
+        return top_error(e, len(errors), list(Task.model_fields), located, source)
+    return value_error(e, len(errors), dotted, line, source)
+
+
+def top_error(e: Any, count: int, known: list[str], located: LocatedYaml,
+              source: str, named: list[str] | None = None) -> SpecError:
+    """An error about the file's top level (a rule between fields, e.g. 'run' and 'train'
+    both given) named by the fields its message quotes (or ``named``), at the first one's
+    line."""
+    if named is None:
+        named = list(dict.fromkeys(n for n in re.findall(r"'([A-Za-z_]+)'", str(e["msg"]))
+                                   if n in known))
+    err = value_error(e, count, "", None, "")
+    given = [n for n in named if isinstance(located.data, dict) and n in located.data]
+    line = located.line_of((given[0],)) if given else 1
+    what = ("field" if len(named) == 1 else "fields") + " " + \
+        " and ".join(f"'{n}'" for n in named) if named else "the top level"
+    return SpecError(f"{what}: {err.message}", hint=err.hint, line=line, source=source)
 
 
 def value_error(e: Any, count: int, field: str, line: int | None, source: str) -> SpecError:

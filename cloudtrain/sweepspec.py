@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from cloudtrain.errors import SpecError
 from cloudtrain.names import NAME_RE
-from cloudtrain.spec import one_line, value_error
+from cloudtrain.spec import one_line, top_error, value_error
 from cloudtrain.taskmodel import MAX_USD
 from cloudtrain.yamlsrc import MAX_BYTES, LocatedYaml, load_located
 
@@ -228,13 +228,16 @@ def _error(exc: ValidationError, located: LocatedYaml, source: str) -> SpecError
     errors = sorted(exc.errors(), key=lambda e: 0 if e["type"] == "extra_forbidden" else 1)
     e = errors[0]
     loc = _where(tuple(e["loc"]))
-    dotted = ".".join(str(p) for p in loc) or "(top)"
+    dotted = ".".join(str(p) for p in loc)
     line = located.line_of(loc) if loc else 1
     if e["type"] == "extra_forbidden":
         known = [n for n in Sweep.model_fields] if len(loc) == 1 else list(Objective.model_fields)
         close = get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6)
         hint = f"Did you mean '{close[0]}'?" if close else f"Known fields here: {', '.join(known)}."
         return SpecError("unknown field", hint=hint, field=dotted, line=line, source=source)
+    if not dotted:   # the sweep's one rule between fields: the grid's (_grid)
+        return top_error(e, len(errors), list(Sweep.model_fields), located, source,
+                         named=["sampler", "params"])
     return value_error(e, len(errors), dotted, line, source)
 
 

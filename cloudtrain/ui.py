@@ -29,6 +29,7 @@ def color_ok(stream: IO[str]) -> bool:
 class UI:
     def __init__(self, quiet: bool = False, out: TextIO | None = None, err: TextIO | None = None) -> None:
         self.quiet = quiet
+        self.verbose = False   # launch -v: every rank's output live, tracebacks too
         self.out = out or sys.stdout
         self.err_stream = err or sys.stderr
         self.color = color_ok(self.err_stream)

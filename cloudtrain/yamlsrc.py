@@ -172,7 +172,7 @@ def _build(node: yaml.Node, path: Path_, lines: dict[Path_, int], source: str) -
     # Scalars: let the safe constructor decide the type (int, bool, null, str ...).
     value = _construct_scalar(node, source)
     if isinstance(value, str) and "\0" in value:
-        field = ".".join(str(p) for p in path if not isinstance(p, int)) or "(top)"
+        field = ".".join(str(p) for p in path if not isinstance(p, int))   # "": the document
         raise SpecError("a value contains the NUL character (\\0)", source=source,
                         field=field, line=node.start_mark.line + 1,
                         hint="Remove it: no path, name, command or variable can hold one.")

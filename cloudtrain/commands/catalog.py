@@ -118,8 +118,12 @@ def _parse_gpu(spec: str, cat: Catalog) -> tuple[str, float | None]:
         lowered = {k.casefold(): k for k in known}
         canon = lowered.get(name.casefold())
     if canon is None:
+        from cloudtrain.ranking import count_spelling
+
+        spelled = count_spelling(name) if not sep else None
         close = suggest_gpu(name, known) if name else None
-        hint = f"Did you mean '{close}'? " if close else ""
+        hint = (f"Did you mean '{spelled}' (NAME:COUNT)? " if spelled else
+                f"Did you mean '{close}'? " if close else "")
         raise UserError(f"Unknown GPU '{name}'.",
                         hint + "Known GPUs: " + ", ".join(known) + ".")
     return canon, count
@@ -146,25 +150,36 @@ def _table(columns: tuple[str, ...], rows: Sequence[tuple[str, ...]],
             width=200).print(table)
 
 
-def _footer(cat: Catalog, shown: int, total: int) -> None:
+def _footer(cat: Catalog, shown: int, total: int, offers: int) -> None:
+    """'N rows (of T; --all ...)', how many offers they fold ('+N': more regions), the prices'
+    age."""
     age = cat.age_days()
     where = "snapshot shipped with cloudtrain" if cat.info.kind == "snapshot" else \
         "user-local catalog"
     msg = f"{shown} offer{'s' if shown != 1 else ''}"
     if total > shown:
         msg += f" (of {total}; --all for every one)"
+    if offers > total:
+        msg += (f"; {offers} with their regions: one row for an offer sold at the same price "
+                "in several regions ('+N': N more regions; spot prices from-to; --json lists "
+                "each)")
     msg += (f". Prices: {where}, as of {cat.info.as_of} ({describe_age(age)}); "
             "see 'cloudtrain catalog info'.")
     click.echo(msg, err=True)
 
 
 def _summary(cat: Catalog, provider: str | None, region: str | None, spot: bool,
-             as_json: bool) -> None:
-    """No GPU named: one line per GPU model, cheapest per GPU first."""
+             as_json: bool, fractional: bool = True) -> None:
+    """No GPU named: one line per GPU model, cheapest per GPU first (``fractional``: slices
+    of a GPU per node count too)."""
+    from cloudtrain.catalog.rows import hidden_line, split_fractional
+
     models: dict[str, dict[str, Any]] = {}
-    for o in cat.offers:
-        if not o.accelerator or (provider and o.provider != provider) \
-                or (region and o.region.casefold() != region.casefold()):
+    offers = [o for o in cat.offers if o.accelerator and not (provider and o.provider != provider)
+              and not (region and o.region.casefold() != region.casefold())]
+    offers, hidden = (offers, 0) if fractional else split_fractional(offers)
+    for o in offers:
+        if not o.accelerator:
             continue
         m = models.setdefault(o.accelerator, {"counts": set(), "providers": set(), "mem": set(),
                                               "od": None, "spot": None})
@@ -199,6 +214,8 @@ def _summary(cat: Catalog, provider: str | None, region: str | None, spot: bool,
                      _num(m["spot"], "{:.2f}")))
     _table(("GPU", "MEM/GPU (GiB)", "GPUS/NODE", "PROVIDERS", "FROM $/GPU-H", "SPOT FROM $/GPU-H"),
            rows, right=(1, 4, 5))
+    if hidden:
+        click.echo(hidden_line(hidden), err=True)
     click.echo("Offers for one model: cloudtrain gpus NAME[:COUNT] (e.g. cloudtrain gpus A100:8).",
                err=True)
 
@@ -213,6 +230,9 @@ def _summary(cat: Catalog, provider: str | None, region: str | None, spot: bool,
 @click.option("-n", "--limit", type=click.IntRange(min=1), default=50, show_default=True,
               help="Show at most this many offers (the table; --json lists all).")
 @click.option("--all", "show_all", is_flag=True, help="No limit.")
+@click.option("--fractional", is_flag=True,
+              help="Also offers with a fraction of a GPU per node (shared/vGPU slices such as "
+                   "0.125 of an L4), hidden from the tables otherwise (--json lists them).")
 @click.option("--models", "models", is_flag=True,
               help="One row per GPU model (what the table shows without NAME), also in --json.")
 @click.option("--json", "as_json", is_flag=True,
@@ -221,8 +241,7 @@ def _summary(cat: Catalog, provider: str | None, region: str | None, spot: bool,
                    "gpu_memory_gib (per GPU), vcpus, memory_gib, region, price_hourly_usd and "
                    "spot_price_hourly_usd (USD per node-hour; null: not sold so).")
 @guard
-def gpus(gpu: str | None, provider: str | None, region: str | None, spot: bool, limit: int,
-         show_all: bool, models: bool, as_json: bool) -> None:
+def gpus(gpu: str | None, **options: Any) -> None:
     """GPU offers from the catalog, cheapest first (per node, on-demand; --spot: spot).
 
     \b
@@ -232,19 +251,22 @@ def gpus(gpu: str | None, provider: str | None, region: str | None, spot: bool, 
     cloudtrain gpus --json               every GPU offer of the catalog
 
     NAME takes aliases and any case (a100-40gb, H100-SXM). A query that matches nothing prints
-    so (--json: []) and exits 0; an unknown GPU name exits 2."""
+    so (--json: []) and exits 0; an unknown GPU name exits 2. The tables leave out slices of a
+    GPU (--fractional shows them) and fold an offer sold at the same price in several regions
+    into one row ('us-east1 +5': 5 more regions; --json lists each offer)."""
     from cloudtrain.catalog.model import offer_json
 
     cat = _catalog()
     _warn(cat)
-    provider = provider.lower() if provider else None
-    if models or (gpu is None and not as_json):
+    provider = options["provider"].lower() if options["provider"] else None
+    region, spot, as_json = options["region"], options["spot"], options["as_json"]
+    if options["models"] or (gpu is None and not as_json):
         if gpu is not None:
             from cloudtrain.errors import UserError
 
             raise UserError("--models lists every GPU model: it takes no NAME.",
                             "e.g. cloudtrain gpus --models --json")
-        _summary(cat, provider, region, spot, as_json)
+        _summary(cat, provider, region, spot, as_json, options["fractional"] or as_json)
         return
     if gpu is None:
         offers = [o for o in cat.find(None, None, provider=provider, region=region, spot=spot)
@@ -255,22 +277,41 @@ def gpus(gpu: str | None, provider: str | None, region: str | None, spot: bool, 
     if as_json:
         click.echo(json.dumps([offer_json(o) for o in offers], indent=2))
         return
-    if not offers:
-        click.echo(_no_offers(cat, name, count, provider, region, spot))
-        return
-    _offers_table(cat, offers, offers if show_all else offers[:limit])
+    nothing = _no_offers(cat, name, count, provider, region, spot)
+    _shown(cat, offers, nothing, options["fractional"] or (
+        count is not None and not float(count).is_integer()),
+        None if options["show_all"] else options["limit"])
 
 
-def _offers_table(cat: Catalog, offers: list[Any], shown: list[Any]) -> None:
+def _shown(cat: Catalog, offers: list[Any], nothing: str, fractional: bool,
+           limit: int | None) -> None:
+    """The offers' table: slices of a GPU left out unless ``fractional`` (one line says how
+    many), an offer in several regions at one price folded into one row; ``nothing``: what
+    to say when no offer is left."""
+    from cloudtrain.catalog.rows import fold, hidden_line, split_fractional
+
+    offers, hidden = (offers, 0) if fractional else split_fractional(offers)
+    rows = fold(offers)
+    if not rows:
+        click.echo(nothing)
+    else:
+        _offers_table(cat, rows[:limit], len(rows), len(offers))
+    if hidden:
+        click.echo(hidden_line(hidden), err=True)
+
+
+def _offers_table(cat: Catalog, shown: list[Any], total: int, offers: int) -> None:
+    from cloudtrain.catalog.rows import spot_cell
+
     rows = []
-    for o in shown:
-        mem = o.gpu_memory_gib
+    for row in shown:
+        o, mem = row.offer, row.offer.gpu_memory_gib
         rows.append((o.provider, o.instance_type, f"{o.accelerator}:{o.accelerator_count:g}",
-                     _num(mem), _num(o.vcpus), _num(o.memory_gib), o.region,
-                     _num(o.price, "{:.2f}"), _num(o.spot_price, "{:.2f}")))
+                     _num(mem), _num(o.vcpus), _num(o.memory_gib), row.region_cell,
+                     _num(o.price, "{:.2f}"), spot_cell(row)))
     _table(("PROVIDER", "INSTANCE", "GPU", "MEM/GPU (GiB)", "VCPUS", "RAM (GiB)", "REGION",
             "$/H", "SPOT $/H"), rows, right=(3, 4, 5, 7, 8))
-    _footer(cat, len(shown), len(offers))
+    _footer(cat, len(shown), total, offers)
 
 
 def _no_offers(cat: Catalog, name: str, count: float | None, provider: str | None,

@@ -42,6 +42,9 @@ if TYPE_CHECKING:
 @click.option("--now", is_flag=True,
               help="Refuse (exit 2) when a job runs or waits on the cluster, instead of "
                    "waiting its turn in the cluster's queue (docs/queue.md).")
+@click.option("-v", "--verbose", is_flag=True,
+              help="Show every rank's output live, torchrun's tracebacks too (a failed train "
+                   "job otherwise shows the failing rank's last lines; all go to the logs).")
 @ssh_config_choice(ask=False)
 @guard
 def launch(task_file: str, cluster_name: str | None, yes: bool, envs: tuple[str, ...],
@@ -61,7 +64,9 @@ def launch(task_file: str, cluster_name: str | None, yes: bool, envs: tuple[str,
     from cloudtrain.pipeline.signals import stop_signals_as_interrupt
 
     stop_signals_as_interrupt()
+    verbose = options.pop("verbose")
     env, req = launch_request(task_file, cluster_name, yes, envs, options)
+    env.ui.verbose = verbose
     outcome = job.launch(env, req)
     if outcome is not None:
         env.ui.ok(outcome_line(outcome, req.name))

@@ -51,9 +51,13 @@ def queue_(cluster_name: str, as_json: bool) -> None:
         return
     head = ("JOB", "STATE", "GPUS", "SUBMITTED", "STARTED", "DURATION", "EXIT", "SUBMITTER",
             "TASK")
-    table = [head] + [tuple(_cell(r[k]) for k in ("id", "state", "gpus_cell", "submitted",
-                                                   "started", "duration_s", "exit_code",
-                                                   "submitter", "task")) for r in recs]
+    from cloudtrain.units import duration
+
+    table = [head] + [tuple(_cell(r[k]) if k != "duration_s" else
+                            ("-" if r[k] is None else duration(r[k]))
+                            for k in ("id", "state", "gpus_cell", "submitted", "started",
+                                      "duration_s", "exit_code", "submitter", "task"))
+                      for r in recs]
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]
     for row in table:
         click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())

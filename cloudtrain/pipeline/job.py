@@ -133,9 +133,10 @@ def job_failed(outcome: run.Outcome, name: str, interrupted: list[str]) -> JobFa
                          "crash in your code.",
                          "Run the launch again: up replaces the missing node(s), and a job "
                          "that checkpoints (like the template) resumes where it stopped.")
-    who = f"global rank {outcome.failed_rank} on node {outcome.failed_node}" \
-        if outcome.failed_rank is not None else f"node {outcome.failed_node}"
-    return JobFailed(outcome.exit_code, outcome.failed_node,
-                     f"The job failed: {who} exited with code {outcome.exit_code}; the other "
-                     "nodes were stopped.",
-                     f"See 'cloudtrain logs {name} --node {outcome.failed_node}'.")
+    from cloudtrain.pipeline import ranklog
+
+    failed = outcome.failure or ranklog.Failed(outcome.failed_node or 0, outcome.failed_rank,
+                                               None, outcome.exit_code)
+    return JobFailed(outcome.exit_code, outcome.failed_node, ranklog.message(failed),
+                     ranklog.where(name, outcome.failed_node, outcome.logs,
+                                   ranks=outcome.failure is not None))

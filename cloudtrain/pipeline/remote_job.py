@@ -17,7 +17,7 @@ from cloudtrain import paths
 from cloudtrain.cluster import Handle
 from cloudtrain.context import Env
 from cloudtrain.errors import Interrupted
-from cloudtrain.pipeline import bootstrap
+from cloudtrain.pipeline import bootstrap, ranklog
 from cloudtrain.pipeline.teardown import stop_processes
 from cloudtrain.remote import Group, bash
 from cloudtrain.connection import NodeLost, Result
@@ -46,11 +46,17 @@ class LogSink:
         self.folder = folder
         paths.private_dir(folder)
         self.suffix = suffix
-        self.echo = echo
+        self.show = echo
         self.files: dict[int, TextIO] = {}
         self.lock = threading.Lock()
 
     def __call__(self, rank: int, line: str) -> None:
+        line = ranklog.strip(line)   # torchrun's rank prefix (a train job's lines)
+        self.write(rank, line)
+        self.echo(rank, line)
+
+    def write(self, rank: int, line: str) -> None:
+        """To node ``rank``'s local log file only."""
         with self.lock:
             f = self.files.get(rank)
             if f is None:
@@ -58,7 +64,10 @@ class LogSink:
                                                  opener=paths.private_opener)
             f.write(line + "\n")
             f.flush()
-        if self.echo:
+
+    def echo(self, rank: int, line: str) -> None:
+        """To the terminal only (when this sink echoes)."""
+        if self.show:
             if self.raw:
                 self.env.ui.raw_line(line)
             else:
@@ -129,6 +138,9 @@ class JobParts:
     """The job's turn in the cluster's queue (pipeline/queue.py)."""
     before: Before | None = None
     """Run first, in the same session as the job's start."""
+    on_failure: Callable[[int], str | None] | None = None
+    """Called with the node's rank as soon as a node's part ends non-zero (the failure
+    report's sink goes quiet); returns who failed, in words, when it knows better."""
 
 
 class RemoteJob:
@@ -143,6 +155,7 @@ class RemoteJob:
         self.job_id = parts.job_id
         self.scripts = parts.scripts
         self.sink = parts.sink
+        self.on_failure = parts.on_failure
         self.ranks = list(parts.ranks)
         self.order: list[tuple[int, int | None, float]] = []
         self.errors: dict[int, BaseException] = {}
@@ -187,11 +200,14 @@ class RemoteJob:
             self.order.append((r.rank, code, time.time()))
             if r.error is not None:
                 self.errors[r.rank] = r.error
+        said = self.on_failure(r.rank) if code != 0 and self.on_failure is not None else None
         if code != 0 and self.stop_on_failure and not self.stopping.is_set():
-            what = (f"exit code {code}" if code is not None
-                    else f"lost: {getattr(r.error, 'message', r.error)}")
+            # No exit code here: a node's (torchrun says 1) is not the job's; the report
+            # that follows names the one code the command exits with.
+            what = (f"{said or f'node {r.rank}'} failed" if code is not None
+                    else f"node {r.rank} lost ({getattr(r.error, 'message', r.error)})")
             t = threading.Thread(target=self.stop_everywhere, daemon=True,
-                                 args=(f"node {r.rank} failed ({what}): stopping the job on every node",))
+                                 args=(f"{what}: stopping the job on every node",))
             self._stopper = t
             t.start()
 
@@ -291,20 +307,31 @@ class RemoteJob:
         return None
 
 
-def read_worker_failures(group: Group, handle: Handle, job_id: str) -> tuple[int, int, int] | None:
-    """The worker that failed first, across nodes: (node, global rank, exit code)."""
+@dataclass(frozen=True)
+class WorkerFailure:
+    """The worker that failed first, as its wrapper (bootstrap/ctworker.sh) recorded it."""
+
+    node: int
+    rank: int
+    code: int
+    local_rank: int | None
+
+
+def read_worker_failures(group: Group, handle: Handle, job_id: str) -> WorkerFailure | None:
+    """The worker that failed first, across nodes."""
     res = group.run(lambda n: bash(
         f"cat {shlex.quote(job_dir(n, job_id))}/worker-failures 2>/dev/null; true"))
-    best: tuple[float, int, int, int] | None = None
+    best: tuple[float, WorkerFailure] | None = None
     for rank, r in res.items():
         for line in r.stdout.splitlines():
             parts = line.split()
-            if len(parts) != 3:
+            if len(parts) not in (3, 4):   # 3: written by an older ctworker.sh
                 continue
             try:
                 grank, code, ts = int(parts[0]), int(parts[1]), float(parts[2])
             except ValueError:
                 continue
+            local = int(parts[3]) if len(parts) == 4 and parts[3].isdigit() else None
             if best is None or ts < best[0]:
-                best = (ts, rank, grank, code)
-    return None if best is None else (best[1], best[2], best[3])
+                best = (ts, WorkerFailure(rank, grank, code, local))
+    return None if best is None else best[1]

@@ -18,7 +18,7 @@ from cloudtrain import paths
 from cloudtrain.cluster import Handle, cluster_uid
 from cloudtrain.context import Env
 from cloudtrain.errors import Interrupted, JobFailed, RemoteError, UserError
-from cloudtrain.pipeline import bootstrap, outputs, queue, sent, storage, sync, torchrun
+from cloudtrain.pipeline import bootstrap, outputs, queue, ranklog, sent, storage, sync, torchrun
 from cloudtrain.pipeline.bootstrap import run_bootstrap
 from cloudtrain.pipeline.prep import NodeFacts, prep_command, prep_facts
 from cloudtrain.pipeline.remote_job import (JobParts, LogSink, RemoteJob, job_dir, new_job_id,
@@ -43,6 +43,10 @@ class Outcome:
     detached: bool = False
     queued: bool = False
     """A detached job that waits its turn in the cluster's queue (the nodes start it)."""
+    failure: ranklog.Failed | None = None
+    """A failed train job's first failing worker, with its last lines (the report)."""
+    logs: Path | None = None
+    """The job's local log folder."""
 
 
 # --- environment and scripts -----------------------------------------------------------------
@@ -98,9 +102,11 @@ def train_body(handle: Handle, node: NodeRow, task: Task, job_id: str) -> str:
     wrapper = str(PurePosixPath(bootstrap.script_dir(node)) / "ctworker.sh")
     if not wrapper.startswith("/"):   # a root under the login's $HOME: the job runs in the workdir
         wrapper = posixpath.relpath(wrapper, sync.workdir_on(node))
-    cmd = torchrun.shell(torchrun.command(task.train, info, job_id, wrapper))
+    ranks = str(PurePosixPath(job_dir(node, job_id)) / "ranks")
+    cmd = torchrun.shell(torchrun.command(task.train, info, job_id, wrapper, log_dir=ranks))
+    prefix = f"export {torchrun.PREFIX_VAR}={shlex.quote(torchrun.PREFIX_TEMPLATE)}\n"
     # With checkpoints the job is not exec'd: the restore comes first, the watch beside it.
-    return storage.wrap_body(task, node, cmd) if task.checkpoints else "exec " + cmd
+    return prefix + (storage.wrap_body(task, node, cmd) if task.checkpoints else "exec " + cmd)
 
 
 def run_body(task: Task, node: NodeRow) -> str:
@@ -238,10 +244,10 @@ def _run_task(r: Running) -> Outcome:
     r.env.state.set_job_envs(r.handle.name, {**r.task.envs, **r.start.overrides})   # for exec
     if r.task.setup:
         _set_up(r, prep, setup_hash, logs)
-    job, res, turn = _started(r, logs)
+    job, res, turn, sink = _started(r, logs)
     if r.start.detach:
         return _detached(r, job, res, turn)
-    return _ended(r, job, res)
+    return _ended(r, job, res, sink)
 
 
 def _prepared(r: Running, plan: sync.SyncPlan
@@ -342,7 +348,8 @@ def _set_up(r: Running, prep: Mapping[int, NodeFacts], setup_hash: str, logs: Pa
     _mark(r.group, [k for k in todo if res[k].ok], ".setup-hash", setup_hash)
 
 
-def _started(r: Running, logs: Path) -> tuple[RemoteJob, dict[int, Result], queue.Turn]:
+def _started(r: Running, logs: Path
+             ) -> tuple[RemoteJob, dict[int, Result], queue.Turn, ranklog.RankSink | None]:
     """3. the job on every node at once, through the cluster's queue; followed unless
     detached. A budget reached meanwhile is raised (outputs pulled first)."""
     env, handle, task, job_id = r.env, r.handle, r.task, r.job_id
@@ -352,14 +359,19 @@ def _started(r: Running, logs: Path) -> tuple[RemoteJob, dict[int, Result], queu
     else:
         bodies = {n.rank: run_body(task, n) for n in nodes}
     scripts = {n.rank: script(n, r.env_of(n, job_id, task), bodies[n.rank]) for n in nodes}
-    sink = LogSink(env, logs, "", echo=True)
+    plain = LogSink(env, logs, "", echo=True)
+    sink: LogSink | ranklog.RankSink = plain
+    if task.train is not None:   # each rank's lines known, the terminal held back a moment
+        sink = ranklog.RankSink(plain, verbose=env.ui.verbose,
+                                watch_markers=task.train.max_restarts == 0)
     with open(logs / "job.txt", "w", opener=paths.private_opener) as f:
         f.write(f"job_id={job_id}\ncluster={handle.name}\nnodes={len(nodes)}\n")
     env.ui.step(f"Running job {job_id} on {len(nodes)} node(s)")
     outputs.record(env, handle.name, job_id, task)
     turn = queue.Turn(env, handle, r.group, job_id, task.name or "-", task.resources.gpus_per_job)
-    job = RemoteJob(env, handle, r.group, JobParts(job_id, scripts, sink, [n.rank for n in nodes],
-                                                   grace=task.stop_grace, turn=turn))
+    job = RemoteJob(env, handle, r.group, JobParts(
+        job_id, scripts, sink, [n.rank for n in nodes], grace=task.stop_grace, turn=turn,
+        on_failure=sink.fail if isinstance(sink, ranklog.RankSink) else None))
     try:
         res = _watched(job, r.watch, detach=r.start.detach)
     except Interrupted:
@@ -380,7 +392,7 @@ def _started(r: Running, logs: Path) -> tuple[RemoteJob, dict[int, Result], queu
         if task.outputs:
             pull_outputs(env, handle, task, job_id)
         _budget_spent(r, job_id)
-    return job, res, turn
+    return job, res, turn, sink if isinstance(sink, ranklog.RankSink) else None
 
 
 def _detached(r: Running, job: RemoteJob, res: dict[int, Result], turn: queue.Turn) -> Outcome:
@@ -398,20 +410,29 @@ def _detached(r: Running, job: RemoteJob, res: dict[int, Result], turn: queue.Tu
     return Outcome(r.job_id, 0, detached=True, queued=turn.queued)
 
 
-def _ended(r: Running, job: RemoteJob, res: dict[int, Result]) -> Outcome:
-    """A followed job has ended: its outcome (the first failing node, and worker), 4. its
-    outputs pulled back, its launch row closed."""
+def _ended(r: Running, job: RemoteJob, res: dict[int, Result],
+           sink: ranklog.RankSink | None) -> Outcome:
+    """A followed job has ended: its outcome (the first failing node, and worker, with its
+    last lines), 4. its outputs pulled back, its launch row closed."""
     env, handle, task, job_id = r.env, r.handle, r.task, r.job_id
     _raise_if_lost(env, job, job_id)
-    outcome = Outcome(job_id, 0, node_codes={n.rank: res[n.rank].exit_code for n in handle.nodes})
+    outcome = Outcome(job_id, 0, node_codes={n.rank: res[n.rank].exit_code for n in handle.nodes},
+                      logs=env.logs_dir(handle.name) / job_id)
     first = job.first_failure()
     if first is not None:
         rank, code = first
         outcome.exit_code, outcome.failed_node = (code if code else 1), rank
+        local = None
         if task.train is not None:
             worker = read_worker_failures(r.group, handle, job_id)
             if worker is not None:
-                outcome.failed_node, outcome.failed_rank, outcome.exit_code = worker
+                outcome.failed_node, outcome.failed_rank = worker.node, worker.rank
+                outcome.exit_code, local = worker.code or 1, worker.local_rank
+        if sink is not None:
+            f = outcome.failure = sink.failure(outcome.failed_node, outcome.failed_rank,
+                                               outcome.exit_code, local)
+            # one failure, one code: the report's is the command's
+            outcome.failed_node, outcome.failed_rank, outcome.exit_code = f.node, f.rank, f.code
     # 4. outputs
     if task.outputs:
         outcome.outputs = pull_outputs(env, handle, task, job_id)

@@ -36,14 +36,25 @@ def nproc(train: Train, gpus: int) -> int:
     return int(train.nproc_per_node)
 
 
+# Every line a worker writes reaches the node's log through torchrun's ``--tee`` with this
+# prefix (torchrun's own TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE): the CLI knows each line's
+# global and local rank, strips the prefix, and keeps each rank's last lines for the failure
+# report (pipeline/ranklog.py). torchrun's ``--log-dir`` keeps each rank's stdout/stderr files
+# on the node as well.
+PREFIX_VAR = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
+PREFIX_TEMPLATE = "[ct-rank ${rank} ${local_rank}] "
+
+
 def command(train: Train, node: NodeInfo, job_id: str, worker_wrapper: str | None = None,
-            nproc_per_node: int | None = None) -> list[str]:
+            nproc_per_node: int | None = None, log_dir: str | None = None) -> list[str]:
     n = nproc_per_node if nproc_per_node is not None else nproc(train, node.gpus)
     port = train.master_port or node.master_port
     argv = ["python", "-m", "torch.distributed.run",
             f"--nnodes={node.num_nodes}", f"--nproc-per-node={n}",
             f"--max-restarts={train.max_restarts}", "--monitor-interval=0.5",
             f"--local-addr={node.node_ip}"]
+    if log_dir is not None:   # each rank's own output in its files there, and on the console
+        argv += [f"--log-dir={log_dir}", "--tee=3"]
     if train.rendezvous == "static":
         argv += [f"--node-rank={node.rank}", f"--master-addr={node.head_ip}",
                  f"--master-port={port}"]

@@ -105,6 +105,8 @@ echo "third ran"
     table = cli.run("queue", "q")
     assert table.returncode == 0 and "SUBMITTER" in table.stdout, table.stderr
     assert all(i in table.stdout for i in (a_id, b_id, c_id)), table.stdout
+    a_row = next(ln for ln in table.stdout.splitlines() if ln.startswith(a_id))
+    assert re.search(r"  \d+\.\d s  ", a_row), a_row   # DURATION with its unit (~20 s)
     # logs --job of a job that the nodes started from the queue
     logs = cli.run("logs", "q", "--job", c_id)
     assert logs.returncode == 0 and "third ran" in logs.stdout + logs.stderr, logs.stderr
