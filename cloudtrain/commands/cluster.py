@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from cloudtrain.commands.access import ssh_config_choice
-from cloudtrain.commands.base import CONTEXT, check_name, confirm_cost, guard, load_task, open_env
+from cloudtrain.commands.base import CONTEXT, check_name, confirm_cost, guard, open_env
+from cloudtrain.commands.overrideopts import override_options, overrides_from, show_changes
 
 if TYPE_CHECKING:
     from cloudtrain.cluster import Handle
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 @click.option("--no-bootstrap", is_flag=True, help="Stop once the nodes run and accept SSH.")
 @click.option("--keep-on-failure", is_flag=True,
               help="Keep a new cluster whose provisioning failed (default: roll it back).")
+@override_options
 @ssh_config_choice(ask=True)
 @click.option("--json", "as_json", is_flag=True,
               help="At the end print one JSON object on stdout: the cluster, its nodes and every "
@@ -37,20 +39,26 @@ if TYPE_CHECKING:
                    "'error', and the exit code is the failure's).")
 @guard
 def up(task_file: str, cluster_name: str | None, yes: bool, dry_run: bool, no_bootstrap: bool,
-       keep_on_failure: bool, as_json: bool) -> None:
-    """Provision a cluster for TASK_FILE (adopting what exists), wait for SSH, bootstrap."""
+       keep_on_failure: bool, as_json: bool, **flags: Any) -> None:
+    """Provision a cluster for TASK_FILE (adopting what exists), wait for SSH, bootstrap.
+
+    --gpus, --num-nodes, --use-spot/--no-use-spot, --provider and --region apply over the
+    task file before it is checked; the plan shows each."""
+    from cloudtrain import overrides
     from cloudtrain.cluster import resolve_name
     from cloudtrain.pipeline import plan
     from cloudtrain.pipeline.signals import stop_signals_as_interrupt
 
     stop_signals_as_interrupt()
-    task = load_task(task_file)
+    task, changes = overrides.load(task_file, overrides_from(flags))
     env = open_env(contact=not dry_run)
     name = resolve_name(task, cluster_name, task_file)
     planned = plan.plan(env, task, name)
     if dry_run:
         print_plan(env.ui, planned, name)
+        show_changes(env.ui, changes)
         return
+    show_changes(env.ui, changes, in_plan=False)
     from cloudtrain.errors import CloudtrainError
     from cloudtrain.pipeline import job
     from cloudtrain.pipeline.provision import attempts
