@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import CLI, processes_with
+from conftest import CLI, processes_with
 
 TASK = """\
 name: ov-demo
