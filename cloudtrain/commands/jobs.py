@@ -183,6 +183,7 @@ def exec_(cluster_name: str, command: tuple[str, ...], node: int | None) -> None
     stop_signals_as_interrupt()
     check_name(cluster_name)
     env = open_env()
+    not_stopped(env, cluster_name)
     handle = get_handle(env, cluster_name)
     ranks = node_ranks(handle, node)
     group = connect(env, handle, timeout=30)
@@ -194,6 +195,16 @@ def exec_(cluster_name: str, command: tuple[str, ...], node: int | None) -> None
         from cloudtrain.errors import JobFailed
 
         raise JobFailed(code, failed, f"The command exited with code {code} on node {failed}.")
+
+
+def not_stopped(env: Env, name: str) -> None:
+    """Refuse (exit 2) to reach the nodes of a cluster 'cloudtrain stop' stopped."""
+    from cloudtrain.errors import UserError
+
+    row = env.state.get_cluster(name)
+    if row is not None and row.status == "STOPPED":
+        raise UserError(f"Cluster '{name}' is stopped: its nodes do not run.",
+                        f"Start it first: cloudtrain start {name}")
 
 
 def node_ranks(handle: Handle, node: int | None) -> list[int]:
@@ -231,6 +242,7 @@ def logs(cluster_name: str, node: int | None, follow: bool, job_id: str | None,
         node_guard.show_log(env, cluster_name, node)
         return
     if env.state.get_cluster(cluster_name) is not None:
+        not_stopped(env, cluster_name)
         node_guard.contact(env, cluster_name)
     show(env, cluster_name, node=node, follow=follow, job_id=job_id)
 
@@ -254,6 +266,7 @@ def ssh(cluster_name: str, node: int) -> None:
 
     check_name(cluster_name)
     env = open_env(quiet=True)
+    not_stopped(env, cluster_name)
     handle = get_handle(env, cluster_name)
     n = handle.nodes[node_ranks(handle, node)[0]]
     exe = shutil.which("ssh")

@@ -72,6 +72,12 @@ def test_stop_and_start_local_nodes(cli: CLI, tmp_path: Path) -> None:
     assert "STOPPED" in next(line for line in r.stdout.splitlines() if line.startswith("ss "))
     r = cli.run("stop", "ss", "-y")
     assert r.returncode == 0 and "stopped already" in r.stdout + r.stderr
+    r = cli.run("status", "--refresh")                 # asks the provider: still STOPPED
+    assert r.returncode == 0 and "STOPPED" in r.stdout, r.stderr
+    for verb in (["exec", "ss", "--", "true"], ["logs", "ss"]):
+        r = cli.run(*verb)
+        assert r.returncode == 2 and "Cluster 'ss' is stopped" in r.stderr
+        assert "cloudtrain start ss" in r.stderr
 
     r = cli.run("start", "ss", "-y")
     assert r.returncode == 0, r.stderr

@@ -146,3 +146,10 @@ def test_cost_prices_the_overridden_task(cli: CLI, proj: Path) -> None:
         ("--use-spot", True, None)}
     r = cli.run("cost", "gpu.yaml", "--gpus", "A100:8", "--accelerators", "A100:8", cwd=proj)
     assert r.returncode == 2 and "--gpus and --accelerators both set the GPUs" in r.stderr
+
+
+def test_a_background_recovery_controller_would_lose_the_overrides(cli: CLI, proj: Path) -> None:
+    r = cli.run("launch", "task.yaml", "-y", "-d", "--recover", "--num-nodes", "1", cwd=proj)
+    assert r.returncode == 2
+    assert "-d with recovery runs a controller that reads the task file again" in r.stderr
+    nothing_created(cli)
