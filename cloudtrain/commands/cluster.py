@@ -18,6 +18,7 @@ from cloudtrain.commands.overrideopts import override_options, overrides_from, s
 if TYPE_CHECKING:
     from cloudtrain.cluster import Handle
     from cloudtrain.context import Env
+    from cloudtrain.overrides import Change
     from cloudtrain.provider.contract import Plan
     from cloudtrain.schema import ClusterRow
     from cloudtrain.ui import UI
@@ -41,9 +42,7 @@ if TYPE_CHECKING:
 def up(task_file: str, cluster_name: str | None, yes: bool, dry_run: bool, no_bootstrap: bool,
        keep_on_failure: bool, as_json: bool, **flags: Any) -> None:
     """Provision a cluster for TASK_FILE (adopting what exists), wait for SSH, bootstrap.
-
-    --gpus, --num-nodes, --use-spot/--no-use-spot, --provider and --region apply over the
-    task file before it is checked; the plan shows each."""
+    --gpus, --num-nodes, --use-spot, --provider, --region: over the task (the plan shows)."""
     from cloudtrain import overrides
     from cloudtrain.cluster import resolve_name
     from cloudtrain.pipeline import plan
@@ -55,9 +54,7 @@ def up(task_file: str, cluster_name: str | None, yes: bool, dry_run: bool, no_bo
     name = resolve_name(task, cluster_name, task_file)
     planned = plan.plan(env, task, name)
     if dry_run:
-        print_plan(env.ui, planned, name)
-        show_changes(env.ui, changes)
-        return
+        return print_plan(env.ui, planned, name, changes)
     show_changes(env.ui, changes, in_plan=False)
     from cloudtrain.errors import CloudtrainError
     from cloudtrain.pipeline import job
@@ -93,7 +90,8 @@ def up_json(handle: Handle, attempts: list[dict[str, Any]]) -> dict[str, Any]:
         "attempts": attempts}
 
 
-def print_plan(ui: UI, plan: Plan, name: str) -> None:
+def print_plan(ui: UI, plan: Plan, name: str, changes: list[Change] | None = None) -> None:
+    """``up --dry-run``'s plan (with what the command line overrode)."""
     ui.info(f"Plan for cluster '{name}' (dry run: nothing is created)")
     rows = [("provider", plan.provider), ("region", plan.region or "-"), ("zone", plan.zone or "-"),
             ("instance", plan.instance_type or "-"), ("accelerators", plan.accelerators or "none"),
@@ -108,6 +106,7 @@ def print_plan(ui: UI, plan: Plan, name: str) -> None:
         ui.info(f"    - {c}")
     for n in plan.notes:
         ui.info(f"  note: {n}")
+    show_changes(ui, changes or [])
 
 
 @click.command(context_settings=CONTEXT)

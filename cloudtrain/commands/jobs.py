@@ -93,21 +93,13 @@ def launch(task_file: str | None, cluster_name: str | None, yes: bool, envs: tup
 
     stop_signals_as_interrupt()
     after = click.get_current_context().meta.get("cloudtrain.after_dash")
-    if task_file is None and after is None:
-        click.echo(click.get_current_context().get_usage(), err=True)
-        from cloudtrain.errors import UserError
-
-        raise UserError("launch needs a task file, or a command after '--'.",
-                        "e.g. cloudtrain launch task.yaml, or cloudtrain launch --gpus A100:1 "
-                        "-- python train.py")
     dry_run = options.pop("dry_run")
     env, req, changes = launch_request(task_file, cluster_name, yes, envs, options, after,
                                        dry_run=dry_run)
     if dry_run:
         from cloudtrain.commands.launchplan import show
 
-        show(env, req, changes)
-        return
+        return show(env, req, changes)
     show_changes(env.ui, changes, in_plan=False)
     outcome = job.launch(env, req)
     if outcome is not None:
@@ -128,6 +120,11 @@ def launch_request(task_file: str | None, cluster_name: str | None, yes: bool,
     from cloudtrain.pipeline import plan
     from cloudtrain.pipeline.request import CommandLine, Launch
 
+    if task_file is None and after is None:
+        click.echo(click.get_current_context().get_usage(), err=True)
+        raise UserError("launch needs a task file, or a command after '--'.",
+                        "e.g. cloudtrain launch task.yaml, or cloudtrain launch --gpus A100:1 "
+                        "-- python train.py")
     if after is not None and not after:
         raise UserError("Nothing follows '--'.", "Write the command after it, e.g. "
                                                   "-- python train.py --epochs 3")

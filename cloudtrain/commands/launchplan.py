@@ -21,11 +21,9 @@ def show(env: Env, req: Launch, changes: list[Change]) -> None:
     """Print what ``launch`` would do for ``req`` (a UserError, exit 2, when the budget check
     refuses it, as launch itself would)."""
     from cloudtrain.commands.cluster import print_plan
-    from cloudtrain.commands.overrideopts import show_changes
 
     ui = env.ui
-    print_plan(ui, req.plan, req.name)
-    show_changes(ui, changes)
+    print_plan(ui, req.plan, req.name, changes)
     existing = env.state.get_cluster(req.name)
     ui.info(f"  {'cluster':<13}" + (f"'{req.name}' is reused ({existing.status}, "
                                      f"{existing.num_nodes} node(s))" if existing else
