@@ -12,9 +12,12 @@ import copy
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cloudtrain.errors import SpecError, UserError
+
+if TYPE_CHECKING:
+    from cloudtrain.taskmodel import Task
 
 # Each flag and the field of the task document it sets.
 FIELDS = {
@@ -109,8 +112,8 @@ def apply(doc: dict[str, Any], ov: Overrides) -> tuple[dict[str, Any], list[Chan
         path = FIELDS[flag]
         here = new
         for part in path[:-1]:
-            if not isinstance(here.get(part), dict):
-                here[part] = {} if here.get(part) is None else here[part]
+            if here.get(part) is None:
+                here[part] = {}
             here = here[part]
             if not isinstance(here, dict):     # e.g. 'resources: 3': the file's own error
                 break
@@ -153,7 +156,7 @@ _FIX = {"--gpus": "Write NAME:COUNT, e.g. --gpus A100:8.",
 
 
 def load(task_file: str | None, ov: Overrides, *, known_providers: tuple[str, ...] = (),
-         name: str | None = None, workdir: str = ".") -> tuple[Any, list[Change]]:
+         name: str | None = None, workdir: str = ".") -> tuple[Task, list[Change]]:
     """The task ``up``/``launch``/``cost`` run: the task file (or, with None, a task made from
     the flags: ``name``, ``workdir`` and ``run: CMD``) with ``ov`` applied, then checked as
     :func:`cloudtrain.provider.options.load_checked` checks a file. Returns the Task and the
