@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from cloudtrain.errors import SpecError, UserError
 
 if TYPE_CHECKING:
+    from cloudtrain.context import Env
     from cloudtrain.taskmodel import Task
 
 # Each flag and the field of the task document it sets.
@@ -75,7 +76,7 @@ class Change:
     after: Any
 
     def words(self) -> str:
-        over = "" if self.before is None else f", over the task file's {_show(self.before)}"
+        over = "" if self.before is None else f", was {_show(self.before)}"
         return f"{self.field} = {_show(self.after)} ({self.flag}{over})"
 
 
@@ -156,9 +157,11 @@ _FIX = {"--gpus": "Write NAME:COUNT, e.g. --gpus A100:8.",
 
 
 def load(task_file: str | None, ov: Overrides, *, known_providers: tuple[str, ...] = (),
-         name: str | None = None, workdir: str = ".") -> tuple[Task, list[Change]]:
+         name: str | None = None, workdir: str = ".",
+         base: dict[str, Any] | None = None) -> tuple[Task, list[Change]]:
     """The task ``up``/``launch``/``cost`` run: the task file (or, with None, a task made from
-    the flags: ``name``, ``workdir`` and ``run: CMD``) with ``ov`` applied, then checked as
+    the flags: ``name``, ``workdir``, ``run: CMD`` and the fields in ``base``, e.g. an existing
+    cluster's resources and node count) with ``ov`` applied, then checked as
     :func:`cloudtrain.provider.options.load_checked` checks a file. Returns the Task and the
     changes the plan shows."""
     from cloudtrain.provider.options import check_options, check_task
@@ -171,10 +174,11 @@ def load(task_file: str | None, ov: Overrides, *, known_providers: tuple[str, ..
             raise UserError("launch needs a task file or a command after '--'.",
                             "e.g. cloudtrain launch task.yaml, or cloudtrain launch --gpus A100:1 "
                             "-- python train.py")
-        source, base = COMMAND_LINE, Path(".")
-        located = LocatedYaml({"workdir": workdir, **({"name": name} if name else {})}, {})
+        source, base_dir = COMMAND_LINE, Path(".")
+        located = LocatedYaml({**(base or {}), "workdir": workdir,
+                               **({"name": name} if name else {})}, {})
     else:
-        source, base = task_file, Path(task_file).parent
+        source, base_dir = task_file, Path(task_file).parent
         located = load_located(read_task_file(task_file), task_file)
     if isinstance(located.data, dict):
         data, changes = apply(located.data, ov)
@@ -183,10 +187,21 @@ def load(task_file: str | None, ov: Overrides, *, known_providers: tuple[str, ..
         located = LocatedYaml(data, located.lines)
     else:
         changes = []
-    task = check_task(parse_located(located, source, base), known_providers)
+    task = check_task(parse_located(located, source, base_dir), known_providers)
     check_options(task)
     check_paths(task, source=source)
     return task, changes
+
+
+def cluster_base(env: Env, name: str | None) -> dict[str, Any] | None:
+    """For a launch without a task file on an existing cluster: the cluster's node count and
+    resources (what ``up`` created it with), so that it is reused as it is."""
+    from cloudtrain.names import is_valid
+
+    row = env.state.get_cluster(name) if name and is_valid(name) else None
+    if row is None:
+        return None
+    return {"num_nodes": row.num_nodes, "resources": row.resources or {"provider": row.provider}}
 
 
 def derived_name(workdir: str) -> str:

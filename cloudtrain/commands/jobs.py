@@ -137,7 +137,12 @@ def launch_request(task_file: str | None, cluster_name: str | None, yes: bool,
     env_overrides = overrides.parse_env(envs)
     workdir = workdir or "."
     name_given = cluster_name or (overrides.derived_name(workdir) if task_file is None else None)
-    task, changes = overrides.load(task_file, ov, name=name_given, workdir=workdir)
+    env, base = None, None
+    if task_file is None:      # on an existing cluster: its resources and nodes, as they are
+        overrides.check_flags(ov)      # bad flags refused before the home is opened
+        env = open_env(contact=not dry_run)
+        base = overrides.cluster_base(env, name_given)
+    task, changes = overrides.load(task_file, ov, name=name_given, workdir=workdir, base=base)
     recover = options["recover"] or task.recovery is not None
     if options["detach"] and recover and (ov or task_file is None):
         raise UserError("-d with recovery runs a controller that reads the task file again, "
@@ -145,7 +150,7 @@ def launch_request(task_file: str | None, cluster_name: str | None, yes: bool,
                         "Write them into a task file, or launch without -d.")
     limit = budget.resolve(task.max_cost_usd, task.max_hours, max_cost=options["max_cost"],
                            hours=options["hours"], no_budget=options["no_budget"])
-    env = open_env(contact=not dry_run)
+    env = env or open_env(contact=not dry_run)
     name = resolve_name(task, cluster_name, task_file)
     return env, Launch(task, name, plan.plan(env, task, name),
                        down_after=options["down_after"], detach=options["detach"],

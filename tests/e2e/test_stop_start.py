@@ -96,6 +96,13 @@ def test_stop_and_start_local_nodes(cli: CLI, tmp_path: Path) -> None:
     assert cluster(cli, "ss")["cost_so_far_usd"] > spent   # billing again
     r = cli.run("launch", "task.yaml", "-y", "--", "echo", "back", cwd=work)
     assert r.returncode == 0 and "(node-1) back" in r.stdout, r.stderr
+    # no task file on an existing cluster: it is reused as it is (its 2 nodes, its price)
+    r = cli.run("launch", "-c", "ss", "-y", "--dry-run", "--", "true", cwd=work)
+    assert r.returncode == 0, r.stderr
+    assert "'ss' is reused (UP, 2 node(s))" in r.stdout + r.stderr
+    assert "$720.00/h for the cluster" in r.stdout + r.stderr
+    r = cli.run("launch", "-c", "ss", "-y", "--", "echo", "again", cwd=work)
+    assert r.returncode == 0 and "(node-1) again" in r.stdout, r.stderr
     assert cli.run("down", "ss", "-y").returncode == 0
 
 

@@ -45,7 +45,7 @@ def test_up_dry_run_shows_each_override_over_the_file(cli: CLI, proj: Path) -> N
     out = r.stdout + r.stderr
     assert "nodes        3" in out
     assert "$4.50/h for the cluster" in out          # 3 x 1.5: the plan priced 3 nodes
-    assert "num_nodes = 3 (--num-nodes, over the task file's 2)" in out
+    assert "num_nodes = 3 (--num-nodes, was 2)" in out
     assert "resources.use_spot = false (--no-use-spot)" in out
     assert (proj / "task.yaml").read_text() == TASK   # the file is not touched
     nothing_created(cli)
@@ -88,7 +88,7 @@ def test_launch_dry_run_shows_the_plan_the_command_and_the_budget(cli: CLI, proj
     run_line = shlex.join(["python", "-c", "print('a b')"])
     assert f"    {run_line}" in out                       # CMD, quoted for the shell
     assert "from-the-file" not in out.split("would run:")[1]   # CMD replaced the task's run:
-    assert "(-- CMD, over the task file's echo from-the-file)" in out
+    assert "(-- CMD, was echo from-the-file)" in out
     assert "on nodes     2 node(s)" in out
     assert "env          LR (values not shown)" in out and "0.1" not in out
     assert "Estimate for 2 h: $6.0000 of the $100.0000 budget." in out
