@@ -191,7 +191,7 @@ def _run(q: CostQuery) -> None:
     from cloudtrain.ranking import CLOUDS
 
     if res.provider is not None and res.provider not in CLOUDS:
-        _no_catalog(task, h, fit, as_json)
+        _no_catalog(task, h, fit, as_json, [c.as_json() for c in changes])
         return
 
     from cloudtrain.catalog.load import load_catalog
@@ -371,7 +371,8 @@ def _print(doc: dict[str, Any], result: PlanResult, hours: float, top: int | Non
     out(f"Prices: {cat['kind']} catalog as of {cat['as_of']}, {describe_age(days)} ({cat['path']})")
 
 
-def _no_catalog(task: Task, hours: float, fit: MemoryEstimate | None, as_json: bool) -> None:
+def _no_catalog(task: Task, hours: float, fit: MemoryEstimate | None, as_json: bool,
+                overrides: list[dict[str, Any]]) -> None:
     """local / ssh (and providers the catalog has no prices for)."""
     from cloudtrain.provider.options import provider_options
 
@@ -401,6 +402,7 @@ def _no_catalog(task: Task, hours: float, fit: MemoryEstimate | None, as_json: b
         "task": task.name, "num_nodes": task.num_nodes, "hours": hours,
         "choice": choice, "choice_note": note, "feasible": 1, "offers": [], "rejected": [],
         "suggestions": [], "providers": {}, "catalog": None, "memory": memory,
+        "overrides": overrides,
     }
     if as_json:
         click.echo(json.dumps(doc, indent=2))

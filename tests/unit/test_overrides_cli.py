@@ -144,6 +144,12 @@ def test_cost_prices_the_overridden_task(cli: CLI, proj: Path) -> None:
     assert {(o["flag"], o["value"], o["task_file_value"]) for o in doc["overrides"]} == {
         ("--provider", "aws", None), ("--num-nodes", 2, None), ("--gpus", "A100:8", "A100:8"),
         ("--use-spot", True, None)}
+    r = cli.run("cost", "task.yaml", "--json", "--num-nodes", "3", cwd=proj)   # local: no catalog
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["choice"]["cluster_hourly_usd"] == 4.5
+    assert doc["overrides"] == [{"flag": "--num-nodes", "field": "num_nodes", "value": 3,
+                                 "task_file_value": 2}]
     r = cli.run("cost", "gpu.yaml", "--gpus", "A100:8", "--accelerators", "A100:8", cwd=proj)
     assert r.returncode == 2 and "--gpus and --accelerators both set the GPUs" in r.stderr
 
