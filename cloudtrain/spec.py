@@ -124,7 +124,11 @@ def value_error(e: Any, count: int, field: str, line: int | None, source: str) -
 
 def parse_task(text: str, source: str = "task.yaml", base_dir: Path | None = None) -> Task:
     """The task in ``text``, typed and validated field by field (providers not looked up)."""
-    located = load_located(text, source)
+    return parse_located(load_located(text, source), source, base_dir)
+
+
+def parse_located(located: LocatedYaml, source: str, base_dir: Path | None = None) -> Task:
+    """:func:`parse_task` from the loaded document (which command-line overrides may edit)."""
     if not isinstance(located.data, dict):
         raise SpecError("the task file must be a mapping of fields (name:, num_nodes:, run: ...)",
                         source=source, line=1, hint="See the task-file reference in the README.")

@@ -12,11 +12,13 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from cloudtrain.commands.access import ssh_config_choice
-from cloudtrain.commands.base import CONTEXT, check_name, confirm_cost, guard, load_task, open_env
+from cloudtrain.commands.base import CONTEXT, check_name, confirm_cost, guard, open_env
+from cloudtrain.commands.overrideopts import override_options, overrides_from, show_changes
 
 if TYPE_CHECKING:
     from cloudtrain.cluster import Handle
     from cloudtrain.context import Env
+    from cloudtrain.overrides import Change
     from cloudtrain.provider.contract import Plan
     from cloudtrain.schema import ClusterRow
     from cloudtrain.ui import UI
@@ -30,6 +32,7 @@ if TYPE_CHECKING:
 @click.option("--no-bootstrap", is_flag=True, help="Stop once the nodes run and accept SSH.")
 @click.option("--keep-on-failure", is_flag=True,
               help="Keep a new cluster whose provisioning failed (default: roll it back).")
+@override_options
 @ssh_config_choice(ask=True)
 @click.option("--json", "as_json", is_flag=True,
               help="At the end print one JSON object on stdout: the cluster, its nodes and every "
@@ -37,24 +40,22 @@ if TYPE_CHECKING:
                    "'error', and the exit code is the failure's).")
 @guard
 def up(task_file: str, cluster_name: str | None, yes: bool, dry_run: bool, no_bootstrap: bool,
-       keep_on_failure: bool, as_json: bool) -> None:
-    """Provision a cluster for TASK_FILE (adopting what exists), wait for SSH, bootstrap."""
+       keep_on_failure: bool, as_json: bool, **flags: Any) -> None:
+    """Provision a cluster for TASK_FILE (adopting what exists), wait for SSH, bootstrap.
+    --gpus, --num-nodes, --use-spot, --provider, --region: over the task (the plan shows)."""
+    from cloudtrain import overrides
     from cloudtrain.cluster import resolve_name
     from cloudtrain.pipeline import plan
     from cloudtrain.pipeline.signals import stop_signals_as_interrupt
 
     stop_signals_as_interrupt()
-    task = load_task(task_file)
+    task, changes = overrides.load(task_file, overrides_from(flags))
     env = open_env(contact=not dry_run)
     name = resolve_name(task, cluster_name, task_file)
     planned = plan.plan(env, task, name)
     if dry_run:
-        print_plan(env.ui, planned, name)
-        from cloudtrain.check import warning
-
-        if (line := warning(planned.provider)) is not None:
-            env.ui.warn(line)
-        return
+        return print_plan(env.ui, planned, name, changes)
+    show_changes(env.ui, changes, in_plan=False)
     from cloudtrain.errors import CloudtrainError
     from cloudtrain.pipeline import job
     from cloudtrain.pipeline.provision import attempts
@@ -89,7 +90,9 @@ def up_json(handle: Handle, attempts: list[dict[str, Any]]) -> dict[str, Any]:
         "attempts": attempts}
 
 
-def print_plan(ui: UI, plan: Plan, name: str) -> None:
+def print_plan(ui: UI, plan: Plan, name: str, changes: list[Change] | None = None) -> None:
+    """``up --dry-run``'s (and ``launch --dry-run``'s) plan, with what the command line
+    overrode, and one warning line when the provider is not usable here (``cloudtrain check``)."""
     ui.info(f"Plan for cluster '{name}' (dry run: nothing is created)")
     rows = [("provider", plan.provider), ("region", plan.region or "-"), ("zone", plan.zone or "-"),
             ("instance", plan.instance_type or "-"), ("accelerators", plan.accelerators or "none"),
@@ -104,6 +107,11 @@ def print_plan(ui: UI, plan: Plan, name: str) -> None:
         ui.info(f"    - {c}")
     for n in plan.notes:
         ui.info(f"  note: {n}")
+    show_changes(ui, changes or [])
+    from cloudtrain.check import warning
+
+    if (line := warning(plan.provider)) is not None:   # SDK and credentials only: no network
+        ui.warn(line)
 
 
 @click.command(context_settings=CONTEXT)

@@ -10,10 +10,12 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from cloudtrain.commands.base import CONTEXT, guard
+from cloudtrain.commands.overrideopts import override_options, overrides_from
 
 if TYPE_CHECKING:
     from cloudtrain.catalog.load import Catalog
     from cloudtrain.memfit import MemoryEstimate
+    from cloudtrain.overrides import Change, Overrides
     from cloudtrain.ranking import PlanResult
     from cloudtrain.taskmodel import Task
 
@@ -35,6 +37,7 @@ class CostQuery:
     precision: str = "bf16"
     optimizer: str = "adamw"
     strategy: str = "ddp"
+    overrides: Overrides | None = None
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,7 @@ class Pick:
 @click.option("--strategy", type=click.Choice(["ddp", "fsdp"]), default="ddp",
               show_default=True,
               help="ddp: every GPU holds everything; fsdp: states sharded over every GPU.")
+@override_options
 @guard
 def cost(task_file: str, **options: Any) -> None:
     """What TASK_FILE costs: the feasible offers cheapest first ($/h per node, $/h for the
@@ -96,17 +100,30 @@ def cost(task_file: str, **options: Any) -> None:
     "fits", and "reason" for the offers that do not fit, listed after the feasible ones)
     and "choice" (the offer up would take; null when there is none).
 
+    --gpus, --num-nodes, --use-spot/--no-use-spot, --provider and --region apply over the
+    task file (as for up and launch) and are listed above the table ("overrides" in --json).
+    --env does not change a price: it is launch's.
+
     Exit codes: 0; 2 when nothing is feasible (with --json the object is printed to
     stdout all the same, "choice" null) or the input is bad.
     """
-    _run(CostQuery(task_file, **options))
+    ov = overrides_from(options)
+    _run(CostQuery(task_file, **options, overrides=ov))
 
 
 def load_cost_task(task_file: str, accelerators: str | None) -> Task:
-    from cloudtrain.ranking import CLOUDS
-    from cloudtrain.provider.options import load_checked
+    """The task ``cost`` prices (no overrides), e.g. for bench/bench_cost.py."""
+    return load_overridden(task_file, accelerators)[0]
 
-    task = load_checked(task_file, known_providers=CLOUDS)   # resources.<provider> included
+
+def load_overridden(task_file: str, accelerators: str | None,
+                    ov: Overrides | None = None) -> tuple[Task, list[Change]]:
+    """The task ``cost`` prices, with the command line's overrides, and what they changed."""
+    from cloudtrain import overrides
+    from cloudtrain.ranking import CLOUDS
+
+    # resources.<provider> checked, the command line's overrides applied first
+    task, changes = overrides.load(task_file, ov or overrides.Overrides(), known_providers=CLOUDS)
     if accelerators is not None:
         from pydantic import ValidationError
 
@@ -124,7 +141,19 @@ def load_cost_task(task_file: str, accelerators: str | None) -> Task:
         if res.provider == "local" and res.accelerators is None and not res.instance_type:
             update["provider"] = None     # local was only the default: let the planner choose
         task = task.model_copy(update={"resources": res.model_copy(update=update)})
-    return task
+    return task, changes
+
+
+def _one_of(q: CostQuery) -> None:
+    """--accelerators/--gpus and --spot/--use-spot say the same: one of each pair."""
+    from cloudtrain.errors import UserError
+
+    ov = q.overrides
+    if ov is not None and ov.gpus is not None and q.accelerators is not None:
+        raise UserError("--gpus and --accelerators both set the GPUs.", "Give one of them.")
+    if ov is not None and ov.use_spot is not None and q.spot is not None:
+        raise UserError("--use-spot/--no-use-spot and --spot/--on-demand both set the market.",
+                        "Give one of them.")
 
 
 def _check_hours(h: float) -> float:
@@ -148,7 +177,11 @@ def _run(q: CostQuery) -> None:
     fit = None
     if q.model_params is not None:
         fit = MemoryEstimate(parse_params(q.model_params), q.precision, q.optimizer, q.strategy)
-    task = load_cost_task(q.task_file, q.accelerators)
+    _one_of(q)
+    task, changes = load_overridden(q.task_file, q.accelerators, q.overrides)
+    if changes and not as_json:
+        for c in changes:
+            click.echo(f"override: {c.words()}")
     h = _check_hours(q.hours if q.hours is not None else (task.max_hours or 1.0))
     res = task.resources
     if q.spot is not None and q.spot != res.use_spot:
@@ -158,7 +191,7 @@ def _run(q: CostQuery) -> None:
     from cloudtrain.ranking import CLOUDS
 
     if res.provider is not None and res.provider not in CLOUDS:
-        _no_catalog(task, h, fit, as_json)
+        _no_catalog(task, h, fit, as_json, [c.as_json() for c in changes])
         return
 
     from cloudtrain.catalog.load import load_catalog
@@ -175,9 +208,11 @@ def _run(q: CostQuery) -> None:
             note = f"nothing is feasible: {result.summary()}"
             doc = cost_document(task, result, h, Pick(None, note), avail, catalog, fit, top)
             doc["error"] = err.message
+            doc["overrides"] = [c.as_json() for c in changes]
             click.echo(json.dumps(doc, indent=2))
         raise err
     doc = cost_document(task, result, h, _up_pick(task, result, avail), avail, catalog, fit, top)
+    doc["overrides"] = [c.as_json() for c in changes]
     if as_json:
         click.echo(json.dumps(doc, indent=2))
         return
@@ -340,7 +375,8 @@ def _print(doc: dict[str, Any], result: PlanResult, hours: float, top: int | Non
     out(f"Prices: {cat['kind']} catalog as of {cat['as_of']}, {describe_age(days)} ({cat['path']})")
 
 
-def _no_catalog(task: Task, hours: float, fit: MemoryEstimate | None, as_json: bool) -> None:
+def _no_catalog(task: Task, hours: float, fit: MemoryEstimate | None, as_json: bool,
+                overrides: list[dict[str, Any]]) -> None:
     """local / ssh (and providers the catalog has no prices for)."""
     from cloudtrain.provider.options import provider_options
 
@@ -370,6 +406,7 @@ def _no_catalog(task: Task, hours: float, fit: MemoryEstimate | None, as_json: b
         "task": task.name, "num_nodes": task.num_nodes, "hours": hours,
         "choice": choice, "choice_note": note, "feasible": 1, "offers": [], "rejected": [],
         "suggestions": [], "providers": {}, "catalog": None, "memory": memory,
+        "overrides": overrides,
     }
     if as_json:
         click.echo(json.dumps(doc, indent=2))

@@ -11,25 +11,47 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from cloudtrain.commands.access import ssh_config_choice
-from cloudtrain.commands.base import (CONTEXT, check_name, confirm_cost, finite, guard, load_task,
-                                      open_env)
+from cloudtrain.commands.base import CONTEXT, check_name, confirm_cost, finite, guard, open_env
+from cloudtrain.commands.overrideopts import override_options, overrides_from, show_changes
 
 if TYPE_CHECKING:
     from cloudtrain.cluster import Handle
     from cloudtrain.context import Env
+    from cloudtrain.overrides import Change
     from cloudtrain.pipeline.request import Launch
     from cloudtrain.pipeline.run import Outcome
 
 
-@click.command(context_settings=CONTEXT)
-@click.argument("task_file", type=click.Path(dir_okay=False))
+class AfterDashDash(click.Command):
+    """A command whose words after the first '--' are its CMD, kept apart from its optional
+    positional argument (click would otherwise hand the first of them to TASK_FILE)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if "--" in args:
+            i = args.index("--")
+            ctx.meta["cloudtrain.after_dash"] = tuple(args[i + 1:])
+            args = args[:i]
+        return super().parse_args(ctx, args)
+
+    def collect_usage_pieces(self, ctx: click.Context) -> list[str]:
+        return [*super().collect_usage_pieces(ctx), "[-- CMD...]"]
+
+
+@click.command(cls=AfterDashDash, context_settings=CONTEXT)
+@click.argument("task_file", type=click.Path(dir_okay=False), required=False)
 @click.option("-c", "--cluster", "cluster_name", help="Cluster name (default: the task's name).")
 @click.option("--down", "down_after", is_flag=True,
               help="Tear the cluster down after the run, whatever happened (the nodes do it "
                    "themselves if this CLI is gone, and with -d).")
 @click.option("-d", "--detach", is_flag=True, help="Start the job and return; see 'logs --follow'.")
 @click.option("-y", "--yes", is_flag=True, help="Do not ask before spending money.")
+@click.option("--dry-run", is_flag=True,
+              help="Print the plan, what would run and the budget check; create nothing, "
+                   "contact no node.")
 @click.option("--env", "envs", multiple=True, metavar="K=V", help="Extra environment (repeatable).")
+@override_options
+@click.option("--workdir", "workdir", metavar="DIR",
+              help="Without a task file: the directory synced to the nodes (default: .).")
 @click.option("--max-cost", "max_cost", type=click.FloatRange(min=0, min_open=True), metavar="USD",
               callback=finite,
               help="Budget for the cluster in USD (overrides the task's max_cost_usd).")
@@ -47,9 +69,18 @@ if TYPE_CHECKING:
                    "job otherwise shows the failing rank's last lines; all go to the logs).")
 @ssh_config_choice(ask=False)
 @guard
-def launch(task_file: str, cluster_name: str | None, yes: bool, envs: tuple[str, ...],
+def launch(task_file: str | None, cluster_name: str | None, yes: bool, envs: tuple[str, ...],
            **options: Any) -> None:
     """Run TASK_FILE on a cluster: up if needed, sync, setup, run on every node, stream logs.
+
+    \b
+    cloudtrain launch task.yaml                  the task as written
+    cloudtrain launch task.yaml --gpus A100:8    with overrides (--num-nodes, --use-spot,
+                                                 --provider, --region; the plan shows each)
+    cloudtrain launch task.yaml -- CMD...        CMD runs instead of the task's run/train
+    cloudtrain launch --gpus A100:1 -- CMD...    no task file: a task from the flags, whose
+                                                 workdir is --workdir (default .) and whose
+                                                 cluster is -c NAME (default: from the workdir)
 
     With a budget (max_cost_usd, or --max-cost), launch refuses (exit 2, nothing created)
     when what the cluster has cost so far plus its $/h x hours (--hours, or max_hours)
@@ -65,35 +96,74 @@ def launch(task_file: str, cluster_name: str | None, yes: bool, envs: tuple[str,
 
     stop_signals_as_interrupt()
     verbose = options.pop("verbose")
-    env, req = launch_request(task_file, cluster_name, yes, envs, options)
+    after = click.get_current_context().meta.get("cloudtrain.after_dash")
+    dry_run = options.pop("dry_run")
+    env, req, changes = launch_request(task_file, cluster_name, yes, envs, options, after,
+                                       dry_run=dry_run)
     env.ui.verbose = verbose
+    if dry_run:
+        from cloudtrain.commands.launchplan import show
+
+        return show(env, req, changes)
+    show_changes(env.ui, changes, in_plan=False)
     outcome = job.launch(env, req)
     if outcome is not None:
         env.ui.ok(outcome_line(outcome, req.name))
 
 
-def launch_request(task_file: str, cluster_name: str | None, yes: bool, envs: tuple[str, ...],
-                   options: dict[str, Any]) -> tuple[Env, Launch]:
+def launch_request(task_file: str | None, cluster_name: str | None, yes: bool,
+                   envs: tuple[str, ...], options: dict[str, Any],
+                   after: tuple[str, ...] | None = None, *,
+                   dry_run: bool = False) -> tuple[Env, Launch, list[Change]]:
     """The launch the command line asks for, built once (pipeline/request.py), with the
-    environment it runs in; the task, --env and the budget are checked before anything is
-    opened or created. ``options``: launch's other options, by their names."""
-    from cloudtrain import budget
+    environment it runs in and the overrides applied; the task, the overrides, --env and the
+    budget are checked before anything is opened or created. ``options``: launch's other
+    options, by their names; ``after``: the words after '--' (None: no '--')."""
+    from cloudtrain import budget, overrides
     from cloudtrain.cluster import resolve_name
+    from cloudtrain.errors import UserError
     from cloudtrain.pipeline import plan
     from cloudtrain.pipeline.request import CommandLine, Launch
 
-    task = load_task(task_file)
-    overrides = parse_env(envs)
+    if task_file is None and after is None:
+        click.echo(click.get_current_context().get_usage(), err=True)
+        raise UserError("launch needs a task file, or a command after '--'.",
+                        "e.g. cloudtrain launch task.yaml, or cloudtrain launch --gpus A100:1 "
+                        "-- python train.py")
+    if after is not None and not after:
+        raise UserError("Nothing follows '--'.", "Write the command after it, e.g. "
+                                                  "-- python train.py --epochs 3")
+    workdir = options.pop("workdir")
+    if workdir is not None and task_file is not None:
+        raise UserError("--workdir goes with a launch without a task file; the task file's "
+                        "'workdir:' says where its files are.",
+                        "Drop --workdir, or set workdir: in the task file.")
+    ov = overrides_from(options, run=after)
+    env_overrides = overrides.parse_env(envs)
+    workdir = workdir or "."
+    name_given = cluster_name or (overrides.derived_name(workdir) if task_file is None else None)
+    env, base = None, None
+    if task_file is None:      # on an existing cluster: its resources and nodes, as they are
+        overrides.check_flags(ov)      # bad flags refused before the home is opened
+        env = open_env(contact=not dry_run)
+        base = overrides.cluster_base(env, name_given)
+    task, changes = overrides.load(task_file, ov, name=name_given, workdir=workdir, base=base)
+    recover = options["recover"] or task.recovery is not None
+    if options["detach"] and recover and (ov or task_file is None):
+        raise UserError("-d with recovery runs a controller that reads the task file again, "
+                        "without the command line's overrides or '-- CMD'.",
+                        "Write them into a task file, or launch without -d.")
     limit = budget.resolve(task.max_cost_usd, task.max_hours, max_cost=options["max_cost"],
                            hours=options["hours"], no_budget=options["no_budget"])
-    env = open_env()
+    env = env or open_env(contact=not dry_run)
     name = resolve_name(task, cluster_name, task_file)
     return env, Launch(task, name, plan.plan(env, task, name),
                        down_after=options["down_after"], detach=options["detach"],
-                       overrides=overrides, budget=limit, no_budget=options["no_budget"],
-                       now=options["now"], recover=options["recover"] or task.recovery is not None,
+                       overrides=env_overrides, budget=limit, no_budget=options["no_budget"],
+                       now=options["now"], recover=recover,
                        confirm=lambda planned: confirm_cost(planned, yes),
-                       command_line=CommandLine(task_file, options["max_cost"], options["hours"]))
+                       command_line=CommandLine(task_file or "", options["max_cost"],
+                                                options["hours"])), changes
 
 
 def outcome_line(outcome: Outcome, name: str) -> str:
@@ -104,19 +174,6 @@ def outcome_line(outcome: Outcome, name: str) -> str:
         return (f"Job {outcome.job_id} queued on every node: the nodes start it when its turn "
                 f"comes (cloudtrain queue {name}).")
     return f"Job {outcome.job_id} started on every node. Follow it: cloudtrain logs {name} --follow"
-
-
-def parse_env(pairs: tuple[str, ...]) -> dict[str, str]:
-    """``--env K=V`` options, as a dict."""
-    from cloudtrain.errors import UserError
-
-    out = {}
-    for p in pairs:
-        k, sep, v = p.partition("=")
-        if not sep or not k.isidentifier():
-            raise UserError(f"--env '{p}' is not KEY=VALUE.", "Write e.g. --env LR=0.1")
-        out[k] = v
-    return out
 
 
 @click.command(name="exec", context_settings=CONTEXT)
@@ -133,6 +190,7 @@ def exec_(cluster_name: str, command: tuple[str, ...], node: int | None) -> None
     stop_signals_as_interrupt()
     check_name(cluster_name)
     env = open_env()
+    not_stopped(env, cluster_name)
     handle = get_handle(env, cluster_name)
     ranks = node_ranks(handle, node)
     group = connect(env, handle, timeout=30)
@@ -144,6 +202,16 @@ def exec_(cluster_name: str, command: tuple[str, ...], node: int | None) -> None
         from cloudtrain.errors import JobFailed
 
         raise JobFailed(code, failed, f"The command exited with code {code} on node {failed}.")
+
+
+def not_stopped(env: Env, name: str) -> None:
+    """Refuse (exit 2) to reach the nodes of a cluster 'cloudtrain stop' stopped."""
+    from cloudtrain.errors import UserError
+
+    row = env.state.get_cluster(name)
+    if row is not None and row.status == "STOPPED":
+        raise UserError(f"Cluster '{name}' is stopped: its nodes do not run.",
+                        f"Start it first: cloudtrain start {name}")
 
 
 def node_ranks(handle: Handle, node: int | None) -> list[int]:
@@ -181,6 +249,7 @@ def logs(cluster_name: str, node: int | None, follow: bool, job_id: str | None,
         node_guard.show_log(env, cluster_name, node)
         return
     if env.state.get_cluster(cluster_name) is not None:
+        not_stopped(env, cluster_name)
         node_guard.contact(env, cluster_name)
     show(env, cluster_name, node=node, follow=follow, job_id=job_id)
 
@@ -204,6 +273,7 @@ def ssh(cluster_name: str, node: int) -> None:
 
     check_name(cluster_name)
     env = open_env(quiet=True)
+    not_stopped(env, cluster_name)
     handle = get_handle(env, cluster_name)
     n = handle.nodes[node_ranks(handle, node)[0]]
     exe = shutil.which("ssh")

@@ -297,7 +297,7 @@ def reconcile(env: Env, name: str) -> dict[str, Any] | None:
     stopped (with the reason), then remove what is left (terminate) and forget it; or, with
     ``down: false``, record it as STOPPED. Returns what happened (None: nothing to do)."""
     row = env.state.get_cluster(name)
-    if row is None:
+    if row is None or row.status == "STOPPED":   # recorded stopped already ('stop', down: false)
         return None
     provider = env.provider(row.provider)
     if not isinstance(provider, SelfStops):

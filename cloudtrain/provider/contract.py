@@ -397,3 +397,19 @@ class ChecksAccess(Protocol):
     returns what it found, never raises for missing or refused credentials."""
 
     def check_access(self, timeout: float) -> ProviderCheck: ...
+
+
+@runtime_checkable
+class StopsNodes(Protocol):
+    """The user can stop this provider's nodes and start them again (``cloudtrain stop`` /
+    ``start``): compute stops billing, each node keeps its disk and files. Starting goes
+    through ``create_nodes``, which starts a cluster's stopped nodes (it adopts what exists)."""
+
+    def stop_nodes(self, cluster: str) -> None:
+        """Stop every node carrying the cluster's tag (only those), returning once the
+        provider reports each one stopped. Safe to call twice."""
+        ...
+
+    def stopped_still_bills(self, cluster: str) -> str:
+        """One sentence: what still bills while the cluster's nodes are stopped."""
+        ...

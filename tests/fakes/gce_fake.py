@@ -514,6 +514,7 @@ class GCEFake:
             ("GET", z + r"/instances/(?P<name>[^/]+)", self._get_instance),
             ("DELETE", z + r"/instances/(?P<name>[^/]+)", self._delete_instance),
             ("POST", z + r"/instances/(?P<name>[^/]+)/start", self._start_instance),
+            ("POST", z + r"/instances/(?P<name>[^/]+)/stop", self._stop_instance),
             ("GET", z + r"/instances/(?P<name>[^/]+)/getGuestAttributes",
              self._guest_attrs),
             ("GET", z + r"/instances/(?P<name>[^/]+)/serialPort", self._serial_port),
@@ -921,6 +922,20 @@ class GCEFake:
             return None
 
         return self._operation(project, zone, "start", inst["selfLink"], effect)
+
+    def _stop_instance(self, project: str, zone: str, name: str, **_: Any) -> dict[str, Any]:
+        """instances.stop: as a guest shutdown (TERMINATED, disk kept, external IP released)."""
+        zone = self._zone(project, zone)
+        inst = self.instances.get((zone, name))
+        if inst is None:
+            raise _not_found(f"projects/{project}/zones/{zone}/instances/{name}")
+
+        def effect() -> dict[str, Any] | None:
+            if (zone, name) in self.instances:
+                self.guest_shutdown(zone, name)
+            return None
+
+        return self._operation(project, zone, "stop", inst["selfLink"], effect)
 
     # --- disks -----------------------------------------------------------------------------
 

@@ -29,7 +29,8 @@ from cloudtrain.provider import (ClusterRequest, NetworkRef, Node, NodeHealth, P
 from cloudtrain.provider.cloud import Existing
 from cloudtrain.provider.failover import Pin, Unavailable, worst
 
-from . import access, health, identity, images, instances, network, selfstop, tags, teardown
+from . import (access, health, identity, images, instances, network, selfstop, stopstart, tags,
+               teardown)
 from .api import Api, BotoClients, ClientFactory, IamApi
 from .options import AWSOptions
 from .placement import AWSPlacement
@@ -286,7 +287,9 @@ class AWSProvider(AWSPlacement):
             known.update({i: list(k) for i, k in keys.items()})
             self._save(request.name, region=region, user=opts.ssh_user,
                        public_ip=opts.public_ip, host_keys=known)
-            return [self._node(i, keys.get(i.instance_id, ()), opts.ssh_user, opts.public_ip)
+            # a started (stopped) instance keeps its host key, pinned again at its new address
+            return [self._node(i, tuple(keys.get(i.instance_id) or known.get(i.instance_id)
+                                        or ()), opts.ssh_user, opts.public_ip)
                     for i in running]
         except (CapacityError, QuotaError) as exc:
             if not self._rollback(region, list(new.values())):
@@ -376,6 +379,15 @@ class AWSProvider(AWSPlacement):
         keys = self._record(cluster).get("host_keys") or {}
         return [self._node(i, tuple(keys.get(i.instance_id) or ()), user, public)
                 for i in self._scan(cluster)[0]]
+
+    # --- stop / start (StopsNodes; create_nodes starts stopped instances) --------------------
+
+    def stop_nodes(self, cluster: str) -> None:
+        live, dups, _ = self._scan(cluster)
+        stopstart.stop(self.api, live + dups, sleep=self.sleep, poll=self.poll)
+
+    def stopped_still_bills(self, cluster: str) -> str:
+        return stopstart.STILL_BILLS
 
     # --- self-stop: the node guard's last act (SelfStops) -----------------------------------
 

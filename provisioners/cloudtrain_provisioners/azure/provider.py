@@ -32,7 +32,8 @@ from cloudtrain.provider import (ClusterRequest, NetworkRef, Node, NodeHealth, P
 from cloudtrain.provider.cloud import Existing
 from cloudtrain.provider.failover import Pin, Unavailable, worst
 
-from . import access, health, identity, images, instances, network, selfstop, tags, teardown
+from . import (access, health, identity, images, instances, network, selfstop, stopstart, tags,
+               teardown)
 from .api import Api, AzureClients
 from .options import ZONES, AzureOptions
 from .placement import AzurePlacement
@@ -405,6 +406,18 @@ class AzureProvider(AzurePlacement):
                          + ", ".join(gone))
 
     # --- the node guard's self-stop (SelfStops; see selfstop.py) ----------------------------------
+
+    def stop_nodes(self, cluster: str) -> None:
+        """``cloudtrain stop``: deallocate the cluster's own VMs (see :mod:`.stopstart`)."""
+        sub = self._record(cluster).get("subscription_id") or self.clients.default_subscription()
+        if not sub:
+            return
+        api, group, owner = self._api(str(sub)), self.group(cluster), self._owner(cluster)
+        stopstart.stop(api, group, [v for v in instances.list_vms(api, group)
+                                    if v.rank is not None and v.owner == owner])
+
+    def stopped_still_bills(self, cluster: str) -> str:
+        return stopstart.STILL_BILLS
 
     def self_stop_command(self, cluster: str, node: Node) -> str:
         arm = self.clients.endpoint    # the node trusts its own CAs (the CA bundle is local)

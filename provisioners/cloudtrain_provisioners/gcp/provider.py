@@ -28,7 +28,8 @@ from cloudtrain.provider import (ClusterRequest, NetworkRef, Node, NodeHealth, P
 from cloudtrain.provider.cloud import Existing
 from cloudtrain.provider.failover import Pin, Unavailable, worst
 
-from . import access, health, identity, images, instances, network, selfstop, tags, teardown
+from . import (access, health, identity, images, instances, network, selfstop, stopstart, tags,
+               teardown)
 from .api import Api, GoogleClients
 from .options import REGION_RE, ZONE_RE, GCPOptions
 from .placement import GCPPlacement
@@ -378,6 +379,15 @@ class GCPProvider(GCPPlacement):
                          + ", ".join(gone))
 
     # --- self-stop: the node guard's last act (SelfStops) -----------------------------------
+
+    def stop_nodes(self, cluster: str) -> None:
+        """``cloudtrain stop``; ``create_nodes`` starts them again (see :mod:`.stopstart`)."""
+        api, project = self._cluster_api(cluster)
+        live, dups = self._scan(api, project, cluster)
+        stopstart.stop(api, project, live + dups)
+
+    def stopped_still_bills(self, cluster: str) -> str:
+        return stopstart.STILL_BILLS
 
     def self_stop_command(self, cluster: str, node: Node) -> str:
         """A guest power-off: GCE stops the VM (see :mod:`.selfstop`)."""

@@ -268,6 +268,21 @@ class LocalProvider:
                 netns.delete_node(nl, int(rank))
             _remove_tree(node_dir)
 
+    # --- stop / start (cloudtrain stop; create_nodes starts a stopped node's sshd) -----------
+
+    def stop_nodes(self, cluster: str) -> None:
+        """A local node 'powers off' and keeps its disk: its sshd and every process of the
+        cluster on it end; its folder (files, host key) stays."""
+        from .stopstart import stop_nodes
+
+        layout = self._read_layout(cluster)
+        if layout is not None:
+            stop_nodes(self._dir(cluster) / "nodes", layout)
+
+    def stopped_still_bills(self, cluster: str) -> str:
+        return ("Nothing bills: local nodes cost nothing; their files stay under "
+                "CLOUDTRAIN_HOME until 'cloudtrain down'.")
+
     # --- self-stop (the node guard's last act) ----------------------------------------------
 
     def self_stop_command(self, cluster: str, node: Node) -> str:
