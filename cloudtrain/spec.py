@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from cloudtrain import skytask
 from cloudtrain.errors import SpecError
 from cloudtrain.taskmodel import Accelerators, Resources, Task, Train
 from cloudtrain.yamlsrc import MAX_BYTES, LocatedYaml, load_located
@@ -110,6 +111,7 @@ def parse_task(text: str, source: str = "task.yaml", base_dir: Path | None = Non
         raise SpecError("the task file must be a mapping of fields (name:, num_nodes:, run: ...)",
                         source=source, line=1, hint="See the task-file reference in the README.")
     _refuse_non_finite(located, source)
+    located, notes = skytask.translate(located, source)   # SkyPilot's field names, read as ours
     try:
         task = Task.model_validate(located.data)
     except ValidationError as exc:
@@ -118,7 +120,7 @@ def parse_task(text: str, source: str = "task.yaml", base_dir: Path | None = Non
     if bad is not None:
         raise non_finite_error(bad, located.line_of(bad), source)
     task = task.model_copy(update={"base_dir": (base_dir or Path(".")).resolve()})
-    task.attach_source(located, source)
+    task.attach_source(located, source, notes)
     return task
 
 

@@ -12,10 +12,11 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator,
+                      model_validator)
 
-from cloudtrain import sshproxy
-from cloudtrain.names import NAME_RE
+from cloudtrain import sizes, sshproxy
+from cloudtrain.names import TASK_NAME_RE, TASK_NAME_RULE
 from cloudtrain.storage import url as bucket_url
 from cloudtrain.yamlsrc import LocatedYaml
 
@@ -135,6 +136,10 @@ class Resources(BaseModel):
                                           allow_inf_nan=False)
     # A job's share of each node: N GPU slots (docs/queue.md); None: every node whole.
     gpus_per_job: int | None = Field(None, ge=1, le=64)
+    # SkyPilot's size requests: vCPUs and memory (GB) per node, ``4`` exactly or ``4+`` at
+    # least; the ranking keeps the offers that have them (not checked on local/ssh nodes).
+    cpus: sizes.SizeAsk | None = None
+    memory: sizes.SizeAsk | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -148,6 +153,11 @@ class Resources(BaseModel):
     @classmethod
     def _acc(cls, v: Any) -> Any:
         return parse_accelerators(v)
+
+    @field_validator("cpus", "memory", mode="before")
+    @classmethod
+    def _sizes(cls, v: Any, info: ValidationInfo) -> Any:
+        return sizes.parse(v, str(info.field_name))
 
     @field_validator("region", "zone")
     @classmethod
@@ -406,10 +416,25 @@ class Task(_Strict):
     # Set by parse_task: the file's name and key lines, so later checks can name the line.
     _located: LocatedYaml | None = PrivateAttr(default=None)
     _source: str = PrivateAttr(default="")
+    _notes: tuple[str, ...] = PrivateAttr(default=())
 
-    def attach_source(self, located: LocatedYaml, source: str) -> None:
-        """Remember the file the task was read from (its name and the line of each key)."""
-        self._located, self._source = located, source
+    def attach_source(self, located: LocatedYaml, source: str,
+                      notes: tuple[str, ...] = ()) -> None:
+        """Remember the file the task was read from (its name and the line of each key), and
+        the notes its reading left (SkyPilot fields read as ours: ``skytask``)."""
+        self._located, self._source, self._notes = located, source, tuple(notes)
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """One line each: what reading the file took differently from how it is written."""
+        return self._notes
+
+    @property
+    def cluster_name(self) -> str | None:
+        """The cluster name ``name:`` gives (names.derive), None without a name."""
+        from cloudtrain.names import derive
+
+        return derive(self.name) if self.name else None
 
     @property
     def source(self) -> str:
@@ -422,9 +447,9 @@ class Task(_Strict):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str | None) -> str | None:
-        if v is not None and not NAME_RE.match(v):
-            raise ValueError("use 1-40 lowercase letters, digits and '-', starting with a letter, "
-                             "e.g. my-job")
+        # The job's name; the cluster's is derived from it (names.derive: 'My_Job' -> 'my-job').
+        if v is not None and not TASK_NAME_RE.match(v):
+            raise ValueError(f"use {TASK_NAME_RULE}, e.g. my-job")
         return v
 
     @field_validator("workdir", "outputs_dir")

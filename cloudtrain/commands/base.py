@@ -90,7 +90,10 @@ def handed_providers() -> Mapping[str, Provider]:
 def load_task(task_file: str) -> Task:
     from cloudtrain.provider.options import load_checked
 
-    return load_checked(task_file)
+    task = load_checked(task_file)
+    for note in task.notes:   # SkyPilot's fields, read as ours (cloudtrain.skytask)
+        click.echo(f"note: {note}", err=True)
+    return task
 
 
 def finite(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:

@@ -107,6 +107,8 @@ def load_cost_task(task_file: str, accelerators: str | None) -> Task:
     from cloudtrain.provider.options import load_checked
 
     task = load_checked(task_file, known_providers=CLOUDS)   # resources.<provider> included
+    for note in task.notes:   # SkyPilot's fields, read as ours (cloudtrain.skytask)
+        click.echo(f"note: {note}", err=True)
     if accelerators is not None:
         from pydantic import ValidationError
 
