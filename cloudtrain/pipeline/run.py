@@ -445,7 +445,7 @@ def run_command(env: Env, handle: Handle, group: Group, command: str,
     from cloudtrain.pipeline import lastseen
 
     job_id = "exec-" + new_job_id()
-    if (zero := skyenv.zero_gpu_warning(command, (n.gpus for n in handle.nodes))):
+    if (zero := skyenv.zero_gpu_warning(command, (n.gpus for n in handle.nodes), "the command")):
         env.ui.warn(zero)
     envs = env.state.job_envs(handle.name)   # the last launch's task envs and --env
     scripts = {n.rank: script(n, job_env(env, handle, n, envs, job_id, {}), command)

@@ -31,14 +31,15 @@ def aliases(ours: Mapping[str, str], job_id: str) -> dict[str, str]:
     return out
 
 
-def zero_gpu_warning(text: str | None, gpus: Iterable[int | None]) -> str | None:
-    """The warning for a ``run:`` (or exec command) that reads the GPU count on nodes that
-    have no GPU (``gpus``: each node's count); None when it does not apply."""
+def zero_gpu_warning(text: str | None, gpus: Iterable[int | None],
+                     what: str = "the job") -> str | None:
+    """The warning for a ``run:`` (or, ``what``, exec's command) that reads the GPU count on
+    nodes that have no GPU (``gpus``: each node's count); None when it does not apply."""
     counts = list(gpus)
     m = _GPU_VAR.search(text or "")
     if m is None or not counts or min((g or 0) for g in counts) > 0:
         return None
     var = m.group(1)
-    return (f"the job reads ${var}, which is 0 here (a node has no GPU): passed to "
+    return (f"{what} reads ${var}, which is 0 here (a node has no GPU): passed to "
             f"--nproc-per-node it starts no process; write "
             f"$(( {var} > 0 ? {var} : 1 )) to run one process per CPU node")
