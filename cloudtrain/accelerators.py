@@ -49,9 +49,13 @@ def parse_accelerators(value: Any) -> Any:
         if set(value) <= {"name", "count"} and "name" in value:
             return value
         if len(value) != 1:
-            raise ValueError("give one GPU model, e.g. {A100: 8} or A100:8")
+            raise ValueError("give one GPU model, e.g. {A100: 8} or A100:8 (alternatives are "
+                             "not read: any:8 lets the planner pick the model)")
         (name, count), = value.items()
         if isinstance(count, bool) or not isinstance(count, int):
             raise ValueError(f"the count '{count}' is not a whole number; write e.g. {{{name}: 8}}")
         return {"name": str(name), "count": count}
+    if isinstance(value, (list, tuple, set)):
+        raise ValueError("give one GPU model, e.g. A100:8 (SkyPilot's list of alternatives is "
+                         "not read: any:8 lets the planner pick the model)")
     raise ValueError("expected NAME[:COUNT] (e.g. A100:8) or {NAME: COUNT}")

@@ -385,6 +385,9 @@ def _suggest(offers: list[Offer], ask: _Ask, rejected: set[str]) -> list[str]:
     for key, label in (("region", "another region"), ("zone", "another zone")):
         if key in rejected and (r := cheapest(ask, [key])):
             found.append((r.cluster, f"in {label}: {_where(r)}"))
+    for key, field_name in (("cpus", "cpus"), ("ram", "memory")):
+        if key in rejected and (r := cheapest(ask, [key])):
+            found.append((r.cluster, f"without resources.{field_name}: {_where(r)}"))
     if "provider" in rejected and (r := cheapest(ask, ["provider"])):
         why = ask.unavailable.get(r.offer.provider)
         found.append((r.cluster, f"on {r.offer.provider}{f' ({why})' if why else ''}: {_where(r)}"))

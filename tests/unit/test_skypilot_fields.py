@@ -111,6 +111,8 @@ def test_infra_is_provider_region_and_zone(home: Path, tmp_path: Path) -> None:
     ("  accelerators: A100:8\n  cpus: 8GB+\n", ("resources.cpus", "4+")),
     ("  accelerators: A100:8\n  memory: 32++\n", ("resources.memory", "32+")),
     ("  accelerators: A100:8\n  memory: true\n", ("resources.memory", "32+")),
+    ("  accelerators: [A100:8, H100:8]\n", ("resources.accelerators", "any:8")),
+    ("  accelerators: {A100: 8, H100: 8}\n", ("resources.accelerators", "any:8")),
 ])
 def test_bad_skypilot_fields_exit_2_naming_the_field(home: Path, tmp_path: Path, resources: str,
                                                      says: tuple[str, ...]) -> None:
@@ -134,6 +136,7 @@ def test_cpus_and_memory_filter_offers(home: Path, tmp_path: Path) -> None:
     err = refused(home, task(tmp_path, base + "  cpus: 128+\n"), "No offer fits",
                   "96 vCPUs (resources.cpus is 128+)")
     assert "with 128+ vCPUs" in err
+    assert "Nearest: without resources.cpus: $25.00/h on gcp (a2-slim-8g, us-central1)" in err
 
 
 def test_capital_name_is_kept_and_the_cluster_name_derived(home: Path, tmp_path: Path) -> None:
@@ -149,6 +152,25 @@ def test_capital_name_is_kept_and_the_cluster_name_derived(home: Path, tmp_path:
     # -c gives the cluster another name
     r = run(home, "up", path, "--dry-run", "-c", "other")
     assert r.returncode == 0 and "Plan for cluster 'other'" in r.stderr + r.stdout, r.stderr
+
+
+@pytest.mark.parametrize("name,cluster", [
+    ("multi_hostname", "multi-hostname"),
+    ("Train__GPT.2-", "train-gpt-2"),
+    ("A_very_long.Name-for_a_SkyPilot_task_that_goes_on", "a-very-long-name-for-a-skypilot-task-tha"),
+    ("x_-_", "x"),
+])
+def test_the_cluster_name_rule(home: Path, tmp_path: Path, name: str, cluster: str) -> None:
+    r = run(home, "up", task(tmp_path, "  provider: local\n", head=f"name: {name}\n"), "--dry-run")
+    assert r.returncode == 0, r.stderr
+    assert f"Plan for cluster '{cluster}'" in r.stderr + r.stdout
+    assert f"the cluster is named '{cluster}'" in r.stderr
+
+
+def test_a_valid_cluster_name_is_used_as_it_is_without_a_note(home: Path, tmp_path: Path) -> None:
+    r = run(home, "up", task(tmp_path, "  provider: local\n", head="name: a--b\n"), "--dry-run")
+    assert r.returncode == 0 and "Plan for cluster 'a--b'" in r.stderr + r.stdout, r.stderr
+    assert not [ln for ln in r.stderr.splitlines() if ln.startswith("note:")], r.stderr
 
 
 @pytest.mark.parametrize("name", ["9job", "-job", "'my job'", "a" * 64, "job/1"])
