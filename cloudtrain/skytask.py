@@ -118,6 +118,13 @@ class _Reader:
         if asked and provider in FREE:
             self.notes.append(f"resources.{'/'.join(asked)}: not checked on {provider} nodes "
                               "(they are the machines you have); the ranking uses them on clouds")
+        elif asked and self.res.get("accelerators") in (None, "", "none") \
+                and not self.res.get("instance_type"):
+            raise self.error(asked[0], "on a cloud, cpus and memory choose among the catalog's "
+                             "GPU offers, and this task asks for no GPU",
+                             "Add resources.accelerators (e.g. A100:8, or any:1 for the cheapest "
+                             "GPU), or name a CPU instance in resources.instance_type (e.g. "
+                             "m6i.2xlarge on AWS).")
 
     def name(self) -> None:
         name = self.data.get("name")
