@@ -104,7 +104,7 @@ def choose(task: Task, offers: Iterable[Offer], *, fit: MemoryEstimate | None = 
 def resolved(task: Task, choice: Plan) -> Task:
     """The task with the planner's choice written in (provider, region, instance type, and
     the GPU model for ``any:N``): what ``provision`` asks the provider for."""
-    from cloudtrain.accelerators import Accelerators
+    from cloudtrain.taskmodel import Accelerators
 
     res = task.resources
     update: dict[str, Any] = {"provider": choice.provider, "region": choice.region,

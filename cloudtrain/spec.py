@@ -17,8 +17,7 @@ from pydantic import BaseModel, ValidationError
 
 from cloudtrain import skytask
 from cloudtrain.errors import SpecError
-from cloudtrain.accelerators import Accelerators
-from cloudtrain.taskmodel import Resources, Task, Train
+from cloudtrain.taskmodel import Accelerators, Resources, Task, Train
 from cloudtrain.yamlsrc import MAX_BYTES, LocatedYaml, load_located
 
 

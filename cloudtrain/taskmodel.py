@@ -16,9 +16,9 @@ from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo,
                       model_validator)
 
 from cloudtrain import sizes, sshproxy
-from cloudtrain.accelerators import Accelerators, parse_accelerators
 from cloudtrain.names import TASK_NAME_RE, TASK_NAME_RULE
 from cloudtrain.storage import url as bucket_url
+from cloudtrain.taskpaths import check_mount_target, check_path_text
 from cloudtrain.yamlsrc import LocatedYaml
 
 # Upper bounds for the task's money and time fields: a number past these is a typo (or .inf),
@@ -26,39 +26,6 @@ from cloudtrain.yamlsrc import LocatedYaml
 MAX_HOURS = 24 * 366            # max_hours: a year
 MAX_USD = 10_000_000            # max_cost_usd
 MAX_USD_PER_HOUR = 100_000      # resources.max_hourly_cost
-MAX_PATH = 4096                 # a path in the task (bytes, as Linux's PATH_MAX)
-MAX_PATH_PART = 255             # one component of it (NAME_MAX)
-
-
-def _check_path_text(p: str) -> None:
-    """Length rules every path in a task follows (NUL is refused by the reader)."""
-    size = len(p.encode("utf-8", "surrogatepass"))
-    if size > MAX_PATH:
-        raise ValueError(f"the path is {size} bytes long; paths are at most {MAX_PATH}")
-    long_part = next((part for part in p.split("/")
-                      if len(part.encode("utf-8", "surrogatepass")) > MAX_PATH_PART), None)
-    if long_part is not None:
-        raise ValueError(f"the path has a name longer than {MAX_PATH_PART} bytes "
-                         f"('{long_part[:20]}...')")
-    if not p.strip():
-        raise ValueError("the path is empty")
-
-
-def _check_mount_target(target: str) -> None:
-    """A file_mounts target (the path on the node): relative ones are under the node's
-    workdir, absolute ones are paths on the node's own disk (refused where nodes share this
-    machine, see check_mounts). Neither may climb with '..' or start with '~'."""
-    _check_path_text(target)
-    parts = target.split("/")
-    if ".." in parts:
-        raise ValueError(f"the node path '{target}' climbs out with '..'; write it relative to "
-                         "the workdir without '..' (e.g. 'data') or as an absolute path")
-    if target.startswith("~"):
-        raise ValueError(f"the node path '{target}' starts with '~'; write it relative to the "
-                         "workdir (e.g. 'data') or as an absolute path")
-    if not target.startswith("/") and all(part in ("", ".") for part in parts):
-        raise ValueError(f"the node path '{target}' is the workdir itself; name a file or "
-                         "directory under it (e.g. 'data')")
 
 
 class _Strict(BaseModel):
@@ -68,6 +35,54 @@ class _Strict(BaseModel):
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 _PLACE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 _ITYPE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+class Accelerators(_Strict):
+    name: str
+    count: int = Field(ge=1, le=64)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not v.strip() or v.startswith("-") or len(v) > 64 or _CONTROL_RE.search(v):
+            raise ValueError(f"'{v[:40]}' is not a GPU model name; write e.g. A100 or H100")
+        return v
+
+    def __str__(self) -> str:
+        return f"{self.name}:{self.count}"
+
+
+def parse_accelerators(value: Any) -> Any:
+    """``A100:8``, ``A100`` (one), ``{A100: 8}`` or ``{name: A100, count: 8}`` as the mapping
+    :class:`Accelerators` takes; None for none. ValueError names what is wrong."""
+    if value is None or value == "none" or value == "":
+        return None
+    if isinstance(value, str):
+        name, _, count = value.partition(":")
+        name = name.strip()
+        if not name:
+            raise ValueError("expected NAME[:COUNT], e.g. A100:8")
+        if count == "":
+            return {"name": name, "count": 1}
+        try:
+            n = int(count)
+        except ValueError:
+            raise ValueError(f"the count '{count}' is not a whole number; write e.g. {name}:8") from None
+        return {"name": name, "count": n}
+    if isinstance(value, dict):
+        if set(value) <= {"name", "count"} and "name" in value:
+            return value
+        if len(value) != 1:
+            raise ValueError("give one GPU model, e.g. {A100: 8} or A100:8 (alternatives are "
+                             "not read: any:8 lets the planner pick the model)")
+        (name, count), = value.items()
+        if isinstance(count, bool) or not isinstance(count, int):
+            raise ValueError(f"the count '{count}' is not a whole number; write e.g. {{{name}: 8}}")
+        return {"name": str(name), "count": count}
+    if isinstance(value, (list, tuple, set)):
+        raise ValueError("give one GPU model as NAME[:COUNT], e.g. A100:8 (SkyPilot's list of "
+                         "alternatives is not read: any:8 lets the planner pick the model)")
+    raise ValueError("expected NAME[:COUNT] (e.g. A100:8) or {NAME: COUNT}")
 
 
 class Resources(BaseModel):
@@ -207,7 +222,7 @@ class Train(_Strict):
     @classmethod
     def _script(cls, v: str | None) -> str | None:
         if v is not None:
-            _check_path_text(v)
+            check_path_text(v)
             if v.startswith(("/", "-", "~")) or ".." in v.split("/"):
                 raise ValueError(f"'{v[:60]}': give the script's path inside workdir, without "
                                  "'..' and not starting with '/', '~' or '-', e.g. train.py")
@@ -254,7 +269,7 @@ class BootstrapSpec(_Strict):
             if not v.startswith("/"):
                 raise ValueError("give the absolute path of a python on the nodes, e.g. "
                                  "/opt/conda/bin/python")
-            _check_path_text(v)
+            check_path_text(v)
             if _CONTROL_RE.search(v):
                 raise ValueError("the path has control characters; give the absolute path of "
                                  "a python on the nodes, e.g. /opt/conda/bin/python")
@@ -413,7 +428,7 @@ class Task(_Strict):
     @classmethod
     def _paths(cls, v: str | None) -> str | None:
         if v is not None:
-            _check_path_text(v)
+            check_path_text(v)
         return v
 
     @field_validator("file_mounts")
@@ -421,7 +436,7 @@ class Task(_Strict):
     def _mounts(cls, v: dict[str, str]) -> dict[str, str]:
         out = {}
         for target, local in v.items():
-            _check_mount_target(target)
+            check_mount_target(target)
             if bucket_url.is_bucket_url(local):
                 try:
                     local = str(bucket_url.parse(local))
@@ -429,7 +444,7 @@ class Task(_Strict):
                     raise ValueError(f"the source for '{target}': {exc}") from None
             else:
                 try:
-                    _check_path_text(local)
+                    check_path_text(local)
                 except ValueError as exc:
                     raise ValueError(f"the local path for '{target}': {exc}") from None
             out[target] = local
@@ -457,7 +472,7 @@ class Task(_Strict):
     @classmethod
     def _outputs(cls, v: list[str]) -> list[str]:
         for p in v:
-            _check_path_text(p)
+            check_path_text(p)
             if p.startswith("/") or ".." in Path(p).parts:
                 raise ValueError(f"'{p}': outputs are paths inside workdir, e.g. checkpoints/")
         return v

@@ -113,7 +113,7 @@ def load_cost_task(task_file: str, accelerators: str | None) -> Task:
         from pydantic import ValidationError
 
         from cloudtrain.errors import UserError
-        from cloudtrain.accelerators import Accelerators, parse_accelerators
+        from cloudtrain.taskmodel import Accelerators, parse_accelerators
 
         try:
             acc = Accelerators.model_validate(parse_accelerators(accelerators))
