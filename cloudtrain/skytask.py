@@ -20,7 +20,9 @@ cloudtrain has instead: ``accelerators: any:N`` (the planner ranks every GPU mod
 
 from __future__ import annotations
 
-from typing import Any
+import copy
+from dataclasses import dataclass, field
+from typing import Any, Mapping
 
 from cloudtrain.errors import SpecError
 from cloudtrain.names import derive, is_valid
@@ -43,6 +45,7 @@ class _Reader:
         res = data.get("resources")
         self.res: dict[Any, Any] | None = dict(res) if isinstance(res, dict) else None
         self.origin: dict[str, str] = {}
+        self.renamed: dict[str, str] = {}   # our dotted field -> the one the file wrote
 
     def line(self, *path: Any) -> int | None:
         return self.located.line_of(path)
@@ -63,6 +66,8 @@ class _Reader:
                              f"resources.{ours}.")
         self.res[ours] = value
         self.origin.setdefault(ours, f"resources.{theirs}")
+        if have is None:
+            self.renamed.setdefault(f"resources.{ours}", f"resources.{theirs}")
         line = self.line("resources", theirs)
         if line is not None and ("resources", ours) not in self.lines:
             self.lines[("resources", ours)] = line
@@ -102,6 +107,7 @@ class _Reader:
             raise self.error("disk_size", f"is {value!r}, but resources.disk_size_gb is "
                              f"{self.res['disk_size_gb']!r}", "Keep one of them.")
         self.res["disk_size_gb"] = value
+        self.renamed["resources.disk_size_gb"] = "resources.disk_size"
         line = self.line("resources", "disk_size")
         if line is not None:
             self.lines.setdefault(("resources", "disk_size_gb"), line)
@@ -137,7 +143,7 @@ class _Reader:
                               f"'{cluster}' (cluster names are lowercase letters, digits and "
                               "'-'; -c NAME gives another)")
 
-    def read(self) -> tuple[LocatedYaml, tuple[str, ...]]:
+    def read(self) -> Read:
         if self.res is not None:
             for key in _ALTERNATIVES:
                 if key in self.res:
@@ -156,13 +162,37 @@ class _Reader:
             self.sizes()
             self.data["resources"] = self.res
         self.name()
-        return LocatedYaml(self.data, self.lines), tuple(self.notes)
+        return Read(LocatedYaml(self.data, self.lines), tuple(self.notes), dict(self.renamed))
 
 
-def translate(located: LocatedYaml, source: str) -> tuple[LocatedYaml, tuple[str, ...]]:
+@dataclass(frozen=True)
+class Read:
+    """A task file's data with SkyPilot's fields read as ours."""
+
+    located: LocatedYaml
+    notes: tuple[str, ...]
+    """One line each, for stderr: what was read differently from how it is written."""
+    renamed: dict[str, str] = field(default_factory=dict)
+    """Our dotted field -> SkyPilot's, where the value came from SkyPilot's field."""
+
+
+def translate(located: LocatedYaml, source: str) -> Read:
     """The task data with SkyPilot's fields read as ours, and the notes that say so (the
     same data, and no notes, for a task that uses none). SpecError (exit 2) for a field
     given twice with different values, a malformed ``infra`` or ``cloud``, and alternatives."""
     if not isinstance(located.data, dict):
-        return located, ()
+        return Read(located, ())
     return _Reader(located, source).read()
+
+
+def as_written(err: SpecError, renamed: Mapping[str, str]) -> SpecError:
+    """``err`` naming the field as the file wrote it ('resources.cloud (read as
+    resources.provider)') when its value came from a SkyPilot field; else ``err``."""
+    theirs = renamed.get(err.field)
+    if theirs is None:
+        return err
+    out = copy.copy(err)
+    out.message = err.message.replace(f"field '{err.field}':",
+                                      f"field '{theirs}' (read as {err.field}):", 1)
+    out.field, out.args = theirs, (out.message,)
+    return out

@@ -16,7 +16,7 @@ from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo,
                       model_validator)
 
 from cloudtrain import sizes, sshproxy
-from cloudtrain.names import TASK_NAME_RE, TASK_NAME_RULE
+from cloudtrain.names import TASK_NAME_RE, TASK_NAME_RULE, derive
 from cloudtrain.storage import url as bucket_url
 from cloudtrain.taskpaths import check_mount_target, check_path_text
 from cloudtrain.yamlsrc import LocatedYaml
@@ -389,12 +389,17 @@ class Task(_Strict):
     _located: LocatedYaml | None = PrivateAttr(default=None)
     _source: str = PrivateAttr(default="")
     _notes: tuple[str, ...] = PrivateAttr(default=())
+    _renamed: dict[str, str] = PrivateAttr(default_factory=dict)
 
-    def attach_source(self, located: LocatedYaml, source: str,
-                      notes: tuple[str, ...] = ()) -> None:
-        """Remember the file the task was read from (its name and the line of each key), and
-        the notes its reading left (SkyPilot fields read as ours: ``skytask``)."""
+    def attach_source(self, located: LocatedYaml, source: str, notes: tuple[str, ...] = (),
+                      renamed: dict[str, str] | None = None) -> None:
+        """Remember the file, its key lines, its notes and renamed fields (``skytask``)."""
         self._located, self._source, self._notes = located, source, tuple(notes)
+        self._renamed = dict(renamed or {})
+
+    @property
+    def renamed(self) -> dict[str, str]:   # our dotted field -> SkyPilot's, as the file wrote it
+        return dict(self._renamed)
 
     @property
     def notes(self) -> tuple[str, ...]:
@@ -404,8 +409,6 @@ class Task(_Strict):
     @property
     def cluster_name(self) -> str | None:
         """The cluster name ``name:`` gives (names.derive), None without a name."""
-        from cloudtrain.names import derive
-
         return derive(self.name) if self.name else None
 
     @property

@@ -111,6 +111,13 @@ def test_infra_is_provider_region_and_zone(home: Path, tmp_path: Path) -> None:
     ("  accelerators: A100:8\n  cpus: 8GB+\n", ("resources.cpus", "4+")),
     ("  accelerators: A100:8\n  memory: 32++\n", ("resources.memory", "32+")),
     ("  accelerators: A100:8\n  memory: true\n", ("resources.memory", "32+")),
+    # a bad value read from a SkyPilot field is reported under the name the file wrote
+    ("  cloud: kubernetes\n  accelerators: A100:8\n",
+     ("field 'resources.cloud' (read as resources.provider)", "kubernetes")),
+    ("  infra: aws/us east\n  accelerators: A100:8\n",
+     ("field 'resources.infra' (read as resources.region)", "us east")),
+    ("  disk_size: 4\n  accelerators: A100:8\n",
+     ("field 'resources.disk_size' (read as resources.disk_size_gb)", "8")),
     ("  cloud: aws\n  cpus: 8+\n", ("resources.cpus", "no GPU", "instance_type")),
     ("  infra: gcp\n  memory: 64+\n", ("resources.memory", "accelerators")),
     ("  accelerators: [A100:8, H100:8]\n", ("resources.accelerators", "any:8")),
