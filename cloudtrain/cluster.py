@@ -65,7 +65,7 @@ def cluster_mark(env: Env, name: str) -> str:
 def resolve_name(task: Task, override: str | None, task_path: str | None) -> str:
     from cloudtrain.names import check
 
-    name = override or task.name
+    name = override or task.cluster_name   # 'name: My_Job' -> my-job (names.derive)
     if not name and task_path:
         stem = Path(task_path).stem.lower().replace("_", "-")
         name = "".join(c for c in stem if c.isalnum() or c == "-").strip("-") or None

@@ -18,6 +18,24 @@ RULE = "1-40 lowercase letters, digits and '-', starting with a letter and not e
 NAME_RE = re.compile(r"\A(?:[a-z][a-z0-9-]{0,38}[a-z0-9]|[a-z])\Z")
 
 
+# A task's ``name:`` may be wider than a cluster name (SkyPilot allows capitals, '_' and '.'):
+# it is kept as the job's name, and the cluster name is derived from it (:func:`derive`).
+TASK_NAME_RULE = "1-63 letters, digits, '-', '_' and '.', starting with a letter"
+TASK_NAME_RE = re.compile(r"\A[A-Za-z][A-Za-z0-9._-]{0,62}\Z")
+
+
+def derive(name: str) -> str:
+    """The cluster name for a task name that follows TASK_NAME_RULE: lowercase, each run of
+    '_', '.' and '-' one '-', at most 40 characters, no '-' at the end ('My_Job.v2' ->
+    'my-job-v2'). A valid cluster name is returned as it is."""
+    if is_valid(name):
+        return name
+    out = re.sub(r"[._-]+", "-", name.lower())[:40].rstrip("-")
+    if not is_valid(out):   # not reached for a name that follows TASK_NAME_RULE
+        raise UserError(f"{name!r} gives no valid cluster name: use {RULE}.", "e.g. 'train-1'.")
+    return out
+
+
 def is_valid(name: object) -> bool:
     return isinstance(name, str) and NAME_RE.fullmatch(name) is not None
 

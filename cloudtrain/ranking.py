@@ -20,6 +20,7 @@ from cloudtrain.errors import UserError
 from cloudtrain.memfit import USABLE_FRACTION, Breakdown, MemoryEstimate
 
 if TYPE_CHECKING:
+    from cloudtrain.sizes import SizeAsk
     from cloudtrain.taskmodel import Resources, Task
 
 CLOUDS = ("aws", "gcp", "azure")
@@ -34,8 +35,8 @@ _SELECTORS = ("gpu", "instance_type")
 the catalog, not worth a line in an error unless nothing else is left."""
 
 # The order constraints are checked in; an offer is rejected by the first it fails.
-CONSTRAINTS = ("gpu", "instance_type", "count", "provider", "region", "zone", "market",
-               "memory", "max_hourly_cost")
+CONSTRAINTS = ("gpu", "instance_type", "count", "provider", "region", "zone", "cpus", "ram",
+               "market", "memory", "max_hourly_cost")
 
 
 @dataclass(frozen=True)
@@ -190,6 +191,8 @@ class _Ask:
     spot: bool
     max_hourly_cost: float | None
     fit: MemoryEstimate | None
+    cpus: SizeAsk | None = None      # resources.cpus: vCPUs per node (sizes)
+    ram: SizeAsk | None = None       # resources.memory: GB per node
 
 
 def _want(ask: _Ask, resources: Resources) -> str:
@@ -199,6 +202,9 @@ def _want(ask: _Ask, resources: Resources) -> str:
             what += f" on {ask.instance_type}"
     else:
         what = str(ask.instance_type)
+    sizes = [f"{size} {unit}" for size, unit in ((ask.cpus, "vCPUs"), (ask.ram, "GB memory"))
+             if size]
+    what += f" with {' and '.join(sizes)}" if sizes else ""
     where = [w for w in (ask.provider, ask.region, ask.zone) if w]
     text = f"{what} x {ask.num_nodes} node{'s' if ask.num_nodes != 1 else ''}"
     text += f", {'spot' if ask.spot else 'on-demand'}"
@@ -237,7 +243,8 @@ def _resolve(resources: Resources, num_nodes: int, offers: list[Offer], *,
                 zone=resources.zone, provider=provider,
                 providers=frozenset(providers) if providers is not None else None,
                 unavailable=dict(unavailable or {}), spot=spot,
-                max_hourly_cost=max_hourly_cost, fit=fit)
+                max_hourly_cost=max_hourly_cost, fit=fit, cpus=resources.cpus,
+                ram=resources.memory)
 
 
 def _gib(v: float) -> str:
@@ -293,6 +300,9 @@ def _checks(ask: _Ask) -> list[tuple[str, Callable[[Offer], str | None]]]:
         named = any(z.startswith(o.region) for z in o.zones)
         return None if ask.zone.startswith(o.region) and not named else f"not in zone {ask.zone}"
     out.append(("zone", zone))
+    out.append(("cpus", lambda o: ask.cpus.reject(o.vcpus, "vCPUs", "cpus") if ask.cpus else None))
+    out.append(("ram", lambda o: ask.ram.reject(o.memory_gib, "GB memory", "memory")
+                if ask.ram else None))
 
     def market(o: Offer) -> str | None:
         if o.hourly(ask.spot) is None:
@@ -379,6 +389,9 @@ def _suggest(offers: list[Offer], ask: _Ask, rejected: set[str]) -> list[str]:
     for key, label in (("region", "another region"), ("zone", "another zone")):
         if key in rejected and (r := cheapest(ask, [key])):
             found.append((r.cluster, f"in {label}: {_where(r)}"))
+    for key, field_name in (("cpus", "cpus"), ("ram", "memory")):
+        if key in rejected and (r := cheapest(ask, [key])):
+            found.append((r.cluster, f"without resources.{field_name}: {_where(r)}"))
     if "provider" in rejected and (r := cheapest(ask, ["provider"])):
         why = ask.unavailable.get(r.offer.provider)
         found.append((r.cluster, f"on {r.offer.provider}{f' ({why})' if why else ''}: {_where(r)}"))

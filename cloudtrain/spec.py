@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from cloudtrain import skytask
 from cloudtrain.errors import SpecError
 from cloudtrain.taskmodel import Accelerators, Resources, Task, Train
 from cloudtrain.yamlsrc import MAX_BYTES, LocatedYaml, load_located
@@ -133,15 +134,18 @@ def parse_located(located: LocatedYaml, source: str, base_dir: Path | None = Non
         raise SpecError("the task file must be a mapping of fields (name:, num_nodes:, run: ...)",
                         source=source, line=1, hint="See the task-file reference in the README.")
     _refuse_non_finite(located, source)
+    read = skytask.translate(located, source)   # SkyPilot's field names, read as ours
+    located = read.located
     try:
         task = Task.model_validate(located.data)
     except ValidationError as exc:
-        raise _error_from_validation(exc, located, source) from None
+        raise skytask.as_written(_error_from_validation(exc, located, source),
+                                 read.renamed) from None
     bad = non_finite_path(task.model_dump())
     if bad is not None:
         raise non_finite_error(bad, located.line_of(bad), source)
     task = task.model_copy(update={"base_dir": (base_dir or Path(".")).resolve()})
-    task.attach_source(located, source)
+    task.attach_source(located, source, read.notes, read.renamed)
     return task
 
 

@@ -12,11 +12,13 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator,
+                      model_validator)
 
-from cloudtrain import sshproxy
-from cloudtrain.names import NAME_RE
+from cloudtrain import sizes, sshproxy
+from cloudtrain.names import TASK_NAME_RE, TASK_NAME_RULE, derive
 from cloudtrain.storage import url as bucket_url
+from cloudtrain.taskpaths import check_mount_target, check_path_text
 from cloudtrain.yamlsrc import LocatedYaml
 
 # Upper bounds for the task's money and time fields: a number past these is a typo (or .inf),
@@ -24,39 +26,6 @@ from cloudtrain.yamlsrc import LocatedYaml
 MAX_HOURS = 24 * 366            # max_hours: a year
 MAX_USD = 10_000_000            # max_cost_usd
 MAX_USD_PER_HOUR = 100_000      # resources.max_hourly_cost
-MAX_PATH = 4096                 # a path in the task (bytes, as Linux's PATH_MAX)
-MAX_PATH_PART = 255             # one component of it (NAME_MAX)
-
-
-def _check_path_text(p: str) -> None:
-    """Length rules every path in a task follows (NUL is refused by the reader)."""
-    size = len(p.encode("utf-8", "surrogatepass"))
-    if size > MAX_PATH:
-        raise ValueError(f"the path is {size} bytes long; paths are at most {MAX_PATH}")
-    long_part = next((part for part in p.split("/")
-                      if len(part.encode("utf-8", "surrogatepass")) > MAX_PATH_PART), None)
-    if long_part is not None:
-        raise ValueError(f"the path has a name longer than {MAX_PATH_PART} bytes "
-                         f"('{long_part[:20]}...')")
-    if not p.strip():
-        raise ValueError("the path is empty")
-
-
-def _check_mount_target(target: str) -> None:
-    """A file_mounts target (the path on the node): relative ones are under the node's
-    workdir, absolute ones are paths on the node's own disk (refused where nodes share this
-    machine, see check_mounts). Neither may climb with '..' or start with '~'."""
-    _check_path_text(target)
-    parts = target.split("/")
-    if ".." in parts:
-        raise ValueError(f"the node path '{target}' climbs out with '..'; write it relative to "
-                         "the workdir without '..' (e.g. 'data') or as an absolute path")
-    if target.startswith("~"):
-        raise ValueError(f"the node path '{target}' starts with '~'; write it relative to the "
-                         "workdir (e.g. 'data') or as an absolute path")
-    if not target.startswith("/") and all(part in ("", ".") for part in parts):
-        raise ValueError(f"the node path '{target}' is the workdir itself; name a file or "
-                         "directory under it (e.g. 'data')")
 
 
 class _Strict(BaseModel):
@@ -104,11 +73,15 @@ def parse_accelerators(value: Any) -> Any:
         if set(value) <= {"name", "count"} and "name" in value:
             return value
         if len(value) != 1:
-            raise ValueError("give one GPU model, e.g. {A100: 8} or A100:8")
+            raise ValueError("give one GPU model, e.g. {A100: 8} or A100:8 (alternatives are "
+                             "not read: any:8 lets the planner pick the model)")
         (name, count), = value.items()
         if isinstance(count, bool) or not isinstance(count, int):
             raise ValueError(f"the count '{count}' is not a whole number; write e.g. {{{name}: 8}}")
         return {"name": str(name), "count": count}
+    if isinstance(value, (list, tuple, set)):
+        raise ValueError("give one GPU model as NAME[:COUNT], e.g. A100:8 (SkyPilot's list of "
+                         "alternatives is not read: any:8 lets the planner pick the model)")
     raise ValueError("expected NAME[:COUNT] (e.g. A100:8) or {NAME: COUNT}")
 
 
@@ -135,6 +108,10 @@ class Resources(BaseModel):
                                           allow_inf_nan=False)
     # A job's share of each node: N GPU slots (docs/queue.md); None: every node whole.
     gpus_per_job: int | None = Field(None, ge=1, le=64)
+    # SkyPilot's size requests: vCPUs and memory (GB) per node, ``4`` exactly or ``4+`` at
+    # least; the ranking keeps the offers that have them (not checked on local/ssh nodes).
+    cpus: sizes.SizeAsk | None = None
+    memory: sizes.SizeAsk | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -148,6 +125,11 @@ class Resources(BaseModel):
     @classmethod
     def _acc(cls, v: Any) -> Any:
         return parse_accelerators(v)
+
+    @field_validator("cpus", "memory", mode="before")
+    @classmethod
+    def _sizes(cls, v: Any, info: ValidationInfo) -> Any:
+        return sizes.parse(v, str(info.field_name))
 
     @field_validator("region", "zone")
     @classmethod
@@ -240,7 +222,7 @@ class Train(_Strict):
     @classmethod
     def _script(cls, v: str | None) -> str | None:
         if v is not None:
-            _check_path_text(v)
+            check_path_text(v)
             if v.startswith(("/", "-", "~")) or ".." in v.split("/"):
                 raise ValueError(f"'{v[:60]}': give the script's path inside workdir, without "
                                  "'..' and not starting with '/', '~' or '-', e.g. train.py")
@@ -287,7 +269,7 @@ class BootstrapSpec(_Strict):
             if not v.startswith("/"):
                 raise ValueError("give the absolute path of a python on the nodes, e.g. "
                                  "/opt/conda/bin/python")
-            _check_path_text(v)
+            check_path_text(v)
             if _CONTROL_RE.search(v):
                 raise ValueError("the path has control characters; give the absolute path of "
                                  "a python on the nodes, e.g. /opt/conda/bin/python")
@@ -406,10 +388,28 @@ class Task(_Strict):
     # Set by parse_task: the file's name and key lines, so later checks can name the line.
     _located: LocatedYaml | None = PrivateAttr(default=None)
     _source: str = PrivateAttr(default="")
+    _notes: tuple[str, ...] = PrivateAttr(default=())
+    _renamed: dict[str, str] = PrivateAttr(default_factory=dict)
 
-    def attach_source(self, located: LocatedYaml, source: str) -> None:
-        """Remember the file the task was read from (its name and the line of each key)."""
-        self._located, self._source = located, source
+    def attach_source(self, located: LocatedYaml, source: str, notes: tuple[str, ...] = (),
+                      renamed: dict[str, str] | None = None) -> None:
+        """Remember the file, its key lines, its notes and renamed fields (``skytask``)."""
+        self._located, self._source, self._notes = located, source, tuple(notes)
+        self._renamed = dict(renamed or {})
+
+    @property
+    def renamed(self) -> dict[str, str]:   # our dotted field -> SkyPilot's, as the file wrote it
+        return dict(self._renamed)
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """One line each: what reading the file took differently from how it is written."""
+        return self._notes
+
+    @property
+    def cluster_name(self) -> str | None:
+        """The cluster name ``name:`` gives (names.derive), None without a name."""
+        return derive(self.name) if self.name else None
 
     @property
     def source(self) -> str:
@@ -422,16 +422,16 @@ class Task(_Strict):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str | None) -> str | None:
-        if v is not None and not NAME_RE.match(v):
-            raise ValueError("use 1-40 lowercase letters, digits and '-', starting with a letter, "
-                             "e.g. my-job")
+        # The job's name; the cluster's is derived from it (names.derive: 'My_Job' -> 'my-job').
+        if v is not None and not TASK_NAME_RE.match(v):
+            raise ValueError(f"use {TASK_NAME_RULE}, e.g. my-job")
         return v
 
     @field_validator("workdir", "outputs_dir")
     @classmethod
     def _paths(cls, v: str | None) -> str | None:
         if v is not None:
-            _check_path_text(v)
+            check_path_text(v)
         return v
 
     @field_validator("file_mounts")
@@ -439,7 +439,7 @@ class Task(_Strict):
     def _mounts(cls, v: dict[str, str]) -> dict[str, str]:
         out = {}
         for target, local in v.items():
-            _check_mount_target(target)
+            check_mount_target(target)
             if bucket_url.is_bucket_url(local):
                 try:
                     local = str(bucket_url.parse(local))
@@ -447,7 +447,7 @@ class Task(_Strict):
                     raise ValueError(f"the source for '{target}': {exc}") from None
             else:
                 try:
-                    _check_path_text(local)
+                    check_path_text(local)
                 except ValueError as exc:
                     raise ValueError(f"the local path for '{target}': {exc}") from None
             out[target] = local
@@ -475,7 +475,7 @@ class Task(_Strict):
     @classmethod
     def _outputs(cls, v: list[str]) -> list[str]:
         for p in v:
-            _check_path_text(p)
+            check_path_text(p)
             if p.startswith("/") or ".." in Path(p).parts:
                 raise ValueError(f"'{p}': outputs are paths inside workdir, e.g. checkpoints/")
         return v

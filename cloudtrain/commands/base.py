@@ -90,7 +90,15 @@ def handed_providers() -> Mapping[str, Provider]:
 def load_task(task_file: str) -> Task:
     from cloudtrain.provider.options import load_checked
 
-    return load_checked(task_file)
+    return show_notes(load_checked(task_file))
+
+
+def show_notes(task: Task) -> Task:
+    """What reading the task noted (SkyPilot's fields read as ours: cloudtrain.skytask), one
+    ``note:`` line each on stderr."""
+    for note in task.notes:
+        click.echo(f"note: {note}", err=True)
+    return task
 
 
 def finite(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:

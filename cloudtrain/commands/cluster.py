@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from cloudtrain.commands.access import ssh_config_choice
-from cloudtrain.commands.base import CONTEXT, check_name, confirm_cost, guard, open_env
+from cloudtrain.commands.base import (CONTEXT, check_name, confirm_cost, guard, open_env,
+                                      show_notes)
 from cloudtrain.commands.overrideopts import override_options, overrides_from, show_changes
 
 if TYPE_CHECKING:
@@ -50,6 +51,7 @@ def up(task_file: str, cluster_name: str | None, yes: bool, dry_run: bool, no_bo
 
     stop_signals_as_interrupt()
     task, changes = overrides.load(task_file, overrides_from(flags))
+    show_notes(task)
     env = open_env(contact=not dry_run)
     name = resolve_name(task, cluster_name, task_file)
     planned = plan.plan(env, task, name)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from cloudtrain.commands.base import CONTEXT, guard
+from cloudtrain.commands.base import CONTEXT, guard, show_notes
 from cloudtrain.commands.overrideopts import override_options, overrides_from
 
 if TYPE_CHECKING:
@@ -124,6 +124,7 @@ def load_overridden(task_file: str, accelerators: str | None,
 
     # resources.<provider> checked, the command line's overrides applied first
     task, changes = overrides.load(task_file, ov or overrides.Overrides(), known_providers=CLOUDS)
+    show_notes(task)
     if accelerators is not None:
         from pydantic import ValidationError
 

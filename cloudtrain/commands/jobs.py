@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from cloudtrain.commands.access import ssh_config_choice
-from cloudtrain.commands.base import CONTEXT, check_name, confirm_cost, finite, guard, open_env
+from cloudtrain.commands.base import (CONTEXT, check_name, confirm_cost, finite, guard, open_env,
+                                      show_notes)
 from cloudtrain.commands.overrideopts import override_options, overrides_from, show_changes
 
 if TYPE_CHECKING:
@@ -148,6 +149,7 @@ def launch_request(task_file: str | None, cluster_name: str | None, yes: bool,
         env = open_env(contact=not dry_run)
         base = overrides.cluster_base(env, name_given)
     task, changes = overrides.load(task_file, ov, name=name_given, workdir=workdir, base=base)
+    show_notes(task)
     recover = options["recover"] or task.recovery is not None
     if options["detach"] and recover and (ov or task_file is None):
         raise UserError("-d with recovery runs a controller that reads the task file again, "

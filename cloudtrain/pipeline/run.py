@@ -18,7 +18,8 @@ from cloudtrain import paths
 from cloudtrain.cluster import Handle, cluster_uid
 from cloudtrain.context import Env
 from cloudtrain.errors import Interrupted, JobFailed, RemoteError, UserError
-from cloudtrain.pipeline import bootstrap, outputs, queue, ranklog, sent, storage, sync, torchrun
+from cloudtrain.pipeline import (bootstrap, outputs, queue, ranklog, sent, skyenv, storage, sync,
+                                 torchrun)
 from cloudtrain.pipeline.bootstrap import run_bootstrap
 from cloudtrain.pipeline.prep import NodeFacts, prep_command, prep_facts
 from cloudtrain.pipeline.remote_job import (JobParts, LogSink, RemoteJob, job_dir, new_job_id,
@@ -68,6 +69,7 @@ def job_env(env: Env, handle: Handle, node: NodeRow, envs: dict[str, str], job_i
         "MASTER_PORT": str(handle.row.master_port),
         "PYTHONUNBUFFERED": "1",
     }
+    out.update(skyenv.aliases(out, job_id))   # SKYPILOT_NODE_RANK ... beside ours
     if node.iface:
         out["GLOO_SOCKET_IFNAME"] = node.iface
         out["NCCL_SOCKET_IFNAME"] = node.iface
@@ -238,6 +240,8 @@ def _ready(r: Running) -> tuple[Mapping[int, NodeFacts], str]:
 
 
 def _run_task(r: Running) -> Outcome:
+    if (zero := skyenv.zero_gpu_warning(r.task.run, (n.gpus for n in r.handle.nodes))):
+        r.env.ui.warn(zero)
     prep, setup_hash = _ready(r)
     logs = r.env.logs_dir(r.handle.name) / r.job_id
     r.env.state.add_launch(r.handle.name, r.job_id, r.task.name, r.start.detach)
@@ -463,6 +467,8 @@ def run_command(env: Env, handle: Handle, group: Group, command: str,
     from cloudtrain.pipeline import lastseen
 
     job_id = "exec-" + new_job_id()
+    if (zero := skyenv.zero_gpu_warning(command, (n.gpus for n in handle.nodes), "the command")):
+        env.ui.warn(zero)
     envs = env.state.job_envs(handle.name)   # the last launch's task envs and --env
     scripts = {n.rank: script(n, job_env(env, handle, n, envs, job_id, {}), command)
                for n in handle.nodes}

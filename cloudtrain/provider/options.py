@@ -22,6 +22,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
+from cloudtrain import skytask
 from cloudtrain.errors import SpecError, UserError
 from cloudtrain.provider import registry
 from cloudtrain.taskmodel import Resources, Task
@@ -56,9 +57,10 @@ def check_task(task: Task, known_providers: tuple[str, ...] = ()) -> Task:
     except SpecError:
         raise
     except Exception as exc:  # noqa: BLE001 - UserError from the registry (unknown, or not loadable)
-        raise SpecError(getattr(exc, "message", str(exc)), hint=getattr(exc, "hint", ""),
-                        field="resources.provider",
-                        line=task.line_of("resources", "provider"), source=task.source) from None
+        raise skytask.as_written(SpecError(
+            getattr(exc, "message", str(exc)), hint=getattr(exc, "hint", ""),
+            field="resources.provider", line=task.line_of("resources", "provider"),
+            source=task.source), task.renamed) from None
     return task
 
 

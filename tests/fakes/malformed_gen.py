@@ -126,8 +126,9 @@ NON_FINITE = [".inf", "-.inf", ".nan", ".NaN", "+.inf", "1.0e400", "-1.0e400"]
 
 # field -> invalid YAML values for it (each is invalid whatever the rest of the task is)
 BAD_VALUES: dict[str, list[str]] = {
-    "name": ["My-Job", "job_1", "1job", "-job", "job-", "'" + "a" * 41 + "'", "jöb", "'ジョブ'",
-             "'job name'", "''", "[a]", "{a: b}", "3", "'job.1'", "'../x'", "'a/b'", "'*'",
+    # (SkyPilot's names, 'My-Job', 'job_1', 'job.1', are kept with a derived cluster name)
+    "name": ["1job", "-job", "'" + "a" * 64 + "'", "jöb", "'ジョブ'", "'_job'",
+             "'job name'", "''", "[a]", "{a: b}", "3", "'.job'", "'../x'", "'a/b'", "'*'",
              "'" + "x" * 10_000 + "'", "'🚀'", "'ｊｏｂ'"],
     "num_nodes": ["0", "-1", "513", "1000000000000000000000", "two", "1.5", "[1]", "{a: 1}",
                   "null", "'3x'", "''", *NON_FINITE],
@@ -239,6 +240,8 @@ BAD_VALUES.update({
                            + ["5", "[bastion]", "{host: b}", "true"],
     "resources.max_hourly_cost": ["0", "-1", "1.0e9", "'cheap'", "[1]", *NON_FINITE],
     "resources.gpus_per_job": ["0", "-1", "65", "1.5", "'one'", "[1]", *NON_FINITE],
+    "resources.cpus": ["0", "-1", "'4++'", "'4GB'", "'many'", "[4]", "true", "5000", *NON_FINITE],
+    "resources.memory": ["0", "'-32+'", "'32TB'", "'lots'", "[32]", "70000", *NON_FINITE],
     "resources.local.network": ["netns2", "[loopback]", "5", "''"],
     "resources.local.python": ["relative/python", "5", _j("/" + "p/" * 2500),
                                _j("/usr/bin/py\nthon"), "''"],
