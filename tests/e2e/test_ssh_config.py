@@ -211,7 +211,7 @@ def test_home_with_a_space_is_quoted_for_openssh(tmp_path: Path) -> None:
 def test_bad_input(cli: CLI, tmp_path: Path) -> None:
     r = cli.run("ssh-config", "reinstall")
     assert r.returncode == 2 and "reinstall" in r.stderr
-    r = cli.run("up", str(_task(tmp_path, "Bad_Name")), "-y", "--ssh-config",
+    r = cli.run("up", str(_task(tmp_path, "_bad_name")), "-y", "--ssh-config",
                 HOME=str(tmp_path / "user"))
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert not (tmp_path / "user" / ".ssh").exists()
