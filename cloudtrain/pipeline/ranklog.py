@@ -90,6 +90,7 @@ class RankSink:
         self.locals: dict[tuple[int, int], int] = {}
         self.first: tuple[int, int, int] | None = None   # (node, rank, code) by marker
         self.failed = threading.Event()
+        self.user_stop = threading.Event()   # stopped by the user or the budget: show all
         self.done = threading.Event()
         self.thread: threading.Thread | None = None
         if not verbose:
@@ -109,7 +110,7 @@ class RankSink:
         if marker:
             self._marker(node, line)
             return
-        if self.verbose:
+        if self.verbose or self.user_stop.is_set():
             self.inner.echo(node, line.text)
             return
         now = time.monotonic()
@@ -126,7 +127,7 @@ class RankSink:
                 self.first = (node, line.rank, int(code))
                 if line.local_rank is not None:
                     self.locals[(node, line.rank)] = line.local_rank
-        if self.watch_markers:
+        if self.watch_markers and not self.user_stop.is_set():
             self.fail()
 
     def fail(self, node: int | None = None) -> str | None:
@@ -139,6 +140,14 @@ class RankSink:
         if first is None:
             return None
         return who(Failed(first[0], first[1], self.locals.get(first[:2]), first[2]))
+
+    def stopped(self) -> None:
+        """The user (Ctrl-C) or the budget stops the job: the workers end on a signal, which
+        is not a failure to hide output for. What is held is shown now, and every later line
+        (the checkpoint each rank writes and uploads on SIGTERM) as it comes."""
+        self.user_stop.set()
+        if not self.failed.is_set():
+            self._show(float("inf"))
 
     def _show_due(self) -> None:
         while not self.done.wait(0.1):

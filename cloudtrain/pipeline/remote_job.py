@@ -189,10 +189,17 @@ class RemoteJob:
         """Called by the budget watch at 100 %, and again on its later polls while this job
         still runs: a node whose job started just after the first stop is stopped too."""
         if not self.stopping.is_set():
+            self._user_stop()
             self.stop_everywhere(f"{reason}: stopping job {self.job_id} on every node")
         elif time.monotonic() - self._last_stop >= 1.0:
             self._last_stop = time.monotonic()
             self._stop()
+
+    def _user_stop(self) -> None:
+        """The job is stopped on purpose: a sink that holds lines back shows them all."""
+        stopped = getattr(self.sink, "stopped", None)
+        if callable(stopped):
+            stopped()
 
     def _on_done(self, r: Result) -> None:
         code = r.exit_code if r.error is None else None
@@ -229,6 +236,7 @@ class RemoteJob:
                 res = self._each(lambda n: self._start_and_follow(n, jdirs[n.rank]))
         except KeyboardInterrupt:
             self.env.ui.warn("Interrupted: stopping the job on every node...")
+            self._user_stop()
             try:
                 if self.turn is not None:
                     self.turn.withdraw()    # a queued job never starts

@@ -75,3 +75,20 @@ def test_a_node_that_fails_without_a_marker_silences_too(tmp_path: Path) -> None
     assert sink.fail(0) is None   # no worker said who: the caller names the node
     sink.close()
     assert out.getvalue() == ""
+
+
+def test_a_job_the_user_stops_shows_what_its_ranks_say_while_they_stop(tmp_path: Path) -> None:
+    """Ctrl-C (or the budget) stops the workers with SIGTERM: each one exits non-zero after
+    writing and uploading its checkpoint. That is not a failure to hide: the held lines and
+    every later one reach the terminal, in order."""
+    sink, out = _sink(tmp_path, hold=30, start=30)
+    sink(0, "[ct-rank 0 0] step 8/1000")
+    sink.stopped()
+    assert out.getvalue().splitlines() == ["(node-0) step 8/1000"]    # not 30 s later
+    sink(0, "[ct-rank 0 0] [store] Uploaded checkpoint step-000008")
+    sink(0, "[ct-rank 0 0] ::ctworker exit 143")
+    sink(1, "[ct-rank 1 0] stopped at step 8")
+    sink.close()
+    assert out.getvalue().splitlines() == [
+        "(node-0) step 8/1000", "(node-0) [store] Uploaded checkpoint step-000008",
+        "(node-1) stopped at step 8"]
