@@ -32,7 +32,7 @@ ship() {
     IFS= read -r -d '' new || true
     [ -r "$d/$1" ] && { IFS= read -r -d '' old < "$d/$1" || true; }
     if [ -n "$new" ] && [ "$new" != "$old" ]; then
-        printf '%s' "$new" > "$d/$1.tmp" && mv "$d/$1.tmp" "$d/$1" || exit 1
+        printf '%s' "$new" > "$d/$1.tmp.$$" && mv "$d/$1.tmp.$$" "$d/$1" || exit 1
     fi
 }
 ship guard.py

@@ -52,6 +52,12 @@ class StoreError(Exception):
         self.code = code
 
 
+class StopInterrupted(StoreError):
+    """rclone ended by SIGTERM: the job's stop reached the transfer (rclone's Go runtime
+    unblocks the signal it is started with blocked). Not a failure: the watcher's last pass
+    sends the same state again."""
+
+
 # --- URL -> rclone remote (environment only) ------------------------------------------------
 
 def parse_url(text: str) -> dict[str, str]:
@@ -167,6 +173,8 @@ class Rclone:
         cmd = ["rclone", "--retries", "3", "--low-level-retries", "3", "--stats", "0", *args]
         p = subprocess.run(cmd, env=self.env, input=stdin, capture_output=True,
                            preexec_fn=_term_blocked)
+        if check and p.returncode == -signal.SIGTERM:
+            raise StopInterrupted(f"rclone {args[0]} was stopped with the job")
         if check and p.returncode != 0:
             err = [ln for ln in p.stderr.decode(errors="replace").splitlines() if ln.strip()]
             raise StoreError(f"rclone {args[0]} failed: " + (err or [f"exit {p.returncode}"])[-1][:400])
@@ -360,6 +368,8 @@ def watch(url_text: str, directory: str, pid: int | None, interval: float) -> in
             try:
                 upload(url_text, directory, rc)
                 last_sent = cur
+            except StopInterrupted:     # the job is being stopped: the last pass sends it
+                _say("upload interrupted by the job's stop; the last pass sends it again")
             except StoreError as exc:   # the last pass below sends this state again
                 failures += 1
                 _say(f"upload failed ({exc}); retrying at the next change")

@@ -46,7 +46,7 @@ def guard_source() -> bytes:
 def save(env: Env, name: str, pol: Policy) -> None:
     f = policy_file(env, name)
     paths.private_dir(f.parent)
-    tmp = f.with_suffix(".tmp")
+    tmp = f.with_name(f"{f.name}.{os.getpid()}.tmp")     # two CLIs on one cluster: one file each
     with open(tmp, "w", opener=paths.private_opener) as out:
         json.dump(pol.as_dict(), out, indent=1)
     tmp.replace(f)

@@ -174,3 +174,38 @@ def test_no_access_is_an_error_never_a_fresh_start(s3: emus.Emulator, tmp_path: 
     r = store(s3, "restore", s3.url("proto/a"), str(tmp_path / "d"), env=env)
     assert r.returncode == 1 and "cannot list" in r.stderr, r.stdout + r.stderr
     assert "fresh" not in r.stdout
+
+
+def test_an_upload_the_jobs_stop_interrupts_is_sent_again_and_not_called_failed(
+        s3: emus.Emulator, tmp_path: Path) -> None:
+    """The job's stop SIGTERMs every process of the job, rclone among them (its Go runtime
+    unblocks the signal): the transfer in flight ends, and the watcher's last pass sends the
+    same state again. Once said 'upload failed' and '1 upload(s) failed', which the user read
+    as a lost checkpoint."""
+    url, pre = s3.url("proto/int"), "proto/int"
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    once = tmp_path / "interrupted"
+    (fake / "rclone").write_text(
+        '#!/bin/sh\nfor a; do\n  if [ "$a" = copy ] && [ ! -e ' + str(once) + ' ]; then\n'
+        '    touch ' + str(once) + '; kill -TERM $$\n  fi\ndone\nexec /usr/bin/rclone "$@"\n')
+    (fake / "rclone").chmod(0o755)
+    d = tmp_path / "ck"
+    d.mkdir()
+    job = subprocess.Popen(["sleep", "600"])
+    w = subprocess.Popen([sys.executable, str(STORE), "watch", url, str(d), "--pid", str(job.pid),
+                          "--interval", "0.3"], stdout=subprocess.PIPE, text=True,
+                         env=_env(s3, {"PATH": f"{fake}:{os.environ['PATH']}"}))
+    try:
+        ckpt(d, 7)
+        assert wait_until(once.exists, 30), "no upload was attempted"
+        job.kill()
+        job.wait()
+        out, _ = w.communicate(timeout=60)
+    finally:
+        for p in (job, w):
+            if p.poll() is None:
+                p.kill()
+    assert w.returncode == 0
+    assert "interrupted by the job's stop" in out and "failed" not in out, out
+    assert any(k.endswith("step-000007.json") for k in manifests(s3, pre)), manifests(s3, pre)

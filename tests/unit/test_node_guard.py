@@ -264,3 +264,42 @@ def test_ctguard_starts_the_guard_on_a_fresh_node_once_and_renews_the_lease(tmp_
                 os.kill(int((d / f).read_text().split()[0]), 9)
             except (OSError, ValueError):
                 pass
+
+
+def test_contacts_at_once_each_ship_the_guard_without_tripping_on_each_other(
+        tmp_path: Path) -> None:
+    """Two launches on one cluster contact each node's guard at the same moment, each shipping
+    guard.py: they wrote the same temporary file, and the second 'mv' failed ('cannot stat
+    guard.py.tmp'), so that launch said the node guard failed (seen in CI)."""
+    import subprocess
+    import threading
+
+    script = Path(__file__).resolve().parents[2] / "bootstrap" / "ctguard.sh"
+    root = tmp_path / "node"
+    d = root / ".cloudtrain" / "guard"
+    d.mkdir(parents=True)
+    (d / "stopped.json").write_text("{}")      # no guard process is started by these contacts
+    env = dict(os.environ, CT_GUARD_NO_SYSTEMD="1")
+    src = guard_source()
+    failed = []
+    for round_ in range(25):
+        procs = [subprocess.Popen(["bash", str(script), str(root), sys.executable, "ctguard-unit",
+                                   "0", "policy", json.dumps({"idle_minutes": None})],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, env=env)
+                 for _ in range(4)]
+        # Each ships a different guard.py (so each one writes it), all of them at once.
+        errs: dict[int, bytes] = {}
+
+        def feed(i: int, p: subprocess.Popen[bytes]) -> None:
+            errs[i] = p.communicate(src.replace(b"\0", f"\n# {round_}-{i}\n\0".encode(), 1),
+                                    timeout=30)[1]
+
+        feeders = [threading.Thread(target=feed, args=(i, p)) for i, p in enumerate(procs)]
+        for t in feeders:
+            t.start()
+        for t in feeders:
+            t.join()
+        failed += [errs[i].decode() for i, p in enumerate(procs) if p.returncode != 0]
+    assert not failed, failed[:3]
+    assert not list(d.glob("*.tmp*")), list(d.glob("*"))
