@@ -173,22 +173,3 @@ def gcp(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Any]:
 def pytest_configure(config: pytest.Config) -> None:
     from skipcheck import register
     register(config)
-
-
-# Modules whose tests share what a module- or session-scoped fixture built (a wheel, a trained
-# run, a bucket) or collect each other's results: one worker runs the whole module.
-ONE_WORKER_MODULES = frozenset({
-    "test_attempt_records.py", "test_node_sweepkeep.py", "test_packaging.py",
-    "test_train_template.py", "test_catalog.py", "test_core_install.py",
-    "test_recovery_bucket.py", "test_storage_protocol.py", "test_sweep_recover.py"})
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (``--dist loadgroup``, scripts/test.sh), what shares a machine-wide
-    resource runs on one worker: the network-namespace tests compare the host's ct-*
-    namespaces and bridges before and after; and so do the tests of ONE_WORKER_MODULES."""
-    for item in items:
-        if item.get_closest_marker("netns") is not None:
-            item.add_marker(pytest.mark.xdist_group("netns"))
-        elif item.path.name in ONE_WORKER_MODULES:
-            item.add_marker(pytest.mark.xdist_group(item.path.name))

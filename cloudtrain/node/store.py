@@ -1,5 +1,4 @@
 """cloudtrain's storage agent on a node: bucket file_mounts and checkpoints, through rclone.
-
 Runs with the node's own python3 (stdlib only), installed by bootstrap next to ctjob.sh:
 
     python3 store.py fetch URL DEST      copy URL's objects into DEST (skipped when unchanged)
@@ -8,16 +7,13 @@ Runs with the node's own python3 (stdlib only), installed by bootstrap next to c
     python3 store.py watch URL DIR [--pid PID]   upload after each settled change of DIR until
                                          PID ends (SIGTERM only asks for a last pass)
 
-Credentials never appear on a command line or in a file: rclone's remote ``cts`` is built from
-environment variables (``RCLONE_CONFIG_CTS_*``) derived from the URL and the job environment
-(the task's ``envs``, or the node's cloud identity). Layout under URL (docs/storage.md):
-
-    URL/objects/<sha256>               file contents, content-addressed (uploaded once)
-    URL/manifests/<time>-<node>-<step>.json   one per snapshot, written LAST
-
-A checkpoint exists only when its manifest does; restore uses the newest manifest whose
-objects are all present with their sizes and whose downloads match their sha256.
-Exit codes: 0 done; 3 nothing to restore; 2 bad arguments; 4 rclone missing; 1 other failure.
+Credentials never appear on a command line or in a file: rclone's remote ``cts`` comes from
+``RCLONE_CONFIG_CTS_*`` variables (the URL; the task's ``envs`` or the node's cloud identity).
+Layout under URL (docs/storage.md): ``objects/<sha256>`` (file contents, uploaded once) and
+``manifests/<time>-<node>-<step>.json`` (one per snapshot, written LAST). A checkpoint exists
+only when its manifest does; restore uses the newest manifest whose objects are all present
+with their sizes and sha256. Exit codes: 0 done; 3 nothing to restore; 2 bad arguments; 4
+rclone missing; 1 other failure.
 """
 
 from __future__ import annotations
@@ -53,9 +49,7 @@ class StoreError(Exception):
 
 
 class StopInterrupted(StoreError):
-    """rclone ended by SIGTERM: the job's stop reached the transfer (rclone's Go runtime
-    unblocks the signal it is started with blocked). Not a failure: the watcher's last pass
-    sends the same state again."""
+    """rclone ended by the job's stop (SIGTERM): the watcher's last pass sends it again."""
 
 
 # --- URL -> rclone remote (environment only) ------------------------------------------------
@@ -103,8 +97,7 @@ def account_sas(account: str, key: str, endpoint: str, hours: float = 24.0) -> s
 
 
 def _term_blocked() -> None:
-    """rclone starts with SIGTERM blocked (Go keeps the mask): a job's stop lets a transfer end
-    (or the SIGKILL after stop_grace) instead of breaking the upload the grace is for."""
+    """rclone starts with SIGTERM blocked (its Go runtime may unblock it: StopInterrupted)."""
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
 
 
@@ -340,6 +333,14 @@ def upload(url_text: str, directory: str, rc: Rclone | None = None, quiet_empty:
     return 0
 
 
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError as exc:      # PermissionError: it runs, as another user
+        return not isinstance(exc, ProcessLookupError)
+    return True
+
+
 def watch(url_text: str, directory: str, pid: int | None, interval: float) -> int:
     rc = Rclone(url_text)
     stopping = {"term": False}
@@ -348,18 +349,7 @@ def watch(url_text: str, directory: str, pid: int | None, interval: float) -> in
     prev: dict[str, tuple[int, int]] | None = None
     failures = 0
 
-    def alive() -> bool:
-        if pid is None:
-            return not stopping["term"]
-        try:
-            os.kill(pid, 0)
-            return True
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-
-    while alive():
+    while (not stopping["term"]) if pid is None else _running(pid):
         time.sleep(interval)
         cur = scan(directory)
         # A snapshot is taken when the directory has settled (two scans alike) and differs

@@ -164,7 +164,8 @@ class LocalProvider:
                 "marker": f"{tag}-{request.name}",
                 "python": opts.python or sys.executable,
                 "gpus": opts.gpus,
-                "master_port": 29500 if opts.network == "netns" else _free_port(addrs[0]),
+                # torchrun's TCPStore listens on every address: a port free on all of them
+                "master_port": 29500 if opts.network == "netns" else _free_port("0.0.0.0"),
                 "nodes": [{"rank": r, "address": a, "port": p}
                           for r, (a, p) in enumerate(zip(addrs, ports))],
             }
