@@ -84,15 +84,19 @@ def _ledger_reason(cli: CLI, name: str) -> tuple[str, str, dict[str, Any]]:
 
 def test_lost_laptop_launch_down_the_job_completes_and_the_cluster_stops_itself(
         cli: CLI, tmp_path: Path) -> None:
-    marks = tmp_path / "marks"
+    marks, started = tmp_path / "marks", tmp_path / "started"
     marks.mkdir()
+    started.mkdir()
     task = _task(tmp_path, "lost", f"""
 echo "running on $CLOUDTRAIN_NODE_RANK"
+touch {started}/$CLOUDTRAIN_NODE_RANK
 sleep 6
 touch {marks}/done-$CLOUDTRAIN_NODE_RANK
 """)
     proc = cli.popen("launch", str(task), "-y", "--down", **FAST)
-    assert wait_until(lambda: len(processes_with("CLOUDTRAIN_CLUSTER=lost")) >= 2, 90)
+    # The job runs on both nodes (not only the launch's earlier steps: killed then, the CLI
+    # never started it, and the test read that as a job that did not complete).
+    assert wait_until(lambda: len(list(started.iterdir())) == 2, 90)
     proc.send_signal(signal.SIGKILL)            # the laptop is gone
     proc.wait(timeout=10)
     assert wait_until(lambda: len(list(marks.iterdir())) == 2, 30), "the job did not complete"
@@ -140,7 +144,7 @@ def _spawn_ssh(cli: CLI, name: str) -> tuple[subprocess.Popen[bytes], int]:
 
 
 def test_idle_stop_and_what_keeps_a_cluster_alive(cli: CLI, tmp_path: Path) -> None:
-    task = _task(tmp_path, "idle", "sleep 12", extra="autostop: {idle_minutes: 0.1}\n")
+    task = _task(tmp_path, "idle", "sleep 20", extra="autostop: {idle_minutes: 0.1}\n")
     # A running job keeps it alive past the idle limit (6 s).
     r = cli.run("launch", str(task), "-y", "-d", **FAST)
     assert r.returncode == 0, r.stderr
@@ -148,7 +152,16 @@ def test_idle_stop_and_what_keeps_a_cluster_alive(cli: CLI, tmp_path: Path) -> N
     (st,) = _live(cli)
     assert st["status"] == "UP" and st["guard"]["busy"] is True, st
     job = st["guard"]["busy_with"][0]
-    assert job.startswith("job ") and st["guard"]["words"] == f"busy: {job}", st["guard"]
+    assert job.startswith("job "), st["guard"]
+    # The job alone: the launch's own SSH session, still closing on a loaded machine, may be
+    # seen once as a session; it is gone at the guard's next look.
+    seen: list[object] = [st["guard"]]
+
+    def the_job_alone() -> bool:
+        seen.append(g := _live(cli)[0]["guard"])
+        return isinstance(g, dict) and g["words"] == f"busy: {job}"
+
+    assert st["guard"]["words"] == f"busy: {job}" or wait_until(the_job_alone, 8, 0.5), seen
     assert st["autostop"]["idle_minutes"] == 0.1
     # An interactive 'cloudtrain ssh' session keeps it alive too.
     proc, master = _spawn_ssh(cli, "idle")
