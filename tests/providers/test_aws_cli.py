@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from conftest import DEMO, needs_sshd, needs_torch
+from loopback_guard import GUARD
 
 FAKES = Path(__file__).resolve().parents[1] / "fakes"
 
@@ -30,36 +31,6 @@ boto3 = pytest.importorskip("boto3")
 
 from cloudtrain.catalog.load import load_catalog  # noqa: E402
 
-GUARD = '''
-import ipaddress, os, socket
-_log = os.environ["CT_TEST_GUARD_LOG"]
-_connect, _connect_ex = socket.socket.connect, socket.socket.connect_ex
-
-def _ok(sock, address):
-    if sock.family not in (socket.AF_INET, socket.AF_INET6):
-        return True
-    try:
-        return ipaddress.ip_address(address[0]).is_loopback
-    except ValueError:
-        return False
-
-def _refuse(address):
-    with open(_log, "a") as f:
-        f.write(f"{os.getpid()} {address!r}\\n")
-    raise ConnectionRefusedError(111, f"test guard: {address!r} is not loopback")
-
-def connect(self, address):
-    if not _ok(self, address):
-        _refuse(address)
-    return _connect(self, address)
-
-def connect_ex(self, address):
-    if not _ok(self, address):
-        _refuse(address)
-    return _connect_ex(self, address)
-
-socket.socket.connect, socket.socket.connect_ex = connect, connect_ex
-'''
 
 SSH_SHIM = """#!/bin/sh
 echo "$@" >> "$CT_TEST_SSH_LOG"

@@ -19,40 +19,10 @@ from typing import Any, Iterator
 import pytest
 
 from corevenv import core_venv  # noqa: F401 - the fixture (tests/corevenv.py), found by name
+from loopback_guard import GUARD
 
 CLOUDS = ("aws", "gcp", "azure")
 
-GUARD = '''
-import ipaddress, os, socket
-_log = os.environ["CT_CHECK_GUARD_LOG"]
-_connect = socket.socket.connect
-_connect_ex = socket.socket.connect_ex
-
-def _ok(sock, address):
-    if sock.family not in (socket.AF_INET, socket.AF_INET6):
-        return True
-    try:
-        return ipaddress.ip_address(address[0]).is_loopback
-    except ValueError:
-        return False
-
-def _refuse(address):
-    with open(_log, "a") as f:
-        f.write(f"{os.getpid()} {address!r}\\n")
-    raise ConnectionRefusedError(111, f"test guard: {address!r} is not loopback")
-
-def connect(self, address):
-    if not _ok(self, address):
-        _refuse(address)
-    return _connect(self, address)
-
-def connect_ex(self, address):
-    if not _ok(self, address):
-        _refuse(address)
-    return _connect_ex(self, address)
-
-socket.socket.connect, socket.socket.connect_ex = connect, connect_ex
-'''
 
 # boto3 and botocore "not installed": the import system is told they do not exist
 BLOCK_BOTO = '''
@@ -97,7 +67,7 @@ def hermetic(tmp_path: Path, *, block_boto: bool = False) -> dict[str, str]:
     env.update({
         "HOME": str(tmp_path / "user"), "CLOUDTRAIN_HOME": str(tmp_path / "home"),
         "NO_COLOR": "1", "AWS_EC2_METADATA_DISABLED": "true", "NO_GCE_CHECK": "true",
-        "CT_CHECK_GUARD_LOG": str(tmp_path / "guard.log"),
+        "CT_TEST_GUARD_LOG": str(tmp_path / "guard.log"),
         "PYTHONPATH": os.pathsep.join([str(site), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
     })
     return env
@@ -120,7 +90,7 @@ def checked(env: dict[str, str], *names: str, timeout: float | None = 30
 
 
 def outside(env: dict[str, str]) -> str:
-    p = Path(env["CT_CHECK_GUARD_LOG"])
+    p = Path(env["CT_TEST_GUARD_LOG"])
     return p.read_text() if p.exists() else ""
 
 
