@@ -162,23 +162,23 @@ class Rclone:
             raise StoreError("rclone is not installed on this node; install it "
                              "(sudo apt-get install rclone) and launch again", NO_RCLONE)
 
-    def run(self, *args: str, stdin: bytes | None = None, check: bool = True) -> bytes:
-        cmd = ["rclone", "--retries", "3", "--low-level-retries", "3", "--stats", "0", *args]
-        p = subprocess.run(cmd, env=self.env, input=stdin, capture_output=True,
-                           preexec_fn=_term_blocked)
-        if check and p.returncode == -signal.SIGTERM:
+    def _call(self, args: list[str], stdin: bytes | None, check: bool) -> subprocess.CompletedProcess:
+        cmd = ["rclone", "--retries", "3", "--low-level-retries", "3", *args]
+        p = subprocess.run(cmd, env=self.env, input=stdin, capture_output=True, preexec_fn=_term_blocked)
+        if check and p.returncode == -signal.SIGTERM:      # a list, copy or delete alike
             raise StopInterrupted(f"rclone {args[0]} was stopped with the job")
+        return p
+
+    def run(self, *args: str, stdin: bytes | None = None, check: bool = True) -> bytes:
+        p = self._call([args[0], "--stats", "0", *args[1:]], stdin, check)
         if check and p.returncode != 0:
             err = [ln for ln in p.stderr.decode(errors="replace").splitlines() if ln.strip()]
             raise StoreError(f"rclone {args[0]} failed: " + (err or [f"exit {p.returncode}"])[-1][:400])
         return p.stdout
 
     def lsjson(self, *parts: str, hashes: bool = False) -> list[dict]:
-        args = ["lsjson", "--files-only", "-R", remote_path(self.url, *parts)]
-        if hashes:
-            args.insert(1, "--hash")
-        cmd = ["rclone", "--retries", "3", "--low-level-retries", "3", *args]
-        p = subprocess.run(cmd, env=self.env, capture_output=True, preexec_fn=_term_blocked)
+        flag = ["--hash"] if hashes else []
+        p = self._call(["lsjson", *flag, "--files-only", "-R", remote_path(self.url, *parts)], None, True)
         if p.returncode == 3:      # rclone: directory not found (nothing under this prefix yet)
             return []
         if p.returncode != 0:      # e.g. no access: never mistaken for "no checkpoint yet"
