@@ -16,6 +16,7 @@ from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo,
                       model_validator)
 
 from cloudtrain import sizes, sshproxy
+from cloudtrain.containers.spec import ContainerSpec
 from cloudtrain.names import TASK_NAME_RE, TASK_NAME_RULE, derive
 from cloudtrain.storage import url as bucket_url
 from cloudtrain.taskpaths import check_mount_target, check_path_text
@@ -121,10 +122,8 @@ class Resources(BaseModel):
                 return {**data, "provider": "local"}
         return data
 
-    @field_validator("accelerators", mode="before")
-    @classmethod
-    def _acc(cls, v: Any) -> Any:
-        return parse_accelerators(v)
+    _acc = field_validator("accelerators", mode="before")(classmethod(
+        lambda cls, v: parse_accelerators(v)))
 
     @field_validator("cpus", "memory", mode="before")
     @classmethod
@@ -321,6 +320,7 @@ class Task(_Strict):
     run: str | None = None
     train: Train | None = None
     bootstrap: BootstrapSpec = Field(default_factory=BootstrapSpec)
+    container: ContainerSpec | None = None     # docs/containers.md (setup/run/train run in it)
     outputs: list[str] = Field(default_factory=list)
     outputs_from: Literal["head", "all"] = "head"
     outputs_dir: str = "cloudtrain-outputs"
