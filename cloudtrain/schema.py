@@ -8,13 +8,18 @@ Schema versions (``PRAGMA user_version``): 0/1 the first release; 2 adds ``usage
 ``launches.end_reason``; 3 adds the ``recoveries`` table (one row per replacement of nodes
 the cloud took, issue 13: when, which ranks, the cloud's reason, the seconds lost by phase,
 the dollars); 4 adds ``recoveries.resumed_from`` (what the restarted job could resume from:
-"restarted from step 0" when nothing, issue 21). Older databases are migrated in place when
+"restarted from step 0" when nothing, issue 21); 5 adds ``launches.image`` and
+``launches.image_digest`` (issue 25: the task's container image and the digest every node ran,
+``NAME@sha256:...`` from the registry or the local image ID). Older databases are migrated in place when
 opened (``state``). The ``outputs`` table (issue 21: per job, the outputs its task declared,
 where they go here, and whether they were pulled back or lost) is created when missing, like
 every table: it needs no version; so are ``sweeps`` (issue 23: one row per sweep, the ledger's
 entry for its spend) and ``sweep_trials`` (its per-trial rows: state, objective, times, GPUs,
 cost), both written by the laptop each time it reads the sweep (``sweeps.finished``: that
-reading was the sweep's end; ``sweeps.stopped``: why it stopped early).
+reading was the sweep's end; ``sweeps.stopped``: why it stopped early). ``cluster_images``
+(issue 25: the image and digest a cluster's nodes run, as the last pull or lookup found them,
+which the next launch's row records; a NULL digest: a pull began and did not finish, so
+``down`` still looks for images cloudtrain pulled) is created when missing too.
 """
 
 from __future__ import annotations
@@ -67,7 +72,9 @@ CREATE TABLE IF NOT EXISTS launches (
     ended_at REAL,
     exit_code INTEGER,
     failed_node INTEGER,
-    end_reason TEXT
+    end_reason TEXT,
+    image TEXT,
+    image_digest TEXT
 );
 CREATE TABLE IF NOT EXISTS usage (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -84,6 +91,13 @@ CREATE TABLE IF NOT EXISTS usage (
     max_cost_usd REAL
 );
 CREATE INDEX IF NOT EXISTS usage_cluster ON usage(cluster);
+CREATE TABLE IF NOT EXISTS cluster_images (
+    cluster TEXT PRIMARY KEY,
+    image TEXT NOT NULL,
+    digest TEXT,
+    image_id TEXT,
+    updated_at REAL NOT NULL
+);
 CREATE INDEX IF NOT EXISTS launches_cluster ON launches(cluster);
 CREATE TABLE IF NOT EXISTS job_envs (
     cluster TEXT PRIMARY KEY,
@@ -143,7 +157,7 @@ CREATE TABLE IF NOT EXISTS sweep_trials (
 );
 """
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 # Columns added after the first release: (table, column, declaration). A database created
 # before them gets them through ALTER TABLE when it is opened.
@@ -154,6 +168,8 @@ ADDED_COLUMNS = (
     ("usage", "cluster_created_at", "REAL"),
     ("usage", "max_cost_usd", "REAL"),
     ("recoveries", "resumed_from", "TEXT"),
+    ("launches", "image", "TEXT"),
+    ("launches", "image_digest", "TEXT"),
 )
 
 
@@ -210,6 +226,10 @@ class LaunchRow:
     exit_code: int | None
     failed_node: int | None
     end_reason: str | None = None
+    image: str | None = None
+    """The task's container image (None: the launch ran without a container)."""
+    image_digest: str | None = None
+    """The digest every node ran: ``NAME@sha256:...`` or the local image ID."""
 
 
 @dataclass

@@ -21,11 +21,18 @@ import sqlite3
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Protocol
 
 from cloudtrain.schema import (ADDED_COLUMNS, SCHEMA, SCHEMA_VERSION, ClusterRow, LaunchRow,
                                NodeRow, OutputsRow, RecoveryRow, SweepEnd, SweepRow, SweepTrialRow,
                                UsageRow)
+
+
+class HasImage(Protocol):
+    """What add_launch reads of a task's ``container:`` (containers.spec.ContainerSpec)."""
+
+    @property
+    def image(self) -> str: ...
 
 
 class State:
@@ -174,6 +181,7 @@ class State:
             db.execute("DELETE FROM nodes WHERE cluster=?", (name,))
             db.execute("DELETE FROM clusters WHERE name=?", (name,))
             db.execute("DELETE FROM job_envs WHERE cluster=?", (name,))
+            db.execute("DELETE FROM cluster_images WHERE cluster=?", (name,))
 
     # --- the environment of the cluster's last launch (for exec) -----------------------------
 
@@ -248,12 +256,20 @@ class State:
 
     # --- launches --------------------------------------------------------------------------
 
-    def add_launch(self, cluster: str, job_id: str, task_name: str | None, detached: bool) -> int:
+    def add_launch(self, cluster: str, job_id: str, task_name: str | None, detached: bool,
+                   container: HasImage | None = None) -> int:
+        """A launch's row. ``container``: the task's (issue 25): the row records its image
+        and the digest the cluster's nodes run it as (set_cluster_image, by the pull)."""
+        image = None if container is None else container.image
         with self._write() as db:
+            seen = None if image is None else db.execute(
+                "SELECT digest FROM cluster_images WHERE cluster=? AND image=?",
+                (cluster, image)).fetchone()
             cur = db.execute(
-                "INSERT INTO launches (cluster, job_id, task_name, status, detached, started_at) "
-                "VALUES (?,?,?,?,?,?)",
-                (cluster, job_id, task_name, "RUNNING", int(detached), time.time()),
+                "INSERT INTO launches (cluster, job_id, task_name, status, detached, started_at, "
+                "image, image_digest) VALUES (?,?,?,?,?,?,?,?)",
+                (cluster, job_id, task_name, "RUNNING", int(detached), time.time(), image,
+                 None if seen is None else seen["digest"]),
             )
             return int(cur.lastrowid or 0)
 
@@ -277,8 +293,26 @@ class State:
                               task_name=r["task_name"], status=r["status"],
                               detached=bool(r["detached"]), started_at=r["started_at"],
                               ended_at=r["ended_at"], exit_code=r["exit_code"],
-                              failed_node=r["failed_node"], end_reason=r["end_reason"])
+                              failed_node=r["failed_node"], end_reason=r["end_reason"],
+                              image=r["image"], image_digest=r["image_digest"])
                     for r in rows]
+
+    # --- the image a cluster's nodes run (containers) ---------------------------------------
+
+    def set_cluster_image(self, cluster: str, image: str, digest: str | None = None,
+                          image_id: str | None = None) -> None:
+        """What the cluster's nodes run (no digest: a pull began, not finished yet)."""
+        with self._write() as db:
+            db.execute("INSERT OR REPLACE INTO cluster_images (cluster, image, digest, image_id, "
+                       "updated_at) VALUES (?,?,?,?,?)",
+                       (cluster, image, digest, image_id, time.time()))
+
+    def cluster_image(self, cluster: str) -> tuple[str, str | None, str | None] | None:
+        """(image, digest, image ID) as the cluster's last pull or lookup found them."""
+        with self._read() as db:
+            r = db.execute("SELECT image, digest, image_id FROM cluster_images WHERE cluster=?",
+                           (cluster,)).fetchone()
+        return None if r is None else (r["image"], r["digest"], r["image_id"])
 
     # --- each job's outputs (issue 21) ---------------------------------------------------------
 

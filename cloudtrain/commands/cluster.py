@@ -136,15 +136,18 @@ def status(cluster_name: str | None, as_json: bool, refresh: bool) -> None:
     asked the nodes), nodes (each with host_key: "pinned at creation", "the user's
     known_hosts" or "learned on first contact"), autostop, guard (with as_of, age_s, live)
     and gpus: per node the GPU count, models, utilisation, memory, temperature, power, the
-    idle GPUs and every GPU's record, as of gpus_at (null: never asked), and rules: the
-    budget and the job-end stops in force, each with the command that set it."""
+    idle GPUs and every GPU's record, as of gpus_at (null: never asked), rules: the
+    budget and the job-end stops in force, each with the command that set it, and image:
+    the container image and digest of the cluster's last launch with one (null: none)."""
     if cluster_name is not None:
         check_name(cluster_name)
     env = open_env(quiet=as_json, contact=refresh)
     rows, spent, pins, gone, guards = (gather_live if refresh else gather)(env, cluster_name)
     if as_json:
-        click.echo(json.dumps(with_rules(env, status_json(rows, spent, pins, guards, refresh))
-                              + gone, indent=2))
+        from cloudtrain.containers.recorded import with_images
+
+        click.echo(json.dumps(with_images(env.state, with_rules(env, status_json(
+            rows, spent, pins, guards, refresh))) + gone, indent=2))
         return
     for g in gone:
         click.echo(f"{g['name']}: {g['status']} (its nodes stopped themselves: {g['reason']})")
@@ -165,9 +168,13 @@ def status_lines(env: Env, rows: list[ClusterRow], guards: dict[str, dict[str, A
     from cloudtrain.pipeline import rules
     from cloudtrain.pipeline.lastseen import HINT, ago, saved
 
+    from cloudtrain.containers.recorded import image_line
+
     for r in rows:
         for rec in env.state.recoveries(r.name):
             click.echo(recovery_line(rec))
+        if (img := image_line(env.state, r.name)) is not None:
+            click.echo(img)
         g = guards.get(r.name) or {}
         if r.status == "PROBABLY_STOPPED":
             click.echo(f"{r.name}: {g['expected_stop']['words']}")

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
 from cloudtrain import budget
 from cloudtrain.cluster import Handle
+from cloudtrain.containers import pull
 from cloudtrain.context import Env
 from cloudtrain.errors import CloudtrainError, UserError
 from cloudtrain.pipeline import follower, guard as node_guard, rules, run
@@ -165,13 +166,18 @@ def queued_after(env: Env, handle: Handle, group: Group, job_id: str) -> bool:
 
 
 def bootstrap_or_roll_back(env: Env, handle: Handle, group: Group, task: Task, name: str) -> None:
-    """A cluster this launch created is bootstrapped here; when that fails or is interrupted,
-    what was created is removed again (as 'up' does), before the error is reported."""
+    """A cluster this launch created is bootstrapped here, and the task's image pulled on it;
+    when that fails or is interrupted, what was created is removed again (as 'up' does),
+    before the error is reported."""
     env.ui.step("Bootstrapping")
     try:
         run_bootstrap(env, handle, group, task.bootstrap)
+        if task.container is not None:    # a pull that fails rolls the new cluster back too
+            pull.ensure_image(env, handle, group, task.container)
     except BaseException:
         with Shielded():
+            if task.container is not None:    # and what the other nodes pulled goes with it
+                pull.forget_images(env, handle, group)
             group.close()
             roll_back(env, handle.provider, name)
         raise

@@ -244,7 +244,7 @@ def _run_task(r: Running) -> Outcome:
         r.env.ui.warn(zero)
     prep, setup_hash = _ready(r)
     logs = r.env.logs_dir(r.handle.name) / r.job_id
-    r.env.state.add_launch(r.handle.name, r.job_id, r.task.name, r.start.detach)
+    r.env.state.add_launch(r.handle.name, r.job_id, r.task.name, r.start.detach, r.task.container)
     r.env.state.set_job_envs(r.handle.name, {**r.task.envs, **r.start.overrides})   # for exec
     if r.task.setup:
         _set_up(r, prep, setup_hash, logs)

@@ -82,6 +82,10 @@ def down(env: Env, name: str, provider_name: str | None = None, *,
             for rank, n in left.items():
                 if n:
                     env.ui.warn(f"node {rank}: {n} process(es) of the cluster survived SIGKILL")
+        if row.nodes and (not provider.powers_off or pname == "local") and \
+                env.state.cluster_image(name) is not None:   # the machine stays: its images too
+            from cloudtrain.containers.pull import forget_images
+            forget_images(env, Handle(row, provider, ClusterKeys(env.pctx.cluster_dir(name) / "ssh")))
         env.ui.step(f"Tearing down '{name}' on {pname}")
         _terminate_verified(provider, pname, name,
                             f"Run 'cloudtrain down {name}' again; nothing was forgotten locally.")
