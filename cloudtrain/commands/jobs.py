@@ -150,6 +150,8 @@ def launch_request(task_file: str | None, cluster_name: str | None, yes: bool,
         base = overrides.cluster_base(env, name_given)
     task, changes = overrides.load(task_file, ov, name=name_given, workdir=workdir, base=base)
     show_notes(task)
+    from cloudtrain.containers.pull import check_credentials
+    check_credentials(task.container)     # container.registry_auth's variables, set here?
     recover = options["recover"] or task.recovery is not None
     if options["detach"] and recover and (ov or task_file is None):
         raise UserError("-d with recovery runs a controller that reads the task file again, "

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 
 DOCKER_HUB_AUTH = "https://index.docker.io/v1/"   # the server address docker login uses for Hub
 PULLED_LIST = "pulled-images"
+_GONE = ("No such image", "reference does not exist")
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,13 @@ def credentials(spec: ContainerSpec, environ: dict[str, str] | None = None) -> C
     return Credentials(header, secrets)
 
 
+def check_credentials(spec: ContainerSpec | None) -> None:
+    """Before anything is created: the variables ``container.registry_auth`` names are set on
+    this machine (UserError naming the field and the variable otherwise)."""
+    if spec is not None:
+        credentials(spec)
+
+
 def _source() -> str:
     return base64.b64encode((Path(__file__).resolve().parent.parent / "node" / "dockerpull.py")
                             .read_bytes()).decode()
@@ -173,7 +181,8 @@ def forget_images(env: Env, handle: Handle, group: Group | None = None) -> dict[
                 env.ui.info(f"node-{rank}: removed image {rest} (cloudtrain pulled it)")
             elif kind == "::kept":
                 ref, _, why = rest.partition(" ")
-                env.ui.info(f"node-{rank}: kept image {ref}: {why.strip() or 'docker refused'}")
+                if not any(w in why for w in _GONE):   # nodes sharing one Docker: removed once
+                    env.ui.info(f"node-{rank}: kept image {ref}: {why.strip() or 'refused'}")
     return removed
 
 
@@ -304,13 +313,12 @@ def ensure_image(env: Env, handle: Handle, group: Group, spec: ContainerSpec) ->
         elif got is not None:
             nodes[rank] = got
     if failures:
-        parts = "; ".join(f"node {rank}: {creds.scrub(why)}"
+        parts = "; ".join(f"node {rank}: {creds.scrub(why).rstrip('.')}"
                           for rank, (_, why) in sorted(failures.items()))
         raise RemoteError(
-            f"could not have {spec.image} on {len(failures)} of {len(res)} node(s): {parts}.",
+            f"could not get {spec.image} on {len(failures)} of {len(res)} node(s): {parts}.",
             "Check the image name and tag, that each node reaches its registry and that "
-            "Docker runs there ('docker info' on the node); the other nodes keep what they "
-            "pulled.")
+            "Docker runs there ('docker info' on the node), then launch again.")
     out = same_everywhere(handle.name, spec.image, nodes)
     pulled = [n for n in nodes.values() if n.pulled]
     how = (f"pulled on {len(pulled)} of {len(nodes)} node(s) in {time.monotonic() - t0:.1f} s"

@@ -55,14 +55,28 @@ def fail(kind: str, message: str) -> None:
     sys.exit({"auth": 3, "pull": 4}.get(kind, 5))
 
 
+def socket_path() -> str:
+    """The Engine's socket: ``DOCKER_HOST`` when it names a unix socket (rootless Docker sets
+    it, and the docker CLI on the node honours it too), else the system one."""
+    host = os.environ.get("DOCKER_HOST", "")
+    if not host:
+        return SOCKET
+    if not host.startswith("unix://"):
+        fail("engine", f"DOCKER_HOST is {host[:80]} on the node: cloudtrain talks to the Docker "
+                       "Engine over its unix socket only. Unset DOCKER_HOST for the SSH user, or "
+                       "point it at unix:///path/to/docker.sock.")
+    return host.removeprefix("unix://")
+
+
 def engine(method: str, path: str, headers: dict[str, str] | None = None
            ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
-    conn = UnixConnection(SOCKET)
+    where = socket_path()
+    conn = UnixConnection(where)
     try:
         conn.request(method, API + path, headers=headers or {})
         return conn, conn.getresponse()
     except OSError as exc:
-        fail("engine", f"cannot reach the Docker Engine at {SOCKET}: {exc}. Check that Docker "
+        fail("engine", f"cannot reach the Docker Engine at {where}: {exc}. Check that Docker "
                        "runs on the node and that the SSH user may use it (group docker).")
         raise
 
