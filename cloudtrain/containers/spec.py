@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 # distribution/reference's grammar, in its own terms.
 _ALNUM = r"[a-z0-9]+"
@@ -194,8 +194,8 @@ class ContainerSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     image: str
     registry_auth: RegistryAuth | None = None
+    privileged: bool = False          # before run_options: their check reads it
     run_options: list[str] = Field(default_factory=list)
-    privileged: bool = False
     keep_image: bool = False
     """On an ``ssh`` or local host: keep an image cloudtrain pulled after ``down`` (default:
     removed, unless it was there before)."""
@@ -205,10 +205,11 @@ class ContainerSpec(BaseModel):
     def _image(cls, v: str) -> str:
         return parse_image(v).text
 
-    @model_validator(mode="after")
-    def _options(self) -> ContainerSpec:
-        check_run_options(list(self.run_options), self.privileged)
-        return self
+    @field_validator("run_options")
+    @classmethod
+    def _options(cls, v: list[str], info: ValidationInfo) -> list[str]:
+        check_run_options(list(v), bool(info.data.get("privileged", False)))
+        return v
 
     @property
     def ref(self) -> ImageRef:
