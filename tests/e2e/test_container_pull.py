@@ -1,0 +1,251 @@
+"""Pulling the task's image through the real CLI on local nodes (their SSH sessions reach this
+machine's Docker Engine), from a real registry on loopback (Debian's docker-registry, htpasswd
+login): the pull on every node with each node's progress shown, the login sent as the Engine
+API's header and written nowhere, the digest recorded on the launch and shown by status, a
+refused login and a pull failing on one node (the launch stops, names it, and rolls back the
+cluster it created), and what ``down`` removes again (only what cloudtrain pulled, not with
+``keep_image``, never an image that was there before; a digest-pinned image found on the node
+is not pulled again).
+
+Local nodes share one Docker Engine: two nodes pulling at once is one pull for the Engine,
+and an image one node pulled is there for the next. A node whose Docker Engine does not
+answer is one whose shell points DOCKER_HOST at a socket nobody listens on (its .bashrc, as
+rootless Docker's setup writes it)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+
+from conftest import CLI, needs_sshd
+
+pytestmark = [needs_sshd, pytest.mark.e2e]
+
+USER_VAR, KEY_VAR = "CT_PULL_USER", "CT_PULL_KEY"
+
+
+def _docker(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=300,
+                          check=check)
+
+
+def _present(ref: str) -> bool:
+    return _docker("image", "inspect", ref, check=False).returncode == 0
+
+
+@pytest.fixture
+def pushed(registry, tiny_image):  # type: ignore[no-untyped-def]
+    """The tiny image pushed under a repository of its own, its local tag removed (the nodes
+    must pull it); removed again at the end whatever the test left."""
+    repo = f"ct-test/pull-{uuid.uuid4().hex[:8]}"
+    ref, digest = registry.push(tiny_image, repo)
+    _docker("image", "rm", ref, check=False)
+    yield ref, digest
+    _docker("image", "rm", ref, check=False)
+    _docker("image", "rm", ref.rsplit(":", 1)[0] + "@" + digest, check=False)
+
+
+def _task(tmp_path: Path, name: str, image: str, *, auth: bool = True, extra: str = "") -> Path:
+    p = tmp_path / f"{name}.yaml"
+    login = f"  registry_auth: {{username_env: {USER_VAR}, password_env: {KEY_VAR}}}\n" if auth else ""
+    p.write_text(f"name: {name}\nnum_nodes: 2\nresources: {{provider: local}}\n"
+                 f"container:\n  image: {image}\n{login}{extra}"
+                 "run: echo \"ran on $CLOUDTRAIN_NODE_RANK\"\n")
+    return p
+
+
+def _login(registry) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    return {USER_VAR: registry.user, KEY_VAR: registry.password}
+
+
+def _secrets(registry) -> list[str]:  # type: ignore[no-untyped-def]
+    pw, user = registry.password, registry.user
+    return [pw, base64.b64encode(pw.encode()).decode(),
+            base64.b64encode(f"{user}:{pw}".encode()).decode(),
+            base64.urlsafe_b64encode(pw.encode()).decode().rstrip("=")]
+
+
+def _no_secret_under(paths: list[Path], secrets: list[str]) -> None:
+    for root in paths:
+        if not root.exists():
+            continue
+        files = [root] if root.is_file() else [p for p in root.rglob("*") if p.is_file()]
+        for f in files:
+            data = f.read_bytes()
+            for s in secrets:
+                assert s.encode() not in data, f"a secret of the login is in {f}"
+
+
+def _repo_digest(ref: str, digest: str) -> str:
+    return ref.rsplit(":", 1)[0] + "@" + digest
+
+
+def test_pull_shows_progress_records_the_digest_and_down_removes_it(
+        cli: CLI, tmp_path: Path, registry, pushed) -> None:  # type: ignore[no-untyped-def]
+    ref, digest = pushed
+    r = cli.run("launch", str(_task(tmp_path, "pull", ref)), **_login(registry))
+    assert r.returncode == 0, r.stderr
+    assert "ran on 0" in r.stdout and "ran on 1" in r.stdout
+    # Each node's progress, then the digest the registry served.
+    assert f"node-0: pulling {ref}" in r.stderr or f"node-1: pulling {ref}" in r.stderr
+    assert " layers, " in r.stderr and "/s" in r.stderr
+    assert f"Image {ref} pulled on" in r.stderr and _repo_digest(ref, digest) in r.stderr
+    assert _present(ref)
+
+    # The launch's ledger entry and status show it.
+    st = cli.run("status")
+    assert f"pull: image {ref}, digest {_repo_digest(ref, digest)} on every node" in st.stdout
+    (entry,) = [c for c in cli.status() if c["name"] == "pull"]
+    image = entry["image"]
+    assert isinstance(image, dict)
+    assert image["image"] == ref and image["digest"] == _repo_digest(ref, digest)
+
+    # The login went to the Engine in a header: nothing of it on disk here or on the nodes.
+    _no_secret_under([cli.home, Path.home() / ".docker"], _secrets(registry))
+    assert registry.password not in r.stdout + r.stderr + st.stdout + st.stderr
+
+    d = cli.run("down", "pull", "-y")
+    assert d.returncode == 0, d.stderr
+    assert f"removed image {ref}" in d.stderr
+    assert not _present(ref)
+
+
+def test_a_refused_login_exits_2_naming_registry_auth_and_rolls_back(
+        cli: CLI, tmp_path: Path, registry, pushed) -> None:  # type: ignore[no-untyped-def]
+    ref, _ = pushed
+    wrong = "not-" + registry.password
+    r = cli.run("launch", str(_task(tmp_path, "refused", ref)),
+                **{USER_VAR: registry.user, KEY_VAR: wrong})
+    assert r.returncode == 2, r.stderr
+    err = " ".join(r.stderr.split())
+    assert "container.registry_auth" in err and "refused the login" in err
+    assert f"${USER_VAR} / ${KEY_VAR}" in err and "Traceback" not in err
+    assert "Rolling back" in err
+    assert wrong not in r.stdout + r.stderr
+    _no_secret_under([cli.home, Path.home() / ".docker"],
+                     [wrong, base64.b64encode(f"{registry.user}:{wrong}".encode()).decode()])
+    assert not (cli.home / "clusters" / "refused").exists()
+    assert not _present(ref)
+
+    # No login at all for a registry that asks for one: the same field, and what to add.
+    r = cli.run("launch", str(_task(tmp_path, "nologin", ref, auth=False)))
+    assert r.returncode == 2, r.stderr
+    assert "container.registry_auth" in r.stderr and "asks for a login" in r.stderr
+
+
+def test_a_pull_failing_on_one_node_names_it_and_rolls_back(
+        cli: CLI, tmp_path: Path, registry, pushed) -> None:  # type: ignore[no-untyped-def]
+    ref, _ = pushed
+    # Node 1's shell sends Docker clients to a socket nobody listens on.
+    root1 = cli.home / "clusters" / "onebad" / "local" / "nodes" / "1" / "root"
+    root1.mkdir(parents=True)
+    (root1 / ".bashrc").write_text(f"export DOCKER_HOST=unix://{tmp_path}/nobody.sock\n")
+    r = cli.run("launch", str(_task(tmp_path, "onebad", ref)), **_login(registry))
+    assert r.returncode == 1, r.stderr
+    err = " ".join(r.stderr.split())
+    assert f"could not get {ref} on 1 of 2 node(s): node 1: cannot reach the Docker Engine " \
+           f"at {tmp_path}/nobody.sock" in err
+    assert "node 0:" not in err.split("could not get", 1)[1]
+    assert "Rolling back" in err
+    assert not (cli.home / "clusters" / "onebad").exists()
+    assert cli.run("status").stdout.strip() == "No clusters."
+    # What node 0 pulled for the cluster went with it.
+    assert f"node-0: pulling {ref}" in r.stderr
+    assert not _present(ref)
+
+
+def test_a_pinned_image_is_not_pulled_again_and_keep_image_keeps_it(
+        cli: CLI, tmp_path: Path, registry, pushed) -> None:  # type: ignore[no-untyped-def]
+    ref, digest = pushed
+    pinned = _repo_digest(ref, digest)
+    task = _task(tmp_path, "keep", pinned, extra="  keep_image: true\n")
+    r = cli.run("launch", str(task), **_login(registry))
+    assert r.returncode == 0, r.stderr
+    assert f"Image {pinned} pulled on" in r.stderr
+    assert cli.run("down", "keep", "-y").returncode == 0
+    assert _present(pinned), "keep_image: true, yet down removed the image"
+
+    # Found on the node: not pulled again (no login needed, none is sent), recorded the same.
+    r = cli.run("launch", str(_task(tmp_path, "again", pinned, auth=False)))
+    assert r.returncode == 0, r.stderr
+    assert "pulling" not in r.stderr
+    assert f"Image {pinned} already on every node: {pinned}" in r.stderr
+    launches = json.loads(cli.run("status", "--json").stdout)
+    assert [c["image"]["digest"] for c in launches if c["name"] == "again"] == [pinned]
+    # It was there before this cluster: down leaves it.
+    d = cli.run("down", "again", "-y")
+    assert d.returncode == 0 and "removed image" not in d.stderr
+    assert _present(pinned)
+
+
+# --- TEMPORARY: until tests/dockerkit.py lands on main -------------------------------------
+import os  # noqa: E402
+import shutil  # noqa: E402
+import signal  # noqa: E402
+import socket  # noqa: E402
+import time  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+
+
+@dataclass
+class _Registry:
+    host: str
+    user: str
+    password: str
+    config: Path
+
+    def push(self, local_tag: str, repo: str) -> tuple[str, str]:
+        ref = f"{self.host}/{repo}:1"
+        _docker("tag", local_tag, ref)
+        out = _docker("--config", str(self.config), "push", ref).stdout
+        digest = [w for w in out.split() if w.startswith("sha256:")][-1]
+        return ref, digest
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory):  # type: ignore[no-untyped-def]
+    d = tmp_path_factory.mktemp("reg")
+    pw = uuid.uuid4().hex
+    (d / "htpasswd").write_text(subprocess.run(["htpasswd", "-Bbn", "ctuser", pw], text=True,
+                                               capture_output=True, check=True).stdout)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (d / "config.yml").write_text(
+        f"version: 0.1\nstorage: {{filesystem: {{rootdirectory: {d}/data}}}}\n"
+        f"http: {{addr: 127.0.0.1:{port}}}\n"
+        f"auth: {{htpasswd: {{realm: t, path: {d}/htpasswd}}}}\n")
+    proc = subprocess.Popen(["docker-registry", "serve", str(d / "config.yml")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    for _ in range(100):
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            break
+        except OSError:
+            time.sleep(0.05)
+    cfg = d / "dockercfg"
+    cfg.mkdir()
+    subprocess.run(["docker", "--config", str(cfg), "login", "-u", "ctuser", "--password-stdin",
+                    f"127.0.0.1:{port}"], input=pw, text=True, capture_output=True, check=True)
+    yield _Registry(f"127.0.0.1:{port}", "ctuser", pw, cfg)
+    os.killpg(proc.pid, signal.SIGTERM)
+    proc.wait(10)
+    shutil.rmtree(cfg, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def tiny_image(tmp_path_factory):  # type: ignore[no-untyped-def]
+    d = tmp_path_factory.mktemp("tiny")
+    (d / "hello").write_text("hi\n")
+    (d / "blob").write_bytes(os.urandom(2_000_000))
+    tag = f"ct-test/pulltiny:{uuid.uuid4().hex[:8]}"
+    tar = subprocess.run(["tar", "-C", str(d), "-c", "."], capture_output=True, check=True).stdout
+    subprocess.run(["docker", "import", "-", tag], input=tar, capture_output=True, check=True)
+    yield tag
+    _docker("image", "rm", tag, check=False)
