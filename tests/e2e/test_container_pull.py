@@ -43,8 +43,8 @@ def pushed(registry, tiny_image):  # type: ignore[no-untyped-def]
     """The tiny image pushed under a repository of its own, its local tag removed (the nodes
     must pull it); removed again at the end whatever the test left."""
     repo = f"ct-test/pull-{uuid.uuid4().hex[:8]}"
-    ref, digest = registry.push(tiny_image, repo)
-    _docker("image", "rm", ref, check=False)
+    ref, digest = registry.push(tiny_image, repo)        # (the pushed tag is untagged here)
+    assert not _present(ref)
     yield ref, digest
     _docker("image", "rm", ref, check=False)
     _docker("image", "rm", ref.rsplit(":", 1)[0] + "@" + digest, check=False)
@@ -60,11 +60,11 @@ def _task(tmp_path: Path, name: str, image: str, *, auth: bool = True, extra: st
 
 
 def _login(registry) -> dict[str, str]:  # type: ignore[no-untyped-def]
-    return {USER_VAR: registry.user, KEY_VAR: registry.password}
+    return {USER_VAR: registry.username, KEY_VAR: registry.password}
 
 
 def _secrets(registry) -> list[str]:  # type: ignore[no-untyped-def]
-    pw, user = registry.password, registry.user
+    pw, user = registry.password, registry.username
     return [pw, base64.b64encode(pw.encode()).decode(),
             base64.b64encode(f"{user}:{pw}".encode()).decode(),
             base64.urlsafe_b64encode(pw.encode()).decode().rstrip("=")]
@@ -120,7 +120,7 @@ def test_a_refused_login_exits_2_naming_registry_auth_and_rolls_back(
     ref, _ = pushed
     wrong = "not-" + registry.password
     r = cli.run("launch", str(_task(tmp_path, "refused", ref)),
-                **{USER_VAR: registry.user, KEY_VAR: wrong})
+                **{USER_VAR: registry.username, KEY_VAR: wrong})
     assert r.returncode == 2, r.stderr
     err = " ".join(r.stderr.split())
     assert "container.registry_auth" in err and "refused the login" in err
@@ -128,7 +128,7 @@ def test_a_refused_login_exits_2_naming_registry_auth_and_rolls_back(
     assert "Rolling back" in err
     assert wrong not in r.stdout + r.stderr
     _no_secret_under([cli.home, Path.home() / ".docker"],
-                     [wrong, base64.b64encode(f"{registry.user}:{wrong}".encode()).decode()])
+                     [wrong, base64.b64encode(f"{registry.username}:{wrong}".encode()).decode()])
     assert not (cli.home / "clusters" / "refused").exists()
     assert not _present(ref)
 
@@ -182,70 +182,3 @@ def test_a_pinned_image_is_not_pulled_again_and_keep_image_keeps_it(
     assert d.returncode == 0 and "removed image" not in d.stderr
     assert _present(pinned)
 
-
-# --- TEMPORARY: until tests/dockerkit.py lands on main -------------------------------------
-import os  # noqa: E402
-import shutil  # noqa: E402
-import signal  # noqa: E402
-import socket  # noqa: E402
-import time  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
-
-
-@dataclass
-class _Registry:
-    host: str
-    user: str
-    password: str
-    config: Path
-
-    def push(self, local_tag: str, repo: str) -> tuple[str, str]:
-        ref = f"{self.host}/{repo}:1"
-        _docker("tag", local_tag, ref)
-        out = _docker("--config", str(self.config), "push", ref).stdout
-        digest = [w for w in out.split() if w.startswith("sha256:")][-1]
-        return ref, digest
-
-
-@pytest.fixture(scope="module")
-def registry(tmp_path_factory):  # type: ignore[no-untyped-def]
-    d = tmp_path_factory.mktemp("reg")
-    pw = uuid.uuid4().hex
-    (d / "htpasswd").write_text(subprocess.run(["htpasswd", "-Bbn", "ctuser", pw], text=True,
-                                               capture_output=True, check=True).stdout)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    (d / "config.yml").write_text(
-        f"version: 0.1\nstorage: {{filesystem: {{rootdirectory: {d}/data}}}}\n"
-        f"http: {{addr: 127.0.0.1:{port}}}\n"
-        f"auth: {{htpasswd: {{realm: t, path: {d}/htpasswd}}}}\n")
-    proc = subprocess.Popen(["docker-registry", "serve", str(d / "config.yml")],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-    for _ in range(100):
-        try:
-            socket.create_connection(("127.0.0.1", port), 0.2).close()
-            break
-        except OSError:
-            time.sleep(0.05)
-    cfg = d / "dockercfg"
-    cfg.mkdir()
-    subprocess.run(["docker", "--config", str(cfg), "login", "-u", "ctuser", "--password-stdin",
-                    f"127.0.0.1:{port}"], input=pw, text=True, capture_output=True, check=True)
-    yield _Registry(f"127.0.0.1:{port}", "ctuser", pw, cfg)
-    os.killpg(proc.pid, signal.SIGTERM)
-    proc.wait(10)
-    shutil.rmtree(cfg, ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
-def tiny_image(tmp_path_factory):  # type: ignore[no-untyped-def]
-    d = tmp_path_factory.mktemp("tiny")
-    (d / "hello").write_text("hi\n")
-    (d / "blob").write_bytes(os.urandom(2_000_000))
-    tag = f"ct-test/pulltiny:{uuid.uuid4().hex[:8]}"
-    tar = subprocess.run(["tar", "-C", str(d), "-c", "."], capture_output=True, check=True).stdout
-    subprocess.run(["docker", "import", "-", tag], input=tar, capture_output=True, check=True)
-    yield tag
-    _docker("image", "rm", tag, check=False)
