@@ -267,10 +267,10 @@ def _refused(spec: ContainerSpec, creds: Credentials, failures: list[tuple[int, 
     registry = spec.ref.registry
     if spec.registry_auth is None:
         return UserError(
-            f"container.registry_auth: the registry {registry} asks for a login to pull "
-            f"{spec.image} (node {ranks}: {why}).",
-            "Add container.registry_auth: {username_env: VAR, password_env: VAR} naming two "
-            "variables set on this machine, or pull a public image.")
+            f"container.registry_auth: the registry {registry} does not serve {spec.image} "
+            f"without a login (node {ranks}: {why}).",
+            "Check the image's name; if it needs a login, add container.registry_auth: "
+            "{username_env: VAR, password_env: VAR} naming two variables set on this machine.")
     a = spec.registry_auth
     return UserError(
         f"container.registry_auth: the registry {registry} refused the login from "

@@ -32,7 +32,7 @@ API = "/v1.41"
 EVERY_S = 1.0
 # What the Engine says when a registry refuses (or asks for) credentials.
 _AUTH_WORDS = ("unauthorized", "authentication required", "no basic auth credentials",
-               "incorrect username or password", "denied", "forbidden", "401")
+               "incorrect username or password", "denied", "forbidden")
 
 
 class UnixConnection(http.client.HTTPConnection):

@@ -135,7 +135,7 @@ def test_a_refused_login_exits_2_naming_registry_auth_and_rolls_back(
     # No login at all for a registry that asks for one: the same field, and what to add.
     r = cli.run("launch", str(_task(tmp_path, "nologin", ref, auth=False)))
     assert r.returncode == 2, r.stderr
-    assert "container.registry_auth" in r.stderr and "asks for a login" in r.stderr
+    assert "container.registry_auth" in r.stderr and "without a login" in r.stderr
 
 
 def test_a_pull_failing_on_one_node_names_it_and_rolls_back(
