@@ -143,13 +143,16 @@ def pull_command(node: NodeRow, image: str, keep: bool) -> str:
 def forget_images_command(node: NodeRow) -> str:
     """What ``down`` runs on a node we do not power off (local, ssh), after the cluster's
     containers are removed: every image cloudtrain pulled there (``<root>/pulled-images``) is
-    removed with ``docker image rm`` (no force: Docker refuses while a container still uses
-    it, and only the reference cloudtrain pulled is removed, never another tag of the same
-    image). Prints ``::removed REF`` / ``::kept REF WHY``."""
+    removed with ``docker image rm``, unless a container (of any state, anyone's) still uses
+    the image; no force, and only the reference cloudtrain pulled is removed, never another
+    tag of the same image. Prints ``::removed REF`` / ``::kept REF WHY``."""
     return bash(
         root_of(node) + f"f=\"$r/{PULLED_LIST}\"; [ -s \"$f\" ] || exit 0\n"
         "while IFS= read -r ref; do\n"
         "  [ -n \"$ref\" ] || continue\n"
+        "  id=$(docker image inspect --format '{{.Id}}' \"$ref\" 2>/dev/null) || continue\n"
+        "  users=$(docker ps -a -q --filter \"ancestor=$id\" | tr '\\n' ' ')\n"
+        "  if [ -n \"$users\" ]; then echo \"::kept $ref used by container(s) $users\"; continue; fi\n"
         "  if why=$(docker image rm \"$ref\" 2>&1 >/dev/null); then echo \"::removed $ref\"\n"
         "  else echo \"::kept $ref $(printf %s \"$why\" | tr '\\n' ' ' | cut -c1-300)\"; fi\n"
         "done < \"$f\"\n"

@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import json
 import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -182,3 +183,47 @@ def test_a_pinned_image_is_not_pulled_again_and_keep_image_keeps_it(
     assert d.returncode == 0 and "removed image" not in d.stderr
     assert _present(pinned)
 
+
+
+def test_down_on_an_ssh_host_removes_only_what_cloudtrain_pulled_and_nobody_uses(
+        cli: CLI, tmp_path: Path, registry, pushed, tiny_image) -> None:  # type: ignore[no-untyped-def]
+    ref, _ = pushed
+    # The user's host: a local node (its sshd), reached by the ssh provider.
+    (tmp_path / "hosts.yaml").write_text("name: hosts\nresources: {provider: local}\nrun: 'true'\n")
+    assert cli.run("up", str(tmp_path / "hosts.yaml"), "--no-bootstrap", "-y").returncode == 0
+    (host,) = [c for c in cli.status() if c["name"] == "hosts"][0]["nodes"]  # type: ignore[index]
+    key = cli.home / "clusters" / "hosts" / "ssh" / "id_ed25519"
+    # An image the user had before, under a name of the same registry.
+    before = f"{registry.host}/ct-test/before-{uuid.uuid4().hex[:8]}:1"
+    _docker("tag", tiny_image, before)
+    user_container = f"ct-test-pull-user-{uuid.uuid4().hex[:8]}"
+
+    def on_host(name: str, image: str) -> Path:
+        p = tmp_path / f"{name}.yaml"
+        p.write_text(f"name: {name}\nresources:\n  provider: ssh\n  ssh:\n    hosts:\n      - "
+                     f"{{address: {host['host']}, port: {host['port']}, identity_file: {key}}}\n"
+                     f"bootstrap: {{python: {sys.executable}}}\n"
+                     f"container:\n  image: {image}\n  registry_auth: {{username_env: "
+                     f"{USER_VAR}, password_env: {KEY_VAR}}}\nrun: 'true'\n")
+        return p
+
+    try:
+        r = cli.run("launch", str(on_host("pulls", ref)), "-y", **_login(registry))
+        assert r.returncode == 0 and f"Image {ref} pulled on 1 of 1" in r.stderr, r.stderr
+        r = cli.run("launch", str(on_host("finds", before)), "-y", **_login(registry))
+        assert r.returncode == 0 and f"Image {before} already on the node" in r.stderr, r.stderr
+
+        d = cli.run("down", "finds", "-y")
+        assert d.returncode == 0 and "removed image" not in d.stderr, d.stderr
+        assert _present(before)
+
+        # A container of the user's uses the image cloudtrain pulled: Docker refuses, it stays.
+        _docker("create", "--name", user_container, "--network", "none", ref, "true")
+        d = cli.run("down", "pulls", "-y")
+        assert d.returncode == 0, d.stderr
+        cid = _docker("inspect", "--format", "{{.Id}}", user_container).stdout.strip()
+        assert f"node-0: kept image {ref}: used by container(s) {cid[:12]}" in d.stderr, d.stderr
+        assert _present(ref)
+    finally:
+        _docker("rm", "-f", user_container, check=False)
+        _docker("image", "rm", before, check=False)
