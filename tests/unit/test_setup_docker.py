@@ -43,21 +43,21 @@ def bare(tree: Path) -> Path:  # noqa: F811
     return tree
 
 
-def _setup(tree: Path, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
-    tmp = tree.parent
+def _setup(root: Path, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+    tmp = root.parent
     env = {k: v for k, v in os.environ.items() if k != "CLOUDTRAIN_TORCH_INDEX"}
     env.update({"PATH": f"{tmp / 'sysbin'}:{tmp / 'hostbin'}", "TMPDIR": str(tmp),
                 "STUB_CALLS": str(tmp / "calls"), "STUB_INSTALLED": str(tmp / "installed"),
                 "STUB_APT": str(tmp / "apt"), "STUB_DOCKERD": str(tmp / "dockerd"),
                 "STUB_DOCKERD_FAIL": "", "CLOUDTRAIN_POLICY_RC_D": str(tmp / "policy-rc.d"),
                 **extra})
-    return subprocess.run([str(tmp / "hostbin" / "bash"), str(tree / "scripts" / "setup.sh"),
+    return subprocess.run([str(tmp / "hostbin" / "bash"), str(root / "scripts" / "setup.sh"),
                            *args], capture_output=True, text=True, env=env, timeout=60,
                           stdin=subprocess.DEVNULL)
 
 
-def _installed(tree: Path) -> list[str]:
-    apt = tree.parent / "apt"
+def _installed(root: Path) -> list[str]:
+    apt = root.parent / "apt"
     lines = apt.read_text().splitlines() if apt.exists() else []
     return [w for line in lines if line.startswith("install") for w in line.split()[2:]]
 
