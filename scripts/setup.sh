@@ -129,5 +129,12 @@ if [ "$for_tests" = 1 ] && ! bash scripts/dockerd.sh; then
          "tests need one: start Docker (as root: bash scripts/dockerd.sh), then run this again" >&2
     exit 1
 fi
+# --tests: the tests' torch image (tests/dockerkit.py: built once per machine, 2.5 to 5 min)
+# starts building in the background when it is missing; the tests that use it wait for it.
+if [ "$for_tests" = 1 ] && [ -f tests/dockerkit.py ] \
+        && ! .venv/bin/python tests/dockerkit.py torch --check >/dev/null 2>&1; then
+    nohup setsid .venv/bin/python tests/dockerkit.py torch >.venv/torch-image.log 2>&1 </dev/null &
+    echo "setup: building the tests' torch image in the background (log: .venv/torch-image.log)"
+fi
 if [ -s "$TMPLOG" ]; then keep_log >/dev/null; fi   # this run installed: its log replaces the last
 echo "setup: ready ($(.venv/bin/python -c 'import torch, cloudtrain; print("cloudtrain", cloudtrain.__version__, "torch", torch.__version__)'))"
