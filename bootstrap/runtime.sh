@@ -66,7 +66,11 @@ docker_step() {
     DOCKER_V="" DOCKER_SUDO=0
     local how="" note="" user
     user=$(id -un)
-    if ! { command -v docker >/dev/null 2>&1 && docker --version >/dev/null 2>&1 && has_dockerd; }; then
+    # An Engine that answers is taken as it is (however it was installed: docker.io, Docker's
+    # own packages, a snap); else docker.io where the CLI or the daemon is missing.
+    if engine_version sudo >/dev/null; then
+        :
+    elif ! { docker --version >/dev/null 2>&1 && has_dockerd; }; then
         check_only "there is no Docker Engine" "install it ($DOCKER_DOCS; on Debian/Ubuntu" \
             "sudo apt-get install docker.io) and start it"
         [ "$PKG" = apt ] || FAIL_CODE=7 fail "this task runs in a container, and this node has no" \
@@ -77,8 +81,8 @@ docker_step() {
     fi
     if ! DOCKER_V=$(engine_version sudo); then
         check_only "the Docker Engine does not answer" "start it (sudo systemctl start docker)"
-        { docker_service start && wait_engine; } || FAIL_CODE=7 fail "the Docker Engine on this node does not start" \
-            "(neither 'systemctl start docker' nor 'service docker start' brought it up)." \
+        { docker_service start && wait_engine; } || FAIL_CODE=7 fail "the Docker Engine on" \
+            "this node does not start (neither 'systemctl start docker' nor 'service docker start' brought it up)." \
             "Look at its log on the node (journalctl -u docker, or /var/log/docker.log), fix it," \
             "then run 'cloudtrain up' again."
         [ -n "$how" ] || how=started
