@@ -1,5 +1,6 @@
-"""A task with ``container:`` on a cloud node: ``up`` against the moto server, whose instances are
-stand-in sshd nodes (tests/fakes/standin.py, as in test_aws_cli.py), runs the real bootstrap,
+"""A task with ``container:`` on cloud nodes: ``up`` against the moto server (AWS) or the Compute
+Engine fake (GCP), whose instances are stand-in sshd nodes (tests/fakes/standin.py, as in
+test_aws_cli.py and test_gcp_e2e.py), runs the real bootstrap,
 which chooses the host-side runtime: on a node without Docker it installs ``docker.io`` (a
 cloud node may be changed; a local or ssh one is only checked), finds the Engine answering,
 and installs neither a virtualenv nor PyTorch.
@@ -22,9 +23,23 @@ pytest.importorskip("moto")
 
 from test_aws_cli import (LocalNodes, _cloudtrain, _map_when_running, _moto, _tagged,  # noqa: E402,F401
                           aws_task, guarded, moto_server)
+from test_gcp_e2e import world  # noqa: E402,F401
 
 pytestmark = [needs_sshd, pytest.mark.e2e]
 
+GCP_TASK = """
+name: boxgcp
+num_nodes: 2
+resources:
+  provider: gcp
+  region: us-central1
+  accelerators: T4:1
+  ssh_cidr: 198.51.100.7/32
+container:
+  image: {image}
+workdir: .
+run: echo hi
+"""
 TASK = """
 name: boxaws
 num_nodes: 2
@@ -86,19 +101,44 @@ def test_up_on_a_cloud_node_without_docker_installs_the_engine_and_no_pytorch(
         stop.set()
         mapper.join(timeout=10)
         nodes.stop()
-    out = r.stderr + r.stdout
-    assert r.returncode == 0, out[-4000:]
+    assert r.returncode == 0, (r.stderr + r.stdout)[-4000:]
     assert down.returncode == 0, down.stderr[-2000:]
-    for n in nodes.nodes:
-        apt = (n["dir"] / "apt.log").read_text().splitlines()
+    _chose_docker(r.stderr + r.stdout, [n["dir"] for n in nodes.nodes], docker_engine)
+    assert {k: len(v) for k, v in _tagged(ec2, "boxaws").items()}["instances"] == 0
+
+
+def _chose_docker(out: str, dirs: list[Path], version: str) -> None:
+    """Every node installed docker.io (and nothing of Python's) and found its Engine."""
+    for d in dirs:
+        apt = (d / "apt.log").read_text().splitlines()
         assert "install -y -q --no-install-recommends docker.io" in apt, apt
-        assert not (n["dir"] / "root" / "cloudtrain" / "venv").exists()
+        assert not (d / "root" / "cloudtrain" / "venv").exists()
     lines = out.splitlines()
     docker = [ln for ln in lines if ln.strip().startswith("docker ")]
-    assert len(docker) == 2, out[-4000:]
-    assert all(f"INSTALLED  Docker Engine {docker_engine} (docker.io)" in ln for ln in docker)
+    assert len(docker) == len(dirs), out[-4000:]
+    assert all(f"INSTALLED  Docker Engine {version} (docker.io)" in ln for ln in docker)
     torch = [ln for ln in lines if ln.strip().startswith("torch ")]
-    assert len(torch) == 2 and all("skipped" in ln and "image brings its own PyTorch" in ln
-                                   for ln in torch), torch
+    assert len(torch) == len(dirs) and all("skipped" in ln and "image brings its own PyTorch"
+                                           in ln for ln in torch), torch
     assert all("installed docker" in ln for ln in lines if "bootstrapped in" in ln), out[-3000:]
-    assert {k: len(v) for k, v in _tagged(ec2, "boxaws").items()}["instances"] == 0
+
+
+def test_up_on_gcp_nodes_without_docker_installs_the_engine_and_no_pytorch(
+        world, tmp_path: Path, docker_engine: str,  # type: ignore[no-untyped-def]  # noqa: F811
+        tiny_image: str) -> None:
+    cli, env, fake, nodes, _ = world
+    real_docker = shutil.which("docker")
+    assert real_docker
+    for d in nodes.dirs:
+        _without_docker(d, real_docker)
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    task = proj / "task.yaml"
+    task.write_text(GCP_TASK.format(image=tiny_image))
+    nodes.use(task)
+    r = cli.run("up", str(task), "-y", cwd=proj, timeout=300, **env)
+    assert r.returncode == 0, (r.stderr + r.stdout)[-4000:]
+    _chose_docker(r.stderr + r.stdout, nodes.dirs, docker_engine)
+    down = cli.run("down", "boxgcp", "-y", timeout=300, **env)
+    assert down.returncode == 0, down.stderr[-2000:]
+    assert fake.empty(), fake.ours()
