@@ -225,6 +225,12 @@ class Registry:
     storage: Path
     scratch: Path
 
+    def login(self, config: Path) -> None:
+        """``docker login`` to this registry with its credentials, kept in ``config`` (a
+        throwaway ``--config`` folder: the user's own Docker config is never touched)."""
+        docker("login", "-u", self.username, "--password-stdin", self.host, config=config,
+               input=self.password)
+
     def push(self, local_tag: str, repo: str) -> tuple[str, str]:
         """Push ``local_tag`` as ``repo`` (``name`` or ``name:tag``; ``latest`` when no tag)
         with a throwaway login; returns (``host/repo:tag``, the pushed manifest's digest)."""
@@ -232,8 +238,7 @@ class Registry:
         ref = f"{self.host}/{name}:{tag or 'latest'}"
         config = Path(tempfile.mkdtemp(prefix="login-", dir=self.scratch))
         try:
-            docker("login", "-u", self.username, "--password-stdin", self.host,
-                   config=config, input=self.password)
+            self.login(config)
             docker("tag", local_tag, ref)
             try:
                 out = docker("push", ref, config=config, timeout=900).stdout
