@@ -171,7 +171,8 @@ def bootstrap_or_roll_back(env: Env, handle: Handle, group: Group, task: Task, n
     before the error is reported."""
     env.ui.step("Bootstrapping")
     try:
-        run_bootstrap(env, handle, group, task.bootstrap)
+        run_bootstrap(env, handle, group, task.bootstrap,
+                      container=task.container is not None)
         if task.container is not None:    # a pull that fails rolls the new cluster back too
             pull.ensure_image(env, handle, group, task.container)
     except BaseException:
