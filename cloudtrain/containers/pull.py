@@ -129,14 +129,20 @@ def root_of(node: NodeRow) -> str:
     return f"r={shlex.quote(node.root_dir)}; case $r in /*) ;; *) r=$HOME/$r ;; esac; "
 
 
+def sudo(node: NodeRow) -> str:
+    """``sudo -n `` where this node's SSH sessions reach Docker only through sudo (bootstrap
+    found the user not yet in group docker: its ``docker_sudo`` result), else nothing."""
+    return "sudo -n " if node.bootstrap.get("docker_sudo") == "1" else ""
+
+
 def pull_command(node: NodeRow, image: str, keep: bool) -> str:
     """dockerpull.py on ``node`` (the file travels in the command; stdin carries the header)."""
     code = f"import base64; exec(compile(base64.b64decode('{_source()}'), 'dockerpull.py', 'exec'))"
-    py = shlex.quote(node.python_bin or "python3")
+    path = f"PATH={shlex.quote(node.python_bin)}:\"$PATH\"; " if node.python_bin else ""
     return bash(
-        root_of(node) + f"py={py}; [ -x \"$py\" ] || py=$(command -v python3) || "
+        root_of(node) + path + "py=$(command -v python3 || command -v python) || "
         "{ echo '::fail engine no python3 on the node to talk to the Docker Engine'; exit 5; }; "
-        f"exec \"$py\" -c {shlex.quote(code)} {shlex.quote(image)} \"$r\""
+        f"exec {sudo(node)}\"$py\" -c {shlex.quote(code)} {shlex.quote(image)} \"$r\""
         + (" --keep" if keep else ""))
 
 
@@ -148,7 +154,8 @@ def forget_images_command(node: NodeRow) -> str:
     tag of the same image. Prints ``::removed REF`` / ``::kept REF WHY``."""
     return bash(
         root_of(node) + f"f=\"$r/{PULLED_LIST}\"; [ -s \"$f\" ] || exit 0\n"
-        "while IFS= read -r ref; do\n"
+        + ("docker() { sudo -n docker \"$@\"; }\n" if sudo(node) else "")
+        + "while IFS= read -r ref; do\n"
         "  [ -n \"$ref\" ] || continue\n"
         "  id=$(docker image inspect --format '{{.Id}}' \"$ref\" 2>/dev/null) || continue\n"
         "  users=$(docker ps -a -q --filter \"ancestor=$id\" | tr '\\n' ' ')\n"
@@ -171,7 +178,8 @@ def forget_images(env: Env, handle: Handle, group: Group | None = None) -> dict[
         env.ui.warn(f"Could not reach every node to remove the images cloudtrain pulled: {exc}")
         return {}
     try:
-        res = g.run(forget_images_command, timeout=300)
+        now = {n.rank: n for n in handle.nodes}    # as bootstrap left them (docker_sudo)
+        res = g.run(lambda n: forget_images_command(now.get(n.rank, n)), timeout=300)
     finally:
         if own:
             g.close()
@@ -302,7 +310,8 @@ def ensure_image(env: Env, handle: Handle, group: Group, spec: ContainerSpec) ->
         env.state.set_cluster_image(handle.name, spec.image)   # 'down' looks for what it pulls
     shown = _Shown(env, spec.image)
     t0 = time.monotonic()
-    res = group.run(lambda n: pull_command(n, spec.image, spec.keep_image),
+    now = {n.rank: n for n in handle.nodes}    # as bootstrap left them (docker_sudo)
+    res = group.run(lambda n: pull_command(now.get(n.rank, n), spec.image, spec.keep_image),
                     stdin=(creds.header + "\n").encode(), on_line=shown.line, timeout=3600)
     failures = {r.rank: _failure(r.rank, r.stdout, r.stderr, r.error) for r in res.failed}
     auth = [(rank, why) for rank, (kind, why) in failures.items() if kind == "auth"]

@@ -8,16 +8,19 @@ cluster it created), and what ``down`` removes again (only what cloudtrain pulle
 is not pulled again).
 
 Local nodes share one Docker Engine: two nodes pulling at once is one pull for the Engine,
-and an image one node pulled is there for the next. A node whose Docker Engine does not
-answer is one whose shell points DOCKER_HOST at a socket nobody listens on (its .bashrc, as
-rootless Docker's setup writes it)."""
+and an image one node pulled is there for the next. A node whose pulls fail is one whose shell
+points DOCKER_HOST (its .bashrc, as rootless Docker's setup writes it) at a socket that passes
+everything to this machine's Engine but answers a pull as an Engine with a full disk."""
 
 from __future__ import annotations
 
 import base64
 import json
+import re
+import socket
 import subprocess
 import sys
+import threading
 import uuid
 from pathlib import Path
 
@@ -40,11 +43,21 @@ def _present(ref: str) -> bool:
 
 
 @pytest.fixture
-def pushed(registry, tiny_image):  # type: ignore[no-untyped-def]
-    """The tiny image pushed under a repository of its own, its local tag removed (the nodes
+def pushed(registry, tiny_image, tmp_path):  # type: ignore[no-untyped-def]
+    """An image of this test's own (the tiny image and a file naming it: no container of
+    anyone else's uses it) pushed under a repository of its own, no local tag left (the nodes
     must pull it); removed again at the end whatever the test left."""
-    repo = f"ct-test/pull-{uuid.uuid4().hex[:8]}"
-    ref, digest = registry.push(tiny_image, repo)        # (the pushed tag is untagged here)
+    uid = uuid.uuid4().hex[:8]
+    src, box = f"ct-test/pull-src:{uid}", f"ct-test-pull-{uid}"
+    (tmp_path / "pull-id").write_text(uid + "\n")
+    _docker("create", "--name", box, "--network", "none", tiny_image, "true")
+    try:
+        _docker("cp", str(tmp_path / "pull-id"), f"{box}:/pull-id")
+        _docker("commit", box, src)
+    finally:
+        _docker("rm", "-f", box, check=False)
+    ref, digest = registry.push(src, f"ct-test/pull-{uid}")   # (the pushed tag is untagged)
+    _docker("image", "rm", src)
     assert not _present(ref)
     yield ref, digest
     _docker("image", "rm", ref, check=False)
@@ -139,20 +152,74 @@ def test_a_refused_login_exits_2_naming_registry_auth_and_rolls_back(
     assert "container.registry_auth" in r.stderr and "without a login" in r.stderr
 
 
+class FailingPulls:
+    """A Docker Engine socket for one node: every request goes through to this machine's
+    Engine, except a pull, which it answers as an Engine whose disk is full does."""
+
+    REASON = "write /var/lib/docker/tmp/GetImageBlob: no space left on device"
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.server.bind(self.path)
+        self.server.listen(16)
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+
+    def _one(self, conn: socket.socket) -> None:
+        with conn:
+            head = conn.recv(65536)
+            if re.match(rb"POST /v[0-9.]+/images/create", head):
+                body = json.dumps({"message": self.REASON}).encode()
+                conn.sendall(b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: "
+                             b"application/json\r\nContent-Length: " + str(len(body)).encode()
+                             + b"\r\nConnection: close\r\n\r\n" + body)
+                return
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as engine:
+                engine.connect("/var/run/docker.sock")
+                engine.sendall(head)
+                back = threading.Thread(target=_pump, args=(engine, conn), daemon=True)
+                back.start()
+                _pump(conn, engine)
+                back.join(30)
+
+    def close(self) -> None:
+        self.server.close()
+
+
+def _pump(src: socket.socket, dst: socket.socket) -> None:
+    try:
+        while data := src.recv(65536):
+            dst.sendall(data)
+        dst.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+
+
 def test_a_pull_failing_on_one_node_names_it_and_rolls_back(
         cli: CLI, tmp_path: Path, registry, pushed) -> None:  # type: ignore[no-untyped-def]
     ref, _ = pushed
-    # Node 1's shell sends Docker clients to a socket nobody listens on.
+    # Node 1's shell points Docker clients at an Engine whose pulls fail (its .bashrc, as
+    # rootless Docker's setup writes DOCKER_HOST); everything else it answers as usual.
+    engine = FailingPulls(tmp_path / "engine1.sock")
     root1 = cli.home / "clusters" / "onebad" / "local" / "nodes" / "1" / "root"
     root1.mkdir(parents=True)
-    (root1 / ".bashrc").write_text(f"export DOCKER_HOST=unix://{tmp_path}/nobody.sock\n")
-    r = cli.run("launch", str(_task(tmp_path, "onebad", ref)), **_login(registry))
+    (root1 / ".bashrc").write_text(f"export DOCKER_HOST=unix://{engine.path}\n")
+    try:
+        r = cli.run("launch", str(_task(tmp_path, "onebad", ref)), **_login(registry))
+    finally:
+        engine.close()
     assert r.returncode == 1, r.stderr
     err = " ".join(r.stderr.split())
-    assert f"could not get {ref} on 1 of 2 node(s): node 1: cannot reach the Docker Engine " \
-           f"at {tmp_path}/nobody.sock" in err
-    assert "node 0:" not in err.split("could not get", 1)[1]
-    assert "Rolling back" in err
+    assert f"could not get {ref} on 1 of 2 node(s): node 1: {FailingPulls.REASON}." in err, err
+    assert "Rolling back" in err and "Traceback" not in err
     assert not (cli.home / "clusters" / "onebad").exists()
     assert cli.run("status").stdout.strip() == "No clusters."
     # What node 0 pulled for the cluster went with it.

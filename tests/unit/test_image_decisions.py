@@ -187,3 +187,37 @@ def test_a_version_4_database_gains_the_launch_image_columns(tmp_path: Path) -> 
     got = {r.job_id: (r.image, r.image_digest) for r in state.launches("c")}
     assert got == {"old": (None, None), "new": ("r.io/team/img:1", A),
                    "other": ("r.io/team/img:2", None), "plain": (None, None)}
+
+
+def test_where_docker_needs_sudo_the_pull_and_the_removal_go_through_it(tmp_path: Path) -> None:
+    """A node where bootstrap found the user not yet in group docker (docker_sudo=1): the
+    pull's helper and every docker command of down's removal run under 'sudo -n'."""
+    import os
+    import subprocess
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "calls"
+    (bin_dir / "sudo").write_text(f"#!/bin/sh\necho \"sudo $*\" >> {log}\nshift\nexec \"$@\"\n")
+    (bin_dir / "docker").write_text(
+        f"#!/bin/sh\necho \"docker $*\" >> {log}\n"
+        "case \"$1 $2\" in 'image inspect') echo sha256:1 ;; esac\n")
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "pulled-images").write_text("r.io/team/img:1\n")
+    node = NodeRow("c", 0, "i", "h", 22, "u", "ip", "running", str(root),
+                   bootstrap={"docker_sudo": "1"})
+    out = subprocess.run(pull.forget_images_command(node), shell=True, capture_output=True,
+                         text=True, env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    assert out.stdout.strip() == "::removed r.io/team/img:1", out.stderr
+    calls = log.read_text().splitlines()
+    assert [c for c in calls if c.startswith("sudo")] == [
+        "sudo -n docker image inspect --format {{.Id}} r.io/team/img:1",
+        "sudo -n docker ps -a -q --filter ancestor=sha256:1",
+        "sudo -n docker image rm r.io/team/img:1"]
+    assert not (root / "pulled-images").exists()
+    assert "exec sudo -n \"$py\"" in pull.pull_command(node, "r.io/team/img:1", False)
+    plain = NodeRow("c", 0, "i", "h", 22, "u", "ip", "running", str(root))
+    assert "exec sudo" not in pull.pull_command(plain, "r.io/team/img:1", False)
