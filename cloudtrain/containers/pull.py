@@ -45,7 +45,7 @@ class ImageOnNodes:
     nodes: dict[int, NodeImage] = field(default_factory=dict)
 
 
-_INSPECT = "docker image inspect --format '{{.Id}} {{join .RepoDigests \" \"}}' "
+_INSPECT = "docker image inspect --format '{{.Id}} {{range .RepoDigests}}{{.}} {{end}}' "
 
 
 def _look_and_pull(image: str) -> str:

@@ -1,0 +1,291 @@
+"""Containers as the runtime, through the real CLI on local nodes with the machine's Docker
+Engine: the training template as a 2-node x 2-process DDP job inside a locally built torch
+image, its files the SSH user's; the next launch reuses the containers, a changed image or
+option replaces them; exec and ssh --container run inside; Ctrl-C, a failing rank, the node
+guard and down stop the processes inside; down leaves no container of the cluster."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from conftest import CLI, assert_nothing_left, needs_sshd, processes_with, wait_until
+
+DOCKER = shutil.which("docker")
+
+
+def _docker_ok() -> bool:
+    if DOCKER is None:
+        return False
+    r = subprocess.run([DOCKER, "version", "--format", "{{.Server.Version}}"],
+                       capture_output=True, text=True, timeout=30)
+    return r.returncode == 0
+
+
+needs_docker = pytest.mark.skipif(not _docker_ok(), reason="no Docker Engine answers here")
+pytestmark = [needs_sshd, needs_docker, pytest.mark.e2e]
+
+FAST = {"CLOUDTRAIN_GUARD_POLL": "0.3", "CLOUDTRAIN_GUARD_ATTACHED_GRACE": "2"}
+COMMON = ["--batch-size", "32", "--eval-every", "5", "--log-every", "1", "--num-workers", "1",
+          "--warmup-steps", "3", "--patience", "0"]
+
+
+def _docker(*args: str, check: bool = True) -> str:
+    assert DOCKER is not None
+    r = subprocess.run([DOCKER, *args], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 or not check, r.stderr
+    return r.stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def torch_image() -> str:
+    """The tests' torch image (tests/images/build_torch.sh): built once per machine."""
+    try:
+        from dockerkit import torch_image_tag  # type: ignore[import-not-found]  # lands later
+        return str(torch_image_tag())
+    except ImportError:
+        pass
+    tag = os.environ.get("CT_TEST_TORCH_IMAGE", "ct-test/torch:dev")
+    if not _docker("image", "inspect", tag, check=False):
+        pytest.skip(f"the torch image {tag} is not built (tests/images/build_torch.sh {tag})")
+    return tag
+
+
+@pytest.fixture(scope="module")
+def variant_image(torch_image: str) -> Iterator[str]:
+    """The torch image with one more file (/ct-variant): a changed image, made in ~1 s."""
+    tag = f"ct-test/run-variant:{os.getpid()}"
+    box = f"ct-test-run-variant-{os.getpid()}"
+    _docker("run", "--name", box, "--network", "none", "--entrypoint", "/bin/sh", torch_image,
+            "-c", "echo variant > /ct-variant")
+    try:
+        _docker("commit", box, tag)
+    finally:
+        _docker("rm", "-f", box, check=False)
+    yield tag
+    _docker("rmi", "-f", tag, check=False)
+
+
+def _uid(cli: CLI, name: str) -> str:
+    return hashlib.sha256(f"{cli.home.resolve()}:{name}".encode()).hexdigest()[:12]
+
+
+@pytest.fixture
+def boxes(cli: CLI) -> Iterator[list[str]]:
+    """Cluster names a test uses: whatever happens, their containers are gone after it."""
+    names: list[str] = []
+    yield names
+    for name in names:
+        ids = _docker("ps", "-aq", "--filter", f"label=cloudtrain-cluster-id={_uid(cli, name)}",
+                      check=False).split()
+        if ids:
+            _docker("rm", "-f", *ids, check=False)
+
+
+def _containers(cli: CLI, name: str, all_: bool = True) -> dict[str, str]:
+    """The cluster's containers, by its label: id -> rank label."""
+    out = _docker("ps", *(["-a"] if all_ else []), "--no-trunc", "--filter",
+                  f"label=cloudtrain-cluster-id={_uid(cli, name)}",
+                  "--format", '{{.ID}} {{.Label "cloudtrain-node-rank"}}')
+    return dict(line.split() for line in out.splitlines() if line.strip())
+
+
+def _task(path: Path, name: str, image: str, body: str, extra: str = "") -> Path:
+    path.write_text(f"name: {name}\nnum_nodes: 2\nresources:\n  provider: local\nworkdir: .\n"
+                    f"stop_grace: 5\ncontainer:\n  image: {image}\n{extra}{body}")
+    return path
+
+
+def _train(proj: Path, file: str, image: str, args: list[str], extra: str = "") -> Path:
+    return _task(proj / file, "tmplc", image,
+                 "envs:\n  OMP_NUM_THREADS: '1'\n"
+                 "setup: |\n  test -e /.dockerenv && echo setup-inside; id -u > setup-uid\n"
+                 "train:\n  script: train.py\n  nproc_per_node: 2\n"
+                 f"  args: {json.dumps(args + COMMON)}\noutputs: [outputs/]\n", extra)
+
+
+def _node_root(cli: CLI, name: str, rank: int) -> Path:
+    return cli.home / "clusters" / name / "local" / "nodes" / str(rank) / "root"
+
+
+def _inside(pid: int) -> bool:
+    """The process runs in a container (its root has Docker's /.dockerenv)."""
+    return os.path.exists(f"/proc/{pid}/root/.dockerenv")
+
+
+def test_template_ddp_in_the_image_reused_replaced_removed(
+        cli: CLI, tmp_path: Path, torch_image: str, variant_image: str,
+        boxes: list[str]) -> None:
+    boxes.append("tmplc")
+    proj = tmp_path / "proj"
+    assert cli.run("init", str(proj)).returncode == 0
+
+    # 1. the template, 2 nodes x 2 processes, in the image: it trains, checkpoints come back
+    first = _train(proj, "first.yaml", torch_image, ["--max-steps", "10", "--ckpt-every", "5"])
+    r = cli.run("launch", str(first), "-y", timeout=400)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert r.stdout.count("setup-inside") == 2, r.stdout[-3000:]
+    out = proj / "cloudtrain-outputs" / "outputs"
+    res = json.loads((out / "result.json").read_text())
+    assert res["world_size"] == 4 and res["final_step"] == 10, res
+    assert sorted(p.name for p in (out / "checkpoints").glob("step-*.pt")) == \
+        ["step-000005.pt", "step-000010.pt"]
+    # Written inside the container, on the node: the SSH user's files, not root's.
+    for rank in (0, 1):
+        root = _node_root(cli, "tmplc", rank)
+        assert (root / "workdir" / "setup-uid").read_text().strip() == str(os.getuid())
+        assert (root / "workdir" / "setup-uid").stat().st_uid == os.getuid()
+    ck = _node_root(cli, "tmplc", 0) / "workdir" / "outputs" / "checkpoints" / "step-000010.pt"
+    assert ck.stat().st_uid == os.getuid() and ck.stat().st_gid == os.getgid()
+    first_ids = _containers(cli, "tmplc")
+    assert sorted(first_ids.values()) == ["0", "1"], first_ids
+    assert _containers(cli, "tmplc", all_=False) == first_ids, "both run"
+
+    # 2. the next launch resumes in the same containers, without asking docker about them
+    # (the container step, which rewrites each node's .container, is skipped)
+    marks = {rank: (_node_root(cli, "tmplc", rank) / ".container").stat().st_mtime_ns
+             for rank in (0, 1)}
+    second = _train(proj, "second.yaml", torch_image, ["--max-steps", "15", "--ckpt-every", "5"])
+    r = cli.run("launch", str(second), "-y", timeout=400)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    res2 = json.loads((out / "result.json").read_text())
+    assert res2["start_step"] == 10 and res2["final_step"] == 15, res2
+    assert _containers(cli, "tmplc") == first_ids, "the running containers were reused"
+    assert marks == {rank: (_node_root(cli, "tmplc", rank) / ".container").stat().st_mtime_ns
+                     for rank in (0, 1)}, "a warm launch ran the container step"
+
+    # 3. exec and ssh --container run inside, as the SSH user, in the workdir
+    r = cli.run("exec", "tmplc", "--", "test -e /.dockerenv && echo in-$CLOUDTRAIN_NODE_RANK "
+                "$(id -u) $PWD")
+    assert r.returncode == 0, r.stderr
+    for rank in (0, 1):
+        assert f"in-{rank} {os.getuid()} {_node_root(cli, 'tmplc', rank)}/workdir" in r.stdout, \
+            r.stdout
+    sh = subprocess.run([sys.executable, "-m", "cloudtrain", "ssh", "tmplc", "--container",
+                         "--node", "1"], input="test -e /.dockerenv && echo shell-inside $PWD\n",
+                        capture_output=True, text=True, timeout=120, env=cli.env())
+    assert sh.returncode == 0, sh.stderr
+    assert f"shell-inside {_node_root(cli, 'tmplc', 1)}/workdir" in sh.stdout, sh.stdout
+    r = cli.run("exec", "tmplc", "--node", "0", "--", "exit 3")
+    assert r.returncode == 3, r.stderr
+
+    # 4. a changed option, then a changed image: the containers are replaced
+    probe = "run: test -e /.dockerenv && cat /ct-variant 2>/dev/null || echo plain\n"
+    opt = _task(proj / "opt.yaml", "tmplc", torch_image, probe,
+                "  run_options: [--shm-size=256m]\n")
+    r = cli.run("launch", str(opt), "-y", timeout=300)
+    assert r.returncode == 0 and r.stdout.count("plain") == 2, r.stdout + r.stderr
+    opt_ids = _containers(cli, "tmplc")
+    assert len(opt_ids) == 2 and not set(opt_ids) & set(first_ids), (first_ids, opt_ids)
+    var = _task(proj / "var.yaml", "tmplc", variant_image, probe)
+    r = cli.run("launch", str(var), "-y", timeout=300)
+    assert r.returncode == 0 and r.stdout.count("variant") == 2, r.stdout + r.stderr
+    var_ids = _containers(cli, "tmplc")
+    assert len(var_ids) == 2 and not set(var_ids) & set(opt_ids), (opt_ids, var_ids)
+
+    # 5. down: no container of the cluster, running or exited; nothing else left
+    r = cli.run("down", "tmplc", "-y")
+    assert r.returncode == 0, r.stderr
+    assert _containers(cli, "tmplc") == {}
+    assert_nothing_left(cli.home)
+
+
+_SLEEPER = ("run: |\n  echo $$ > \"$HOME/pid\"\n  echo started-$CLOUDTRAIN_NODE_RANK\n"
+            "  if [ \"$CLOUDTRAIN_NODE_RANK\" = \"$FAIL_ON\" ]; then sleep 1; exit 7; fi\n"
+            "  exec sleep 300\n")
+
+
+def _pids(cli: CLI, name: str) -> list[int]:
+    out = []
+    for rank in (0, 1):
+        try:
+            out.append(int((_node_root(cli, name, rank) / "pid").read_text()))
+        except (OSError, ValueError):
+            pass
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def test_ctrl_c_a_failing_rank_and_down_stop_the_processes_inside(
+        cli: CLI, tmp_path: Path, torch_image: str, boxes: list[str]) -> None:
+    boxes.append("stopc")
+    task = _task(tmp_path / "s.yaml", "stopc", torch_image, "envs: {FAIL_ON: none}\n" + _SLEEPER)
+
+    # Ctrl-C: the job's processes inside the containers end; the containers stay for the next
+    proc = cli.popen("launch", str(task), "-y")
+    try:
+        assert wait_until(lambda: len(_pids(cli, "stopc")) == 2, 180), "the job did not start"
+        pids = _pids(cli, "stopc")
+        assert all(_inside(p) for p in pids), pids
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, proc.stderr.read() if proc.stderr else ""
+    assert wait_until(lambda: not any(_alive(p) for p in pids), 15), pids
+    kept = _containers(cli, "stopc", all_=False)
+    assert len(kept) == 2, kept
+
+    # A failing rank: its exit code comes back, the other node's job inside is stopped
+    for rank in (0, 1):
+        (_node_root(cli, "stopc", rank) / "pid").unlink()
+    r = cli.run("launch", str(task), "-y", "--env", "FAIL_ON=1", timeout=300)
+    assert r.returncode == 7, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "node 1" in r.stdout + r.stderr
+    assert wait_until(lambda: not any(_alive(p) for p in _pids(cli, "stopc")), 15)
+    assert _containers(cli, "stopc", all_=False) == kept, "reused, and still running"
+
+    # down with a detached job inside: stopped, the containers removed
+    for rank in (0, 1):
+        (_node_root(cli, "stopc", rank) / "pid").unlink()
+    r = cli.run("launch", str(task), "-y", "-d")
+    assert r.returncode == 0, r.stderr
+    assert wait_until(lambda: len(_pids(cli, "stopc")) == 2, 60)
+    pids = _pids(cli, "stopc")
+    r = cli.run("down", "stopc", "-y")
+    assert r.returncode == 0, r.stderr
+    assert not any(_alive(p) for p in pids)
+    assert _containers(cli, "stopc") == {}
+    assert_nothing_left(cli.home)
+
+
+def test_the_guard_stop_ends_the_container(cli: CLI, tmp_path: Path, torch_image: str,
+                                          boxes: list[str]) -> None:
+    """launch -d --down: when the job ends, each node's guard stops the node; the keeper
+    carries the node's marks, so it ends with the node, and the container is removed, not
+    left exited."""
+    boxes.append("guardc")
+    task = _task(tmp_path / "g.yaml", "guardc", torch_image, "run: echo hi; sleep 2\n")
+    r = cli.run("launch", str(task), "-y", "-d", "--down", **FAST)
+    assert r.returncode == 0, r.stderr
+    assert len(_containers(cli, "guardc")) == 2
+    assert wait_until(lambda: not processes_with(f"{cli.home}/clusters/guardc/"), 90), \
+        "the guard did not stop the nodes"
+    assert wait_until(lambda: _containers(cli, "guardc") == {}, 15), _containers(cli, "guardc")
+
+
+def test_no_container_to_ssh_into_is_a_clear_error(cli: CLI, tmp_path: Path) -> None:
+    task = tmp_path / "h.yaml"
+    task.write_text("name: hostc\nnum_nodes: 1\nresources: {provider: local}\nrun: echo on-host\n")
+    r = cli.run("launch", str(task), "-y")
+    assert r.returncode == 0, r.stderr
+    r = cli.run("ssh", "hostc", "--container")
+    assert r.returncode == 2, r.stderr
+    assert "container:" in r.stderr and "Traceback" not in r.stderr
+    assert cli.run("down", "hostc", "-y").returncode == 0
