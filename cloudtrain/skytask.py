@@ -10,7 +10,10 @@ field, with a note (one line, shown on stderr by the commands that read the task
 - ``name:`` with capitals, '_' or '.': kept as the job's name; the cluster's name is derived
   from it (``names.derive``);
 - ``resources.cpus`` / ``resources.memory`` on local or ssh nodes: not checked (those are
-  the machines the user has), which the note says.
+  the machines the user has), which the note says;
+- ``resources.image_id: docker:IMAGE``: ``container.image`` (docs/containers.md); SkyPilot's
+  registry login through ``SKYPILOT_DOCKER_*`` in ``envs`` is not read (the values would
+  travel to every node): the note names ``container.registry_auth``.
 
 A field given twice with different values (``cloud: aws`` and ``provider: gcp``) is refused
 naming both. ``resources.any_of`` / ``ordered`` (alternatives) are refused, naming what
@@ -132,6 +135,30 @@ class _Reader:
                              "GPU), or name a CPU instance in resources.instance_type (e.g. "
                              "m6i.2xlarge on AWS).")
 
+    def docker_image(self) -> None:
+        """``image_id: docker:REF`` is our ``container.image: REF``."""
+        assert self.res is not None
+        ref = str(self.res.pop("image_id"))[len("docker:"):].strip()
+        box = self.data.get("container")
+        box = dict(box) if isinstance(box, dict) else {}
+        if box.get("image") not in (None, ref):
+            raise self.error("image_id", f"says docker:{ref}, but container.image says "
+                             f"'{box['image']}'", "Keep one of them: cloudtrain reads "
+                             "resources.image_id: docker:IMAGE as container.image.")
+        box["image"] = ref
+        self.data["container"] = box
+        self.renamed.setdefault("container.image", "resources.image_id")
+        line = self.line("resources", "image_id")
+        if line is not None:
+            self.lines.setdefault(("container", "image"), line)
+        self.notes.append(f"resources.image_id: read as container.image: {ref} (setup and run "
+                          "run inside it on every node)")
+        envs = self.data.get("envs")
+        if isinstance(envs, dict) and any(str(k).startswith("SKYPILOT_DOCKER_") for k in envs):
+            self.notes.append("envs.SKYPILOT_DOCKER_*: not used to log in (their values would "
+                              "be sent to every node); name the variables that hold the login "
+                              "on this machine in container.registry_auth")
+
     def name(self) -> None:
         name = self.data.get("name")
         if isinstance(name, str) and not is_valid(name):
@@ -159,6 +186,8 @@ class _Reader:
                 self.infra()
             if "disk_size" in self.res:
                 self.disk_size()
+            if str(self.res.get("image_id", "")).startswith("docker:"):
+                self.docker_image()
             self.sizes()
             self.data["resources"] = self.res
         self.name()

@@ -56,7 +56,8 @@ def up(task_file: str, cluster_name: str | None, yes: bool, dry_run: bool, no_bo
     name = resolve_name(task, cluster_name, task_file)
     planned = plan.plan(env, task, name)
     if dry_run:
-        return print_plan(env.ui, planned, name, changes)
+        return print_plan(env.ui, planned, name, changes,
+                          task.container.image if task.container else None)
     show_changes(env.ui, changes, in_plan=False)
     from cloudtrain.errors import CloudtrainError
     from cloudtrain.pipeline import job
@@ -92,13 +93,17 @@ def up_json(handle: Handle, attempts: list[dict[str, Any]]) -> dict[str, Any]:
         "attempts": attempts}
 
 
-def print_plan(ui: UI, plan: Plan, name: str, changes: list[Change] | None = None) -> None:
+def print_plan(ui: UI, plan: Plan, name: str, changes: list[Change] | None = None,
+               image: str | None = None) -> None:
     """``up --dry-run``'s (and ``launch --dry-run``'s) plan, with what the command line
-    overrode, and one warning line when the provider is not usable here (``cloudtrain check``)."""
+    overrode, the task's container image, and one warning line when the provider is not usable
+    here (``cloudtrain check``)."""
     ui.info(f"Plan for cluster '{name}' (dry run: nothing is created)")
     rows = [("provider", plan.provider), ("region", plan.region or "-"), ("zone", plan.zone or "-"),
             ("instance", plan.instance_type or "-"), ("accelerators", plan.accelerators or "none"),
             ("nodes", str(plan.num_nodes)), ("spot", "yes" if plan.use_spot else "no")]
+    if image is not None:
+        rows.append(("container", f"{image} (setup, run and exec run in it on every node)"))
     if plan.hourly_price_per_node is not None:
         rows.append(("price", f"${plan.hourly_price_per_node:.2f}/h per node, "
                               f"${plan.hourly_price_per_node * plan.num_nodes:.2f}/h for the cluster"))

@@ -23,7 +23,8 @@ def show(env: Env, req: Launch, changes: list[Change]) -> None:
     from cloudtrain.commands.cluster import print_plan
 
     ui = env.ui
-    print_plan(ui, req.plan, req.name, changes)
+    print_plan(ui, req.plan, req.name, changes,
+               req.task.container.image if req.task.container else None)
     existing = env.state.get_cluster(req.name)
     ui.info(f"  {'cluster':<13}" + (f"'{req.name}' is reused ({existing.status}, "
                                      f"{existing.num_nodes} node(s))" if existing else

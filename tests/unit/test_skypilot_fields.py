@@ -122,6 +122,8 @@ def test_infra_is_provider_region_and_zone(home: Path, tmp_path: Path) -> None:
     ("  infra: gcp\n  memory: 64+\n", ("resources.memory", "accelerators")),
     ("  accelerators: [A100:8, H100:8]\n", ("resources.accelerators", "any:8")),
     ("  accelerators: {A100: 8, H100: 8}\n", ("resources.accelerators", "any:8")),
+    ("  cloud: local\n  image_id: docker:My/Image\n",
+     ("field 'resources.image_id' (read as container.image)", "lower case")),
 ])
 def test_bad_skypilot_fields_exit_2_naming_the_field(home: Path, tmp_path: Path, resources: str,
                                                      says: tuple[str, ...]) -> None:
@@ -188,3 +190,27 @@ def test_names_that_give_no_cluster_name_exit_2(home: Path, tmp_path: Path, name
     assert r.returncode == 2, r.stdout + r.stderr
     assert "field 'name'" in r.stderr and "starting with a letter" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_a_docker_image_id_is_the_container_image(home: Path, tmp_path: Path) -> None:
+    """SkyPilot's ``image_id: docker:IMAGE`` is our ``container.image``: the plan shows the
+    container; the same image under both names is one; two different ones are refused; a
+    login given as SKYPILOT_DOCKER_* values in envs is not used, and the note says why."""
+    ref = "localhost:5000/team/pytorch:1.0"
+    other = task(tmp_path, f"  cloud: local\n  image_id: docker:{ref}\n",
+                 head="container:\n  image: ubuntu:24.04\n")
+    refused(home, other, "resources.image_id", "container.image", "'ubuntu:24.04'")
+    path = task(tmp_path, f"  cloud: local\n  image_id: docker:{ref}\n",
+                head="envs:\n  SKYPILOT_DOCKER_USERNAME: me\n")
+    r = run(home, "up", path, "--dry-run")
+    assert r.returncode == 0, r.stderr
+    assert f"note: resources.image_id: read as container.image: {ref}" in r.stderr
+    assert f"container    {ref} (setup, run and exec run in it" in r.stdout + r.stderr
+    assert "envs.SKYPILOT_DOCKER_*: not used to log in" in r.stderr
+    assert "container.registry_auth" in r.stderr
+    same = task(tmp_path, f"  cloud: local\n  image_id: docker:{ref}\n",
+                head=f"container:\n  image: {ref}\n")
+    assert run(home, "up", same, "--dry-run").returncode == 0
+    # an image_id that is not docker: stays the cloud image field it was
+    r = run(home, "up", task(tmp_path, "  cloud: local\n  image_id: ami-123\n"), "--dry-run")
+    assert "container " not in r.stdout + r.stderr
