@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -19,20 +18,9 @@ from typing import Iterator
 import pytest
 
 from conftest import CLI, assert_nothing_left, needs_sshd, processes_with, wait_until
+from dockerkit import docker
 
-DOCKER = shutil.which("docker")
-
-
-def _docker_ok() -> bool:
-    if DOCKER is None:
-        return False
-    r = subprocess.run([DOCKER, "version", "--format", "{{.Server.Version}}"],
-                       capture_output=True, text=True, timeout=30)
-    return r.returncode == 0
-
-
-needs_docker = pytest.mark.skipif(not _docker_ok(), reason="no Docker Engine answers here")
-pytestmark = [needs_sshd, needs_docker, pytest.mark.e2e]
+pytestmark = [needs_sshd, pytest.mark.e2e, pytest.mark.usefixtures("docker_engine")]
 
 FAST = {"CLOUDTRAIN_GUARD_POLL": "0.3", "CLOUDTRAIN_GUARD_ATTACHED_GRACE": "2"}
 COMMON = ["--batch-size", "32", "--eval-every", "5", "--log-every", "1", "--num-workers", "1",
@@ -40,24 +28,7 @@ COMMON = ["--batch-size", "32", "--eval-every", "5", "--log-every", "1", "--num-
 
 
 def _docker(*args: str, check: bool = True) -> str:
-    assert DOCKER is not None
-    r = subprocess.run([DOCKER, *args], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0 or not check, r.stderr
-    return r.stdout.strip()
-
-
-@pytest.fixture(scope="module")
-def torch_image() -> str:
-    """The tests' torch image (tests/images/build_torch.sh): built once per machine."""
-    try:
-        from dockerkit import torch_image_tag  # type: ignore[import-not-found]  # lands later
-        return str(torch_image_tag())
-    except ImportError:
-        pass
-    tag = os.environ.get("CT_TEST_TORCH_IMAGE", "ct-test/torch:dev")
-    if not _docker("image", "inspect", tag, check=False):
-        pytest.skip(f"the torch image {tag} is not built (tests/images/build_torch.sh {tag})")
-    return tag
+    return docker(*args, check=check).stdout.strip()
 
 
 @pytest.fixture(scope="module")
@@ -222,9 +193,10 @@ def _alive(pid: int) -> bool:
 
 
 def test_ctrl_c_a_failing_rank_and_down_stop_the_processes_inside(
-        cli: CLI, tmp_path: Path, torch_image: str, boxes: list[str]) -> None:
+        cli: CLI, tmp_path: Path, tiny_image: str, boxes: list[str]) -> None:
+    """In an image with a shell and coreutils only (no Python, nothing of cloudtrain's)."""
     boxes.append("stopc")
-    task = _task(tmp_path / "s.yaml", "stopc", torch_image, "envs: {FAIL_ON: none}\n" + _SLEEPER)
+    task = _task(tmp_path / "s.yaml", "stopc", tiny_image, "envs: {FAIL_ON: none}\n" + _SLEEPER)
 
     # Ctrl-C: the job's processes inside the containers end; the containers stay for the next
     proc = cli.popen("launch", str(task), "-y")
@@ -265,13 +237,13 @@ def test_ctrl_c_a_failing_rank_and_down_stop_the_processes_inside(
     assert_nothing_left(cli.home)
 
 
-def test_the_guard_stop_ends_the_container(cli: CLI, tmp_path: Path, torch_image: str,
+def test_the_guard_stop_ends_the_container(cli: CLI, tmp_path: Path, tiny_image: str,
                                           boxes: list[str]) -> None:
     """launch -d --down: when the job ends, each node's guard stops the node; the keeper
     carries the node's marks, so it ends with the node, and the container is removed, not
     left exited."""
     boxes.append("guardc")
-    task = _task(tmp_path / "g.yaml", "guardc", torch_image, "run: echo hi; sleep 2\n")
+    task = _task(tmp_path / "g.yaml", "guardc", tiny_image, "run: echo hi; sleep 2\n")
     r = cli.run("launch", str(task), "-y", "-d", "--down", **FAST)
     assert r.returncode == 0, r.stderr
     assert len(_containers(cli, "guardc")) == 2
@@ -289,3 +261,19 @@ def test_no_container_to_ssh_into_is_a_clear_error(cli: CLI, tmp_path: Path) -> 
     assert r.returncode == 2, r.stderr
     assert "container:" in r.stderr and "Traceback" not in r.stderr
     assert cli.run("down", "hostc", "-y").returncode == 0
+
+
+def test_gpus_without_the_nvidia_toolkit_start_nothing(tmp_path: Path, tiny_image: str) -> None:
+    """The node side of the check: a node with GPUs whose Docker has no NVIDIA runtime (this
+    machine's) refuses before any container exists (exit 4, which the CLI turns into exit 2
+    naming the NVIDIA Container Toolkit)."""
+    if "nvidia" in _docker("info", "--format", "{{json .Runtimes}}"):
+        pytest.skip("this machine's Docker has the NVIDIA runtime")
+    name = f"ct-test-run-gpu-{os.getpid()}"
+    script = Path(__file__).resolve().parents[2] / "bootstrap" / "ctcontainer.sh"
+    r = subprocess.run(["bash", str(script), "ensure", str(tmp_path), name, "spec", "req",
+                        "digest", "1", tiny_image, "gpuc", "0123456789ab", "0", "", "--"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 4, r.stderr
+    assert _docker("ps", "-aq", "--filter", f"name={name}") == ""
+    assert not (tmp_path / ".container").exists()
