@@ -42,6 +42,7 @@ ensure() {
     else
         how=started
         docker rm -f "$name" >/dev/null 2>&1
+        rm -f "$root/.setup-hash"   # the setup ran in the old container: run it again
         local args=(-d -i --rm --name "$name" --network host --pid host
                     --label "cloudtrain-cluster=$cluster" --label "cloudtrain-cluster-id=$cid"
                     --label "cloudtrain-node-rank=$rank" --label "cloudtrain-spec=$spec"

@@ -50,6 +50,8 @@ class Boxes:
     names: dict[int, str]
     digest: str
     reused: bool
+    started: frozenset[int] = frozenset()
+    """Ranks whose container was started now: what a setup did in an older one is gone."""
 
 
 def container_name(uid: str, rank: int) -> str:
@@ -111,7 +113,8 @@ def ready(env: Env, handle: Handle, group: Group, task: Task,
         from cloudtrain.containers.pull import ensure_image
 
         image = ensure_image(env, handle, group, spec)
-        boxes = Boxes(ensure(env, handle, group, spec, image, task), image.digest, reused=False)
+        names, started = _ensure(env, handle, group, spec, image, task)
+        boxes = Boxes(names, image.digest, reused=False, started=frozenset(started))
     remember(env, handle.name, boxes)
     return boxes
 
@@ -120,6 +123,12 @@ def ensure(env: Env, handle: Handle, group: Group, spec: ContainerSpec, image: I
            task: Task | None = None) -> dict[int, str]:
     """Every node's container running ``image`` with the task's options: the one there is
     kept when its spec label matches, else it is replaced. Returns the name per rank."""
+    return _ensure(env, handle, group, spec, image, task)[0]
+
+
+def _ensure(env: Env, handle: Handle, group: Group, spec: ContainerSpec, image: ImageOnNodes,
+            task: Task | None) -> tuple[dict[int, str], set[int]]:
+    """:func:`ensure`, and the ranks whose container was started now."""
     uid = cluster_uid(env, handle.name)
     names = {n.rank: container_name(uid, n.rank) for n in handle.nodes}
 
@@ -154,7 +163,9 @@ def ensure(env: Env, handle: Handle, group: Group, spec: ContainerSpec, image: I
         raise RemoteError(f"container: starting the container on node {r.rank} failed: "
                           + (why[-1][:300] if why else f"exit {r.exit_code}"),
                           "Check the run_options and that Docker runs there ('docker info').")
-    return names
+    started = {rank for rank, r in res.items()
+               if any(ln.startswith("::container started ") for ln in r.stdout.splitlines())}
+    return names, started
 
 
 # --- the laptop's record: which containers a cluster's jobs run in (exec, ssh, down) --------

@@ -9,7 +9,7 @@ import shlex
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
@@ -222,7 +222,9 @@ def _ready(r: Running) -> tuple[Mapping[int, NodeFacts], str]:
         n.rank: r.env_of(n, r.job_id + "-fetch") for n in r.handle.nodes})
     # 1c. the task's container on every node (reused as it runs on a warm launch)
     boxes = runtime.ready(r.env, r.handle, r.group, r.task, prep)
-    r.boxes.update(boxes.names if boxes is not None else {})
+    if boxes is not None:   # a container started now has none of an older one's setup
+        r.boxes.update(boxes.names)
+        prep = {k: replace(f, setup_hash="") if k in boxes.started else f for k, f in prep.items()}
     _budget_spent(r, None)
     return prep, setup_hash
 

@@ -76,10 +76,12 @@ def _task(path: Path, name: str, image: str, body: str, extra: str = "") -> Path
     return path
 
 
+SETUP = ("envs:\n  OMP_NUM_THREADS: '1'\n"
+         "setup: |\n  test -e /.dockerenv && echo setup-inside; id -u > setup-uid\n")
+
+
 def _train(proj: Path, file: str, image: str, args: list[str], extra: str = "") -> Path:
-    return _task(proj / file, "tmplc", image,
-                 "envs:\n  OMP_NUM_THREADS: '1'\n"
-                 "setup: |\n  test -e /.dockerenv && echo setup-inside; id -u > setup-uid\n"
+    return _task(proj / file, "tmplc", image, SETUP +
                  "train:\n  script: train.py\n  nproc_per_node: 2\n"
                  f"  args: {json.dumps(args + COMMON)}\noutputs: [outputs/]\n", extra)
 
@@ -100,8 +102,15 @@ def test_template_ddp_in_the_image_reused_replaced_removed(
     proj = tmp_path / "proj"
     assert cli.run("init", str(proj)).returncode == 0
 
-    # 1. the template, 2 nodes x 2 processes, in the image: it trains, checkpoints come back
+    # Every task file first: the workdir's content (and so the setup's hash) stays the same.
     first = _train(proj, "first.yaml", torch_image, ["--max-steps", "10", "--ckpt-every", "5"])
+    second = _train(proj, "second.yaml", torch_image, ["--max-steps", "15", "--ckpt-every", "5"])
+    probe = "run: test -e /.dockerenv && cat /ct-variant 2>/dev/null || echo plain\n"
+    opt = _task(proj / "opt.yaml", "tmplc", torch_image, SETUP + probe + "outputs: [outputs/]\n",
+                "  run_options: [--shm-size=256m]\n")
+    var = _task(proj / "var.yaml", "tmplc", variant_image, probe)
+
+    # 1. the template, 2 nodes x 2 processes, in the image: it trains, checkpoints come back
     r = cli.run("launch", str(first), "-y", timeout=400)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert r.stdout.count("setup-inside") == 2, r.stdout[-3000:]
@@ -125,9 +134,9 @@ def test_template_ddp_in_the_image_reused_replaced_removed(
     # (the container step, which rewrites each node's .container, is skipped)
     marks = {rank: (_node_root(cli, "tmplc", rank) / ".container").stat().st_mtime_ns
              for rank in (0, 1)}
-    second = _train(proj, "second.yaml", torch_image, ["--max-steps", "15", "--ckpt-every", "5"])
     r = cli.run("launch", str(second), "-y", timeout=400)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "setup-inside" not in r.stdout and "Setup unchanged" in r.stdout + r.stderr
     res2 = json.loads((out / "result.json").read_text())
     assert res2["start_step"] == 10 and res2["final_step"] == 15, res2
     assert _containers(cli, "tmplc") == first_ids, "the running containers were reused"
@@ -149,15 +158,13 @@ def test_template_ddp_in_the_image_reused_replaced_removed(
     r = cli.run("exec", "tmplc", "--node", "0", "--", "exit 3")
     assert r.returncode == 3, r.stderr
 
-    # 4. a changed option, then a changed image: the containers are replaced
-    probe = "run: test -e /.dockerenv && cat /ct-variant 2>/dev/null || echo plain\n"
-    opt = _task(proj / "opt.yaml", "tmplc", torch_image, probe,
-                "  run_options: [--shm-size=256m]\n")
+    # 4. a changed option, then a changed image: the containers are replaced, and the same
+    # setup runs again in the new ones (what it did in the old ones is gone)
     r = cli.run("launch", str(opt), "-y", timeout=300)
     assert r.returncode == 0 and r.stdout.count("plain") == 2, r.stdout + r.stderr
+    assert r.stdout.count("setup-inside") == 2, r.stdout
     opt_ids = _containers(cli, "tmplc")
     assert len(opt_ids) == 2 and not set(opt_ids) & set(first_ids), (first_ids, opt_ids)
-    var = _task(proj / "var.yaml", "tmplc", variant_image, probe)
     r = cli.run("launch", str(var), "-y", timeout=300)
     assert r.returncode == 0 and r.stdout.count("variant") == 2, r.stdout + r.stderr
     var_ids = _containers(cli, "tmplc")
