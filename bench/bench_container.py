@@ -46,23 +46,26 @@ def default_image() -> str | None:
     return None
 
 
-def write_task(wd: Path, name: str, nodes: int, stamps: Path, image: str | None) -> Path:
+def write_task(wd: Path, name: str, nodes: int, image: str | None) -> Path:
+    """The job writes its start time into the node's $HOME (bind-mounted into a container at
+    the same path; a local node's $HOME is its folder under CLOUDTRAIN_HOME)."""
     wd.mkdir(parents=True, exist_ok=True)
-    stamps.mkdir(parents=True, exist_ok=True)
     task = wd / "task.yaml"
     box = f"container:\n  image: {image}\n" if image else ""
     task.write_text(f"name: {name}\nnum_nodes: {nodes}\nworkdir: .\n{box}run: |\n"
-                    f"  date +%s.%N > {stamps}/started-$CLOUDTRAIN_NODE_RANK\n")
+                    "  date +%s.%N > \"$HOME/started\"\n")
     return task
 
 
-def one_launch(task: Path, home: Path, stamps: Path, nodes: int) -> tuple[float, float] | None:
+def one_launch(task: Path, home: Path, name: str, nodes: int) -> tuple[float, float] | None:
     """(overhead, wall) of one launch; None when it failed."""
-    for f in stamps.glob("started-*"):
+    stamps = list((home / "clusters" / name / "local" / "nodes").glob("*/root/started"))
+    for f in stamps:
         f.unlink()
     code, t0, t1, lines = timed_lines(cloudtrain_cmd() + ["launch", str(task), "-y"],
                                       ct_env(home), cwd=task.parent)
-    vals = [float(f.read_text().strip() or 0) for f in stamps.glob("started-*")]
+    vals = [float(f.read_text().strip() or 0)
+            for f in (home / "clusters" / name / "local" / "nodes").glob("*/root/started")]
     if code != 0 or len(vals) != nodes:
         print(f"\n[bench] launch of {task} failed (exit {code}):\n"
               + "\n".join(text for _, text in lines[-15:]), flush=True)
@@ -88,20 +91,18 @@ def main() -> int:
                        f"provider, {args.nodes} node(s), {args.repeats} warm launch(es) each, "
                        f"image {image}")
     runs: dict[str, list[tuple[float, float]]] = {"host": [], "container": []}
-    tasks = {"host": write_task(root / "wd-host", "bc-host", args.nodes, root / "st-host", None),
-             "container": write_task(root / "wd-box", "bc-box", args.nodes, root / "st-box",
-                                     image)}
+    names = {"host": "bc-host", "container": "bc-box"}
+    tasks = {"host": write_task(root / "wd-host", "bc-host", args.nodes, None),
+             "container": write_task(root / "wd-box", "bc-box", args.nodes, image)}
     interrupted = False
     try:
         for kind, task in tasks.items():
             print(f"[{kind}] cold launch (not timed)...", flush=True)
-            if one_launch(task, home, root / ("st-host" if kind == "host" else "st-box"),
-                          args.nodes) is None:
+            if one_launch(task, home, names[kind], args.nodes) is None:
                 return 1
         for i in range(args.repeats):
             for kind, task in tasks.items():
-                r = one_launch(task, home, root / ("st-host" if kind == "host" else "st-box"),
-                               args.nodes)
+                r = one_launch(task, home, names[kind], args.nodes)
                 if r is not None:
                     runs[kind].append(r)
             print(f"[bench] round {i + 1}: host {fmt(runs['host'][-1][0] if runs['host'] else None)}"

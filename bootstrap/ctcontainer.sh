@@ -7,15 +7,16 @@
 #       The container NAME runs IMAGE_ID with the labels of its cluster and SPEC: reused when
 #       it runs with the same SPEC label, else replaced (rm -f, run again). MOUNTS: absolute
 #       paths (':'-separated, may be empty) bind-mounted at the same path, besides $HOME and
-#       ROOT. Writes ROOT/.container "NAME REQ KEEPER_PID KEEPER_START DIGEST" (what the next
-#       launch's prep compares, with bash builtins only) and prints
+#       ROOT. Writes ROOT/.container "NAME REQ KEEPER_PID KEEPER_START DIGEST UID:GID SHELL
+#       API" (what the next launch's prep compares, and each job's docker exec reads, with
+#       bash builtins only) and prints
 #       "::container started|reused NAME ID". Exit 3: no docker; 4: GPUs but no NVIDIA
 #       Container Toolkit; 5: the container did not stay up.
-#   ctcontainer.sh exec KEEPER_PID DOCKER_EXEC_ARGS...
+#   ctcontainer.sh exec KEEPER_PID API DOCKER_EXEC_ARGS...
 #       'docker exec DOCKER_EXEC_ARGS' that ends when the container does: with a host PID
 #       namespace, a docker exec client whose container was removed under it never returns, so
-#       a watcher ends it once the keeper (KEEPER_PID, may be empty) is gone. Exits with the
-#       command's code.
+#       a watcher ends it once the keeper (KEEPER_PID, may be empty) is gone. API: the
+#       Engine's API version (empty or '-': the client asks). Exits with the command's code.
 #   ctcontainer.sh remove CLUSTER_ID
 #       Remove every container labelled cloudtrain-cluster-id=CLUSTER_ID; prints "::left N"
 #       (how many are still there: 0 when clean). Nothing else of docker's is touched.
@@ -82,14 +83,21 @@ ensure() {
         exit 5
     fi
     start=$(cut -d')' -f2- "/proc/$pid/stat" | awk '{print $20}')
+    # What each job's docker exec needs, found once here: the user, the image's shell (bash
+    # where it has one) and the Engine's API version (the client then skips its ping).
+    shell="sh"
+    docker exec "$name" /bin/sh -c 'command -v bash' >/dev/null 2>&1 && shell="bash"
+    api=$(docker version --format '{{.Server.APIVersion}}' 2>/dev/null)
     lock="$root/.container.tmp"
-    echo "$name $req $pid $start $digest" > "$lock" && mv "$lock" "$root/.container"
+    echo "$name $req $pid $start $digest $(id -u):$(id -g) $shell ${api:--}" > "$lock" \
+        && mv "$lock" "$root/.container"
     echo "::container $how $name $id"
 }
 
 exec_() {
     local keeper=$1 c w rc
-    shift
+    case ${2:-} in ''|-) ;; *) export DOCKER_API_VERSION=$2 ;; esac
+    shift 2
     docker exec "$@" < /dev/null &
     c=$!
     if [ -n "$keeper" ]; then

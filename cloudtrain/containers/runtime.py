@@ -4,10 +4,11 @@ they change, removed by ``down``. Jobs run in it with ``docker exec`` from the h
 (:mod:`cloudtrain.containers.wrap`).
 
 A warm launch starts no docker process of its own: ``ensure`` leaves ``<node root>/.container``
-("NAME REQ KEEPER_PID KEEPER_START DIGEST"), the launch's prep round trip reads it with bash
-builtins (with the keeper's start time from ``/proc``), and :func:`ready` skips the image
-lookup and ``ensure`` when every node's file names this cluster's container, this request and
-a keeper that still runs."""
+("NAME REQ KEEPER_PID KEEPER_START DIGEST UID:GID SHELL API"), the launch's prep round trip
+reads it with bash builtins (with the keeper's start time from ``/proc``), and :func:`ready`
+skips the image lookup and ``ensure`` when every node's file names this cluster's container,
+this request and a keeper that still runs; each job's ``docker exec`` reads the user, the
+image's shell and the Engine's API version from it."""
 
 from __future__ import annotations
 
@@ -83,7 +84,7 @@ def warm_digest(fact: NodeFacts, name: str, request: str) -> str | None:
     """The digest the node's running container was started with, when ``.container`` names
     ``name`` and ``request`` and its keeper still runs (its start time unchanged); else None."""
     parts = fact.container.split()
-    if len(parts) != 5 or not fact.keeper_start:
+    if len(parts) < 5 or not fact.keeper_start:
         return None
     if parts[0] != name or parts[1] != request or parts[3] != fact.keeper_start:
         return None

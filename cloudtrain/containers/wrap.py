@@ -47,13 +47,18 @@ def inside(node: NodeRow, container: str, names: Iterable[str], command: str) ->
     keeper = keeper if keeper.startswith("/") else keeper.removeprefix("$HOME/")
     return "\n".join([
         ': "${USER:=$(id -un 2>/dev/null)}" "${LOGNAME:=$USER}"; export USER LOGNAME',
+        f"ct_i={shlex.quote(_INNER)}",
         "ct_e=(" + " ".join(f"-e {shlex.quote(n)}" for n in passed) + "); ct_m=()",
         'for ct_v in $(compgen -e); do case $ct_v in CLOUDTRAIN_*) '
         'ct_e+=(-e "$ct_v=${!ct_v}"); ct_m+=("$ct_v") ;; esac; done',
-        f"ct_k=; read -r _ _ ct_k _ < {_node_path(keeper)} 2>/dev/null",
-        f'( unset "${{ct_m[@]}}"; exec setsid bash {_script(node)} exec "$ct_k" '
-        f'-u "$(id -u):$(id -g)" -w "$PWD" "${{ct_e[@]}}" {shlex.quote(container)} '
-        f"sh -c {shlex.quote(_INNER)} _ {shlex.quote(command)} ) < /dev/null &",
+        # the keeper, the user, the image's shell, the API version (ctcontainer.sh ensure)
+        f"ct_k= ct_u= ct_s= ct_a=; read -r _ _ ct_k _ _ ct_u ct_s ct_a _ < {_node_path(keeper)} "
+        "2>/dev/null",
+        '[ -n "$ct_u" ] || ct_u=$(id -u):$(id -g)',
+        'case $ct_s in bash|sh) ct_c=("$ct_s" -c) ;; *) ct_c=(sh -c "$ct_i" _) ;; esac',
+        f'( unset "${{ct_m[@]}}"; exec setsid bash {_script(node)} exec "$ct_k" "$ct_a" '
+        f'-u "$ct_u" -w "$PWD" "${{ct_e[@]}}" {shlex.quote(container)} '
+        f'"${{ct_c[@]}}" {shlex.quote(command)} ) < /dev/null &',
         "ct_x=$!; trap ':' TERM INT",
         'while kill -0 "$ct_x" 2>/dev/null; do wait "$ct_x"; done',
         'wait "$ct_x"',
