@@ -17,6 +17,7 @@ from typing import Iterator
 
 import pytest
 
+import storage_emulators as emus
 from conftest import CLI, assert_nothing_left, needs_sshd, processes_with, wait_until
 from dockerkit import docker
 
@@ -284,3 +285,40 @@ def test_gpus_without_the_nvidia_toolkit_start_nothing(tmp_path: Path, tiny_imag
     assert r.returncode == 4, r.stderr
     assert _docker("ps", "-aq", "--filter", f"name={name}") == ""
     assert not (tmp_path / ".container").exists()
+
+
+def test_checkpoints_go_up_from_the_host_around_the_job_inside(
+        cli: CLI, tmp_path: Path, tiny_image: str, boxes: list[str]) -> None:
+    """``checkpoints:`` with a container: the restore and the upload run on the host (the
+    image has no Python, no rclone); the job inside writes into $CLOUDTRAIN_CHECKPOINT_DIR
+    (bind-mounted at the same path); node 0 fails first, the stop's SIGTERM reaches node 1's
+    job inside, and the launch ends with the failing job's own exit code."""
+    boxes.append("ckptc")
+    emu = emus.start("s3", tmp_path / "emulator")
+    try:
+        doc = {"name": "ckptc", "num_nodes": 2, "resources": {"provider": "local"},
+               "container": {"image": tiny_image},
+               "envs": {**emu.envs, "CLOUDTRAIN_CHECKPOINT_INTERVAL": "0.5"},
+               "checkpoints": emu.url("ckpt/box"),
+               "run": 'test -e /.dockerenv || exit 8\n'
+                      'test -n "$CLOUDTRAIN_CHECKPOINT_DIR" || exit 9\n'
+                      'mkdir -p "$CLOUDTRAIN_CHECKPOINT_DIR"\n'
+                      'echo "$CLOUDTRAIN_NODE_RANK" > "$CLOUDTRAIN_CHECKPOINT_DIR/step-000004.txt"\n'
+                      '[ "$CLOUDTRAIN_NODE_RANK" = 0 ] || sleep 30\n'
+                      'exit 3'}
+        task = tmp_path / "c.yaml"
+        task.write_text(json.dumps(doc))
+        r = cli.run("launch", str(task), "-y", timeout=300)
+        out = r.stdout + r.stderr
+        assert r.returncode == 3, out[-3000:]
+        assert "Uploaded checkpoint step-000004" in out, out[-3000:]
+        got = sorted(emu.keys("ckpt/box/manifests"))
+        assert len(got) == 1 and got[0].endswith("-step-000004.json"), got
+        man = json.loads(emu.cat("ckpt/box/manifests/" + got[0]))
+        assert emu.cat(f"ckpt/box/objects/{man['files'][0]['sha256']}") == b"0\n"
+        ck = next(_node_root(cli, "ckptc", 0).rglob("step-000004.txt"))
+        assert ck.stat().st_uid == os.getuid()
+        assert cli.run("down", "ckptc", "-y").returncode == 0
+        assert _containers(cli, "ckptc") == {}
+    finally:
+        emu.stop()
