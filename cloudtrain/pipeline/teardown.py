@@ -76,7 +76,7 @@ def down(env: Env, name: str, provider_name: str | None = None, *,
             _down_by_tag(env, provider, pname, name, require_found)
             return
         outputs.before_down(env, name, unpulled)
-        boxes = runtime.ran_containers(env, name)
+        boxes = runtime.ran_containers(env, name) and row.status != "STOPPED"   # none runs then
         if row is not None and row.nodes and (not provider.powers_off or boxes):
             # Machines we do not own, or containers that outlive their processes (a local
             # node's docker daemon): stop what we started before forgetting it.

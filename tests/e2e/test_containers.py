@@ -260,6 +260,30 @@ def test_the_guard_stop_ends_the_container(cli: CLI, tmp_path: Path, tiny_image:
     assert wait_until(lambda: _containers(cli, "guardc") == {}, 15), _containers(cli, "guardc")
 
 
+def test_stop_ends_the_containers_and_start_brings_new_ones(
+        cli: CLI, tmp_path: Path, tiny_image: str, boxes: list[str]) -> None:
+    """``cloudtrain stop`` powers a local node off: the keeper ends with the node's other
+    processes and its container is removed; the next launch after ``start`` starts new ones."""
+    boxes.append("stopstartc")
+    task = _task(tmp_path / "ss.yaml", "stopstartc", tiny_image, "run: echo in-$(id -u)\n")
+    assert cli.run("launch", str(task), "-y").returncode == 0
+    before = _containers(cli, "stopstartc")
+    assert len(before) == 2
+    r = cli.run("stop", "stopstartc", "-y")
+    assert r.returncode == 0, r.stderr
+    assert wait_until(lambda: _containers(cli, "stopstartc") == {}, 15), \
+        _containers(cli, "stopstartc")
+    r = cli.run("start", "stopstartc", "-y")
+    assert r.returncode == 0, r.stderr
+    r = cli.run("launch", str(task), "-y")
+    assert r.returncode == 0 and r.stdout.count(f"in-{os.getuid()}") == 2, r.stdout + r.stderr
+    after = _containers(cli, "stopstartc", all_=False)
+    assert len(after) == 2 and not set(after) & set(before)
+    r = cli.run("down", "stopstartc", "-y")
+    assert r.returncode == 0, r.stderr
+    assert _containers(cli, "stopstartc") == {}
+
+
 def test_no_container_to_ssh_into_is_a_clear_error(cli: CLI, tmp_path: Path) -> None:
     task = tmp_path / "h.yaml"
     task.write_text("name: hostc\nnum_nodes: 1\nresources: {provider: local}\nrun: echo on-host\n")
