@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -115,6 +116,9 @@ def test_template_ddp_in_the_image_reused_replaced_removed(
     r = cli.run("launch", str(first), "-y", timeout=400)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert r.stdout.count("setup-inside") == 2, r.stdout[-3000:]
+    # torchrun's rank prefixes came through docker exec: rank 0's lines, once, from node 0
+    done = [ln for ln in r.stdout.splitlines() if re.search(r"\bstep 10/10\b", ln)]
+    assert len(done) == 1 and "node-0" in done[0], done
     out = proj / "cloudtrain-outputs" / "outputs"
     res = json.loads((out / "result.json").read_text())
     assert res["world_size"] == 4 and res["final_step"] == 10, res
