@@ -49,6 +49,9 @@ ensure() {
                     --label "cloudtrain-node-rank=$rank" --label "cloudtrain-spec=$spec"
                     -u "$(id -u):$(id -g)" -e "CLOUDTRAIN_CLUSTER_ID=$cid"
                     -e HOME -e USER -e LOGNAME)
+        # The SSH user's other groups (device access such as video, render): docker exec
+        # processes get the container's, and '-u UID:GID' alone would drop them.
+        for g in $(id -G); do [ "$g" = "$(id -g)" ] || args+=(--group-add "$g"); done
         # The session's own CLOUDTRAIN_* markers (a provider's, e.g. local nodes') go in too:
         # whatever finds the session's processes by them finds the keeper and the jobs.
         for v in $(compgen -e); do

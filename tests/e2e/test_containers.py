@@ -160,6 +160,10 @@ def test_template_ddp_in_the_image_reused_replaced_removed(
                         capture_output=True, text=True, timeout=120, env=cli.env())
     assert sh.returncode == 0, sh.stderr
     assert f"shell-inside {_node_root(cli, 'tmplc', 1)}/workdir" in sh.stdout, sh.stdout
+    r = cli.run("exec", "tmplc", "--node", "0", "--", "echo groups: $(id -G)")
+    assert r.returncode == 0, r.stderr
+    groups = r.stdout.split("groups:", 1)[1].split()
+    assert {int(g) for g in groups} == {os.getgid(), *os.getgroups()}, r.stdout
     r = cli.run("exec", "tmplc", "--node", "0", "--", "exit 3")
     assert r.returncode == 3, r.stderr
 
