@@ -26,7 +26,9 @@ from cloudtrain.schema import NodeRow
 
 # In the container: bash where the image has it, else its /bin/sh.
 _INNER = 'command -v bash >/dev/null 2>&1 && exec bash -c "$1" || exec sh -c "$1"'
-ALWAYS = ("HOME", "USER", "LOGNAME")
+# Besides the job's own exports: who the job runs as, and the GPU slots the node's queue gave
+# it (set when the job starts, not in its script).
+ALWAYS = ("HOME", "USER", "LOGNAME", "CUDA_VISIBLE_DEVICES")
 
 
 def _node_path(p: str) -> str:

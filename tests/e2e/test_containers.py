@@ -292,6 +292,32 @@ def test_stop_ends_the_containers_and_start_brings_new_ones(
     assert _containers(cli, "stopstartc") == {}
 
 
+def test_a_jobs_gpu_slots_reach_inside(cli: CLI, tmp_path: Path, tiny_image: str,
+                                      boxes: list[str]) -> None:
+    """The node's queue pins a gpus_per_job job to its slots (CUDA_VISIBLE_DEVICES, set when
+    the job starts): two jobs at once, each sees its own slot inside the container."""
+    boxes.append("slotc")
+    task = tmp_path / "slot.yaml"
+    task.write_text("name: slotc\nnum_nodes: 1\n"
+                    "resources: {provider: local, local: {gpus: 2}, gpus_per_job: 1}\n"
+                    f"container: {{image: {tiny_image}}}\n"
+                    "run: test -e /.dockerenv && echo \"cvd=$CUDA_VISIBLE_DEVICES\" && sleep 3\n")
+    first = cli.popen("launch", str(task), "-y")
+    try:
+        assert wait_until(lambda: len(_containers(cli, "slotc", all_=False)) == 1, 120)
+        r = cli.run("launch", str(task), "-y")
+        first.wait(timeout=120)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert first.returncode == 0 and r.returncode == 0, r.stdout + r.stderr
+    seen = {ln.split("cvd=", 1)[1].strip() for ln in
+            (first.stdout.read() if first.stdout else "").splitlines() + r.stdout.splitlines()
+            if "cvd=" in ln}
+    assert seen == {"0", "1"}, seen
+    assert cli.run("down", "slotc", "-y").returncode == 0
+
+
 def test_no_container_to_ssh_into_is_a_clear_error(cli: CLI, tmp_path: Path) -> None:
     task = tmp_path / "h.yaml"
     task.write_text("name: hostc\nnum_nodes: 1\nresources: {provider: local}\nrun: echo on-host\n")
