@@ -14,8 +14,10 @@ registered by tests/conftest.py).
 
 Builds take a machine-wide file lock (fcntl), so that under pytest-xdist, or beside another
 checkout's run, one process builds and the others wait and then find the image.
-``python tests/dockerkit.py torch|tiny`` builds (or finds) an image outside pytest: .ci/run
-starts the torch build early, in the background, so that the tests find it done.
+``python tests/dockerkit.py torch|tiny`` builds (or finds) an image outside pytest:
+``scripts/setup.sh --tests`` starts the torch build in the background when the image is
+missing, and .ci/run waits for it before the tests, so that no test waits for it within its
+own time limit (a test that does wait holds the lock's queue, not a second build).
 """
 
 from __future__ import annotations
@@ -223,6 +225,12 @@ class Registry:
     storage: Path
     scratch: Path
 
+    def login(self, config: Path) -> None:
+        """``docker login`` to this registry with its credentials, kept in ``config`` (a
+        throwaway ``--config`` folder: the user's own Docker config is never touched)."""
+        docker("login", "-u", self.username, "--password-stdin", self.host, config=config,
+               input=self.password)
+
     def push(self, local_tag: str, repo: str) -> tuple[str, str]:
         """Push ``local_tag`` as ``repo`` (``name`` or ``name:tag``; ``latest`` when no tag)
         with a throwaway login; returns (``host/repo:tag``, the pushed manifest's digest)."""
@@ -230,8 +238,7 @@ class Registry:
         ref = f"{self.host}/{name}:{tag or 'latest'}"
         config = Path(tempfile.mkdtemp(prefix="login-", dir=self.scratch))
         try:
-            docker("login", "-u", self.username, "--password-stdin", self.host,
-                   config=config, input=self.password)
+            self.login(config)
             docker("tag", local_tag, ref)
             try:
                 out = docker("push", ref, config=config, timeout=900).stdout
@@ -355,10 +362,15 @@ def registry(docker_engine: str, tmp_path_factory: pytest.TempPathFactory) -> It
 
 
 if __name__ == "__main__":
-    what = sys.argv[1] if len(sys.argv) > 1 else ""
-    if what not in ("torch", "tiny"):
-        sys.exit("usage: python tests/dockerkit.py torch|tiny  (builds the image unless present; "
-                 "prints its tag)")
+    args = sys.argv[1:]
+    what = args[0] if args else ""
+    if what not in ("torch", "tiny") or args[1:] not in ([], ["--check"]):
+        sys.exit("usage: python tests/dockerkit.py torch|tiny [--check]\n"
+                 "  builds the image unless present (waiting for a build in progress) and prints"
+                 " its tag;\n  --check: exit 0 when it is there, 1 when not")
     if engine_version() is None:
         sys.exit(NO_ENGINE)
+    if args[1:] == ["--check"]:
+        sys.exit(0 if image_exists(torch_tag() if what == "torch" else tiny_tag(tiny_content()))
+                 else 1)
     print(build_torch() if what == "torch" else build_tiny())

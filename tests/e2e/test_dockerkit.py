@@ -59,8 +59,9 @@ def test_registry_refuses_anonymous_pulls_and_serves_the_pushed_digest(
     anon = docker("--config", str(tmp_path / "anon"), "pull", ref, check=False)
     assert anon.returncode != 0 and "no basic auth credentials" in anon.stderr, anon.stderr
     cfg = tmp_path / "login"
-    docker("login", "-u", registry.username, "--password-stdin", registry.host, config=cfg,
-           input=registry.password)
+    registry.login(cfg)
+    # docker keeps base64(user:password) there, never the password as typed
+    assert registry.password not in (cfg / "config.json").read_text()
     docker("pull", ref, config=cfg)
     repo_digests = json.loads(docker("image", "inspect", "--format", "{{json .RepoDigests}}",
                                      ref).stdout)
@@ -75,8 +76,7 @@ def test_registry_ends_with_its_pulled_images_untagged_and_its_port_closed(
     with run_registry(tmp_path / "reg") as reg:
         ref, _ = reg.push(tiny_image, "gone/tiny")
         cfg = tmp_path / "cfg"
-        docker("login", "-u", reg.username, "--password-stdin", reg.host, config=cfg,
-               input=reg.password)
+        reg.login(cfg)
         docker("pull", ref, config=cfg)
         assert reg.local_refs() == [ref]
     assert reg.local_refs() == []
