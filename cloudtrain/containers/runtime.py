@@ -16,7 +16,7 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
 from cloudtrain.cluster import cluster_uid
@@ -229,12 +229,6 @@ def ran_containers(env: Env, name: str) -> bool:
 def remove_command(uid: str) -> str:
     """Run on a node: remove the cluster's containers (by label), print ``::left N``."""
     return bootstrap.inline("ctcontainer.sh", "remove", uid)
-
-
-def keeper_file(node: NodeRow) -> str:
-    """``.container`` on the node, as a path the job's shell (in the workdir) can read."""
-    p = str(PurePosixPath(node.root_dir) / ".container")
-    return p if p.startswith("/") else f"$HOME/{p}"
 
 
 def remove(env: Env, handle: Handle) -> None:

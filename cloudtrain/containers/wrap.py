@@ -20,7 +20,6 @@ import shlex
 from pathlib import PurePosixPath
 from typing import Iterable
 
-from cloudtrain.containers.runtime import keeper_file
 from cloudtrain.pipeline import bootstrap, sync
 from cloudtrain.schema import NodeRow
 
@@ -45,8 +44,7 @@ def inside(node: NodeRow, container: str, names: Iterable[str], command: str) ->
     code; it outlives a SIGTERM to the job's group until the command itself has ended (a
     checkpoint written in its stop_grace comes back through it)."""
     passed = [n for n in dict.fromkeys([*ALWAYS, *names]) if not n.startswith("CLOUDTRAIN_")]
-    keeper = keeper_file(node)
-    keeper = keeper if keeper.startswith("/") else keeper.removeprefix("$HOME/")
+    keeper = _node_path(str(PurePosixPath(node.root_dir) / ".container"))
     return "\n".join([
         ': "${USER:=$(id -un 2>/dev/null)}" "${LOGNAME:=$USER}"; export USER LOGNAME',
         f"ct_i={shlex.quote(_INNER)}",
@@ -54,8 +52,7 @@ def inside(node: NodeRow, container: str, names: Iterable[str], command: str) ->
         'for ct_v in $(compgen -e); do case $ct_v in CLOUDTRAIN_*) '
         'ct_e+=(-e "$ct_v=${!ct_v}"); ct_m+=("$ct_v") ;; esac; done',
         # the keeper, the user, the image's shell, the API version (ctcontainer.sh ensure)
-        f"ct_k= ct_u= ct_s= ct_a=; read -r _ _ ct_k _ _ ct_u ct_s ct_a _ < {_node_path(keeper)} "
-        "2>/dev/null",
+        f"ct_k= ct_u= ct_s= ct_a=; read -r _ _ ct_k _ _ ct_u ct_s ct_a _ 2>/dev/null < {keeper}",
         '[ -n "$ct_u" ] || ct_u=$(id -u):$(id -g)',
         'case $ct_s in bash|sh) ct_c=("$ct_s" -c) ;; *) ct_c=(sh -c "$ct_i" _) ;; esac',
         f'( unset "${{ct_m[@]}}"; exec setsid bash {_script(node)} exec "$ct_k" "$ct_a" '

@@ -42,8 +42,8 @@ def prep_command(handle: Handle, task: Task) -> Callable[[NodeRow], str]:
     plan_mounts = list(task.file_mounts)
     # container: is docker there, and the running container's line (builtins only).
     box = ("command -v docker >/dev/null && echo docker=yes; c='' k=''; "
-           "if read -r c < @ROOT@/.container 2>/dev/null; then set -- $c; "
-           "if read -r k < \"/proc/${3:-0}/stat\" 2>/dev/null; then k=${k##*) }; set -- $k; "
+           "if read -r c 2>/dev/null < @ROOT@/.container; then set -- $c; "
+           "if read -r k 2>/dev/null < \"/proc/${3:-0}/stat\"; then k=${k##*) }; set -- $k; "
            "k=${20}; fi; fi; echo \"container=$c\"; echo \"keeper=$k\"; "
            if task.container is not None else "")
 
