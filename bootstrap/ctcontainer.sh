@@ -101,6 +101,11 @@ exec_() {
     local keeper=$1 c w rc
     case ${2:-} in ''|-) ;; *) export DOCKER_API_VERSION=$2 ;; esac
     shift 2
+    if [ -n "$keeper" ] && [ ! -e "/proc/$keeper" ]; then
+        echo "cloudtrain: this node's container is not running (stopped, or removed by hand):" \
+             "launch the task again to start it" >&2
+        exit 125
+    fi
     docker exec "$@" < /dev/null &
     c=$!
     if [ -n "$keeper" ]; then

@@ -283,6 +283,9 @@ def test_stop_ends_the_containers_and_start_brings_new_ones(
         _containers(cli, "stopstartc")
     r = cli.run("start", "stopstartc", "-y")
     assert r.returncode == 0, r.stderr
+    r = cli.run("exec", "stopstartc", "--", "true")   # no container yet: said so
+    assert r.returncode == 125 and "launch the task again" in r.stdout + r.stderr, \
+        r.stdout + r.stderr
     r = cli.run("launch", str(task), "-y")
     assert r.returncode == 0 and r.stdout.count(f"in-{os.getuid()}") == 2, r.stdout + r.stderr
     after = _containers(cli, "stopstartc", all_=False)
