@@ -134,6 +134,8 @@ def test_template_ddp_in_the_image_reused_replaced_removed(
     first_ids = _containers(cli, "tmplc")
     assert sorted(first_ids.values()) == ["0", "1"], first_ids
     assert _containers(cli, "tmplc", all_=False) == first_ids, "both run"
+    for cid in first_ids:   # the keeper too runs as the SSH user, never as the image's root
+        assert _docker("inspect", "-f", "{{.Config.User}}", cid) == f"{os.getuid()}:{os.getgid()}"
 
     # 2. the next launch resumes in the same containers, without asking docker about them
     # (the container step, which rewrites each node's .container, is skipped)
