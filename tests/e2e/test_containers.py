@@ -385,3 +385,14 @@ def test_checkpoints_go_up_from_the_host_around_the_job_inside(
         assert _containers(cli, "ckptc") == {}
     finally:
         emu.stop()
+
+
+def test_a_sweep_of_a_container_task_is_refused_creating_nothing(cli: CLI, tmp_path: Path) -> None:
+    (tmp_path / "task.yaml").write_text("name: sw\nnum_nodes: 1\nresources: {provider: local}\n"
+                                        "container: {image: ct-test/tiny:x}\nrun: echo x\n")
+    (tmp_path / "s.yaml").write_text("task: task.yaml\nparams:\n  lr: {loguniform: [1.0e-5, 1.0e-2]}\n"
+                                     "objective: {metric: val_loss, goal: minimize}\ntrials: 2\n")
+    r = cli.run("sweep", str(tmp_path / "s.yaml"), "-y", cwd=tmp_path)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "container" in r.stderr and "Traceback" not in r.stderr
+    assert not (cli.home / "clusters").exists() or not any((cli.home / "clusters").iterdir())
