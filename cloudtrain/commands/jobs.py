@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from cloudtrain.cluster import Handle
     from cloudtrain.context import Env
     from cloudtrain.overrides import Change
+    from cloudtrain.schema import NodeRow
     from cloudtrain.pipeline.request import Launch
     from cloudtrain.pipeline.run import Outcome
 
@@ -261,8 +262,10 @@ def logs(cluster_name: str, node: int | None, follow: bool, job_id: str | None,
 @click.command(context_settings=CONTEXT)
 @click.argument("cluster_name")
 @click.option("--node", "node", type=int, default=0, show_default=True, help="Node rank.")
+@click.option("--container", "container", is_flag=True,
+              help="A shell inside the node's container (a task with container:).")
 @guard
-def ssh(cluster_name: str, node: int) -> None:
+def ssh(cluster_name: str, node: int, container: bool) -> None:
     """Open an SSH session on a node, with the cluster's key and pinned host key. While it
     lasts, the cluster's idle stop waits (the session keeps every node alive)."""
     import shutil
@@ -280,11 +283,13 @@ def ssh(cluster_name: str, node: int) -> None:
     not_stopped(env, cluster_name)
     handle = get_handle(env, cluster_name)
     n = handle.nodes[node_ranks(handle, node)[0]]
+    remote = container_shell(env, cluster_name, n) if container else []
     exe = shutil.which("ssh")
     if exe is None:
         raise UserError("The 'ssh' client is not installed.", "Install OpenSSH's client.")
     args = ["ssh", *reuse_options(handle.keys, n),    # over the node's master when it answers
-            *ssh_command_options(handle.keys, n.port, n.identity_file), "-t", "--", f"{n.user}@{n.host}"]
+            *ssh_command_options(handle.keys, n.port, n.identity_file), "-t", "--", f"{n.user}@{n.host}",
+            *remote]
     sys.stdout.flush()
     stop = node_guard.keep_alive(env, cluster_name)
     signal.signal(signal.SIGINT, signal.SIG_IGN)     # Ctrl-C is the remote shell's
@@ -293,6 +298,20 @@ def ssh(cluster_name: str, node: int) -> None:
     finally:
         stop()
     sys.exit(code)
+
+
+def container_shell(env: Env, name: str, node: NodeRow) -> list[str]:
+    """``ssh --container``: the remote command that opens a shell in the node's container."""
+    from cloudtrain.containers import runtime, wrap
+    from cloudtrain.errors import UserError
+
+    boxes = runtime.recorded(env, name)
+    if node.rank not in boxes:
+        raise UserError(f"Cluster '{name}' runs no container: its last launch had no "
+                        "'container:' section.",
+                        f"Launch a task with 'container:' on it first, or drop --container "
+                        f"for a shell on the host: cloudtrain ssh {name}")
+    return [wrap.shell_command(node, boxes[node.rank])]
 
 
 def register(cli: click.Group) -> None:

@@ -27,6 +27,12 @@ class NodeFacts:
     bootstrapped: bool
     sync_fp: str
     setup_hash: str
+    docker: bool = False
+    """A task with ``container:``: docker is on the SSH user's PATH."""
+    container: str = ""
+    """A task with ``container:``: the node's ``.container`` line (containers/runtime.py)."""
+    keeper_start: str = ""
+    """...and the start time of the keeper process it names, when that process runs."""
 
 
 def prep_command(handle: Handle, task: Task) -> Callable[[NodeRow], str]:
@@ -34,6 +40,12 @@ def prep_command(handle: Handle, task: Task) -> Callable[[NodeRow], str]:
     last synced and set up there (folded into the launch's node-guard round trip)."""
     boot_env = bootstrap_env(handle, task.bootstrap, container=task.container is not None)
     plan_mounts = list(task.file_mounts)
+    # container: is docker there, and the running container's line (builtins only).
+    box = ("command -v docker >/dev/null && echo docker=yes; c='' k=''; "
+           "if read -r c 2>/dev/null < @ROOT@/.container; then set -- $c; "
+           "if read -r k 2>/dev/null < \"/proc/${3:-0}/stat\"; then k=${k##*) }; set -- $k; "
+           "k=${20}; fi; fi; echo \"container=$c\"; echo \"keeper=$k\"; "
+           if task.container is not None else "")
 
     def cmd(n: NodeRow) -> str:
         root = shlex.quote(n.root_dir)
@@ -44,7 +56,7 @@ def prep_command(handle: Handle, task: Task) -> Callable[[NodeRow], str]:
                     "[ -d \"$d\" ] || mkdir -p \"$d\"; done; "
                     f"if [ -f {stamp} ]; then echo boot=yes; fi; s='' h=''; "
                     f"{{ read -r s < {root}/.sync-fp; read -r h < {root}/.setup-hash; }} "
-                    "2>/dev/null; echo \"sync=$s\"; echo \"setup=$h\"")
+                    "2>/dev/null; echo \"sync=$s\"; echo \"setup=$h\"; " + box.replace("@ROOT@", root))
     return cmd
 
 
@@ -54,6 +66,9 @@ def prep_facts(res: GroupResult) -> dict[int, NodeFacts]:
     out = {}
     for rank, r in res.items():
         kv = dict(line.split("=", 1) for line in r.stdout.splitlines()
-                  if line.split("=", 1)[0] in ("boot", "sync", "setup"))
-        out[rank] = NodeFacts(kv.get("boot") == "yes", kv.get("sync", ""), kv.get("setup", ""))
+                  if line.split("=", 1)[0] in ("boot", "sync", "setup", "docker", "container",
+                                               "keeper"))
+        out[rank] = NodeFacts(kv.get("boot") == "yes", kv.get("sync", ""), kv.get("setup", ""),
+                              kv.get("docker") == "yes", kv.get("container", ""),
+                              kv.get("keeper", ""))
     return out

@@ -5,21 +5,21 @@ command on some nodes. The fan-out itself is :mod:`cloudtrain.pipeline.remote_jo
 from __future__ import annotations
 
 import hashlib
-import posixpath
 import shlex
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
 from cloudtrain import paths
 from cloudtrain.cluster import Handle, cluster_uid
+from cloudtrain.containers import runtime, wrap
 from cloudtrain.context import Env
 from cloudtrain.errors import Interrupted, JobFailed, RemoteError, UserError
-from cloudtrain.pipeline import (bootstrap, outputs, queue, ranklog, sent, skyenv, storage, sync,
-                                 torchrun)
+from cloudtrain.pipeline import outputs, queue, ranklog, sent, skyenv, storage, sync
+from cloudtrain.pipeline.bodies import run_body, train_body
 from cloudtrain.pipeline.bootstrap import run_bootstrap
 from cloudtrain.pipeline.prep import NodeFacts, prep_command, prep_facts
 from cloudtrain.pipeline.remote_job import (JobParts, LogSink, RemoteJob, job_dir, new_job_id,
@@ -95,25 +95,8 @@ def script(node: NodeRow, env_vars: dict[str, str], body: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def train_body(handle: Handle, node: NodeRow, task: Task, job_id: str) -> str:
-    assert task.train is not None
-    head = handle.nodes[0]
-    gpus = min([(n.gpus or 0) for n in handle.nodes] + [task.resources.gpus_per_job or 64])
-    info = torchrun.NodeInfo(rank=node.rank, num_nodes=len(handle.nodes), node_ip=node.internal_ip,
-                             head_ip=head.internal_ip, master_port=handle.row.master_port, gpus=gpus)
-    wrapper = str(PurePosixPath(bootstrap.script_dir(node)) / "ctworker.sh")
-    if not wrapper.startswith("/"):   # a root under the login's $HOME: the job runs in the workdir
-        wrapper = posixpath.relpath(wrapper, sync.workdir_on(node))
-    ranks = str(PurePosixPath(job_dir(node, job_id)) / "ranks")
-    cmd = torchrun.shell(torchrun.command(task.train, info, job_id, wrapper, log_dir=ranks))
-    prefix = f"export {torchrun.PREFIX_VAR}={shlex.quote(torchrun.PREFIX_TEMPLATE)}\n"
-    # With checkpoints the job is not exec'd: the restore comes first, the watch beside it.
-    return prefix + (storage.wrap_body(task, node, cmd) if task.checkpoints else "exec " + cmd)
-
-
-def run_body(task: Task, node: NodeRow) -> str:
-    body = str(task.run)
-    return storage.wrap_body(task, node, "{\n" + body + "\n}") if task.checkpoints else body
+def r_script(node: NodeRow, env_vars: dict[str, str], boxes: dict[int, str], body: str) -> str:
+    return script(node, env_vars, wrap.maybe(node, boxes.get(node.rank), env_vars, body))
 
 
 def _mark(group: Group, ranks: list[int], filename: str, value: str) -> None:
@@ -165,6 +148,7 @@ class Running:
     task: Task
     start: JobStart
     watch: JobWatch | None
+    boxes: dict[int, str] = field(default_factory=dict)   # rank -> its container (runtime.py)
 
     @property
     def job_id(self) -> str:
@@ -173,6 +157,7 @@ class Running:
     def env_of(self, node: NodeRow, job_id: str, task: Task | None = None) -> dict[str, str]:
         return job_env(self.env, self.handle, node, self.task.envs, job_id,
                        dict(self.start.overrides), task)
+
 
 
 def run_task(env: Env, handle: Handle, group: Group, task: Task, start: JobStart,
@@ -235,6 +220,11 @@ def _ready(r: Running) -> tuple[Mapping[int, NodeFacts], str]:
     storage.check_rclone(r.handle, r.task)
     storage.fetch_mounts(r.env, r.handle, r.group, r.task, {
         n.rank: r.env_of(n, r.job_id + "-fetch") for n in r.handle.nodes})
+    # 1c. the task's container on every node (reused as it runs on a warm launch)
+    boxes = runtime.ready(r.env, r.handle, r.group, r.task, prep)
+    if boxes is not None:   # a container started now has none of an older one's setup
+        r.boxes.update(boxes.names)
+        prep = {k: replace(f, setup_hash="") if k in boxes.started else f for k, f in prep.items()}
     _budget_spent(r, None)
     return prep, setup_hash
 
@@ -276,7 +266,7 @@ def _prepared(r: Running, plan: sync.SyncPlan
                       container=r.task.container is not None)
         fp_future = None
     _budget_spent(r, None)
-    if r.task.train is not None:
+    if r.task.train is not None and r.task.container is None:   # else: the image's PyTorch
         _check_torch(r.handle.nodes)
     return prep, fp_future
 
@@ -331,7 +321,7 @@ def _set_up(r: Running, prep: Mapping[int, NodeFacts], setup_hash: str, logs: Pa
         return
     env.ui.step(f"Running setup on {len(todo)} node(s)")
     sink = LogSink(env, logs, ".setup", echo=True)
-    scripts = {n.rank: script(n, r.env_of(n, job_id + "-setup"), str(r.task.setup))
+    scripts = {n.rank: r_script(n, r.env_of(n, job_id + "-setup"), r.boxes, str(r.task.setup))
                for n in handle.nodes}
     job = RemoteJob(env, handle, r.group, JobParts(job_id + "-setup", scripts, sink, todo,
                                                    grace=r.task.stop_grace))
@@ -359,11 +349,13 @@ def _started(r: Running, logs: Path
     detached. A budget reached meanwhile is raised (outputs pulled first)."""
     env, handle, task, job_id = r.env, r.handle, r.task, r.job_id
     nodes = handle.nodes
+    envs = {n.rank: r.env_of(n, job_id, task) for n in nodes}
     if task.train is not None:
-        bodies = {n.rank: train_body(handle, n, task, job_id) for n in nodes}
+        bodies = {n.rank: train_body(handle, n, task, job_id, r.boxes.get(n.rank), envs[n.rank])
+                  for n in nodes}
     else:
-        bodies = {n.rank: run_body(task, n) for n in nodes}
-    scripts = {n.rank: script(n, r.env_of(n, job_id, task), bodies[n.rank]) for n in nodes}
+        bodies = {n.rank: run_body(task, n, r.boxes.get(n.rank), envs[n.rank]) for n in nodes}
+    scripts = {n.rank: script(n, envs[n.rank], bodies[n.rank]) for n in nodes}
     plain = LogSink(env, logs, "", echo=True)
     sink: LogSink | ranklog.RankSink = plain
     if task.train is not None:   # each rank's lines known, the terminal held back a moment
@@ -471,7 +463,8 @@ def run_command(env: Env, handle: Handle, group: Group, command: str,
     if (zero := skyenv.zero_gpu_warning(command, (n.gpus for n in handle.nodes), "the command")):
         env.ui.warn(zero)
     envs = env.state.job_envs(handle.name)   # the last launch's task envs and --env
-    scripts = {n.rank: script(n, job_env(env, handle, n, envs, job_id, {}), command)
+    boxes = runtime.recorded(env, handle.name)   # the last launch's containers: exec runs in them
+    scripts = {n.rank: r_script(n, job_env(env, handle, n, envs, job_id, {}), boxes, command)
                for n in handle.nodes}
     sink = LogSink(env, env.logs_dir(handle.name) / job_id, "", echo=True, raw=len(ranks) == 1)
     others = [n.rank for n in handle.nodes if n.rank not in ranks]

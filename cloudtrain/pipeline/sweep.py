@@ -51,6 +51,12 @@ def load(path: str, cluster: str | None) -> Sweep:
     spec: SweepFile = load_sweep(Path(path))
     task_path = Path(path).resolve().parent / spec.task
     task = load_checked(str(task_path))
+    if task.container is not None:   # trials run on the hosts: never silently outside the image
+        from cloudtrain.errors import SpecError
+        raise SpecError("is set, but a sweep's trials run on the nodes' hosts, not in a "
+                        "container (not supported yet).", "Remove 'container:' from the task "
+                        "for a sweep, or run each trial as a launch of the task (cloudtrain "
+                        "launch TASK --env ...).", field="container", source=str(task_path))
     check_gpus(spec, task, path)
     name = check(Path(path).stem)
     return Sweep(Path(path), spec, task, name,

@@ -10,6 +10,7 @@ import shutil
 
 from cloudtrain import sshmux
 from cloudtrain.cluster import Handle, cluster_lock, cluster_uid, connect, lost_record_hint
+from cloudtrain.containers import runtime
 from cloudtrain.context import Env
 from cloudtrain.errors import CloudtrainError, ClusterNotFound, ProviderError, UserError
 from cloudtrain.keys import ClusterKeys
@@ -75,13 +76,17 @@ def down(env: Env, name: str, provider_name: str | None = None, *,
             _down_by_tag(env, provider, pname, name, require_found)
             return
         outputs.before_down(env, name, unpulled)
-        if row is not None and row.nodes and not provider.powers_off:
-            # Machines we do not own: stop what we started on them before forgetting them.
+        boxes = runtime.ran_containers(env, name) and row.status != "STOPPED"   # none runs then
+        if row is not None and row.nodes and (not provider.powers_off or boxes):
+            # Machines we do not own, or containers that outlive their processes (a local
+            # node's docker daemon): stop what we started before forgetting it.
             handle = Handle(row, provider, ClusterKeys(env.pctx.cluster_dir(name) / "ssh"))
             left = stop_processes(env, handle, f"CLOUDTRAIN_CLUSTER_ID={cluster_uid(env, name)}")
             for rank, n in left.items():
                 if n:
                     env.ui.warn(f"node {rank}: {n} process(es) of the cluster survived SIGKILL")
+            if boxes:
+                runtime.remove(env, handle)
         if row.nodes and (not provider.powers_off or pname == "local") and \
                 env.state.cluster_image(name) is not None:   # the machine stays: its images too
             from cloudtrain.containers.pull import forget_images
