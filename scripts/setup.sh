@@ -53,6 +53,8 @@ command -v rclone >/dev/null 2>&1 || need+=(rclone)   # buckets: the nodes' tran
 # --tests: also what only the tests need (npm, for Azurite, the Azure Blob emulator)
 for_tests=0; [ "${1:-}" = "--tests" ] && for_tests=1
 [ "$for_tests" = 1 ] && { command -v npm >/dev/null 2>&1 || need+=(npm); }
+# and a Slurm cluster of its own (tests/slurmkit.py): Slurm, munge, slurmdbd and MariaDB
+[ "$for_tests" = 1 ] && { [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] && [ -x /usr/sbin/slurmdbd ] && [ -x /usr/sbin/mariadbd ] && [ -x /usr/sbin/munged ] || need+=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server); }
 if [ "${#need[@]}" -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         say "installing ${need[*]} (apt)"
