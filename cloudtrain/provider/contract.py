@@ -294,6 +294,16 @@ class MarksOwner(Protocol):
     def owner_mark(self, owner: str) -> str: ...
 
 
+@runtime_checkable
+class Allocates(Protocol):
+    """A scheduler the user already has (Slurm): a cluster is one allocation job, its nodes are
+    reached through the scheduler (job steps), never over SSH by cloudtrain, and ``up`` ends
+    once the allocation runs. ``allocation_words``: the allocation's job id, state and time
+    left, in words, for ``status`` (None: it has none)."""
+
+    def allocation_words(self, cluster: str) -> str | None: ...
+
+
 NodeState = Literal["running", "lost", "unknown"]
 
 
