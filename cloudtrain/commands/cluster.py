@@ -173,7 +173,7 @@ def status_lines(env: Env, rows: list[ClusterRow], guards: dict[str, dict[str, A
     for r in rows:
         for rec in env.state.recoveries(r.name):
             click.echo(recovery_line(rec))
-        for line in allocation_lines(env, r):
+        for line in allocation_lines(env, r) if refresh else []:
             click.echo(line)
         g = guards.get(r.name) or {}
         if r.status == "PROBABLY_STOPPED":
@@ -192,7 +192,8 @@ def status_lines(env: Env, rows: list[ClusterRow], guards: dict[str, dict[str, A
 
 
 def allocation_lines(env: Env, r: ClusterRow) -> list[str]:
-    """A scheduler's word on the cluster's allocation (job id, state, time left), asked now."""
+    """A scheduler's word on the cluster's allocation (job id, state, time left), asked now
+    (``status --refresh``: a plain status asks no provider)."""
     from cloudtrain.errors import CloudtrainError
     from cloudtrain.provider.contract import Allocates
 

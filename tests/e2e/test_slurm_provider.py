@@ -89,7 +89,7 @@ def test_up_pends_with_the_reason_then_runs_status_and_down(
     (running,) = ours(slurm)
     assert running["id"] == alloc["id"] and running["state"] == "RUNNING"
 
-    st = cli.run("status")
+    st = cli.run("status", "--refresh")         # asks Slurm (a plain status asks no one)
     assert st.returncode == 0, st.stderr
     line = next(ln for ln in st.stdout.splitlines() if ln.startswith("alloc: Slurm job"))
     assert f"Slurm job {alloc['id']} RUNNING on n[1-2], time left 2" in line   # 29:5x of 30:00
