@@ -96,6 +96,8 @@ def test_up_pends_with_the_reason_then_runs_status_and_down(
     (row,) = cli.status()
     assert [(n["rank"], n["host"]) for n in row["nodes"]] == [(0, "n1"), (1, "n2")]  # type: ignore[index]
     assert row["price_hourly_usd"] == 2.0                     # one GPU a node at $2/GPU-hour
+    assert {n["host_key"] for n in row["nodes"]} == {          # type: ignore[index]
+        "none: the nodes are reached through Slurm, not SSH"}
 
     # up again adopts the running allocation: nothing new is queued
     again = cli.run("up", str(task(tmp_path)), "-y")

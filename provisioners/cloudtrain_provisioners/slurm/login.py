@@ -8,6 +8,7 @@ from __future__ import annotations
 import shlex
 import subprocess
 from dataclasses import dataclass
+from pathlib import Path
 
 from cloudtrain.errors import ProviderError, UserError
 
@@ -35,9 +36,14 @@ class Ran:
 
 @dataclass(frozen=True)
 class Login:
-    """How to run a command on the login node (``spec`` is the task's ``login``)."""
+    """How to run a command on the login node (``spec`` is the task's ``login``;
+    ``identity_file`` the key to log in with, else ssh's defaults; ``known_hosts`` the
+    cluster's own file, where a login node the user's known_hosts does not list is learned
+    on first contact)."""
 
     spec: str = "local"
+    identity_file: str | None = None
+    known_hosts: Path | None = None
 
     @property
     def where(self) -> str:
@@ -47,9 +53,15 @@ class Login:
         if self.spec == "local":
             return argv
         h = login_host(self.spec)
-        return ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
-                "-o", "ConnectTimeout=20", "-p", str(h.port), "-l", h.user, h.address, "--",
-                shlex.join(argv)]
+        opts = ["-o", "BatchMode=yes", "-o", "ConnectTimeout=20"]
+        if self.known_hosts is not None:       # ours first: accept-new writes the first file
+            files = f"{self.known_hosts} {Path('~/.ssh/known_hosts').expanduser()}"
+            opts += ["-o", f"UserKnownHostsFile={files}", "-o", "StrictHostKeyChecking=accept-new"]
+        else:
+            opts += ["-o", "StrictHostKeyChecking=yes"]
+        if self.identity_file:
+            opts += ["-i", str(Path(self.identity_file).expanduser()), "-o", "IdentitiesOnly=yes"]
+        return ["ssh", *opts, "-p", str(h.port), "-l", h.user, h.address, "--", shlex.join(argv)]
 
     def run(self, argv: list[str], stdin: str | None = None, timeout: float = 60) -> Ran:
         """Run ``argv`` there. A Slurm command missing on the login node is a UserError (exit
@@ -65,10 +77,17 @@ class Login:
                                 "Check that the Slurm controller is up (sinfo), then run "
                                 "the command again.") from None
         if self.spec != "local" and r.returncode == 255:
-            raise ProviderError(f"cannot reach the login node {self.spec} over SSH: "
-                                f"{r.stderr.strip()[:300]}",
-                                f"Check that 'ssh {self.spec}' works from here (its host key "
-                                "in ~/.ssh/known_hosts, your key loaded), then run again.")
+            said = [ln for ln in r.stderr.splitlines() if ln.strip() and not ln.startswith("@")]
+            changed = "IDENTIFICATION HAS CHANGED" in r.stderr
+            raise ProviderError(
+                f"cannot reach the login node {self.spec} over SSH"
+                + (": its host key is not the one pinned" if changed else "")
+                + f" ({said[-1][:200] if said else 'ssh exit 255'}).",
+                f"Check the login node's host key out of band; if it really changed, remove "
+                f"the old one (ssh-keygen -R, in ~/.ssh/known_hosts or {self.known_hosts}) and "
+                "run again." if changed else
+                f"Check that 'ssh -p PORT USER@HOST' to {self.spec} works from here (your key "
+                "loaded or resources.slurm.identity_file), then run again.")
         if r.returncode == 127:
             raise self._missing(argv[0])
         return Ran(tuple(argv), r.returncode, r.stdout, r.stderr)

@@ -31,6 +31,8 @@ class SlurmOptions(BaseModel):
 
     login: str = Field("local", description="'local' (cloudtrain runs on the login node) or "
                                             "user@host[:port], reached over SSH")
+    identity_file: str | None = Field(None, description="The private key for the login node "
+                                                       "(default: ssh's own)")
     partition: str | None = None
     account: str | None = None
     qos: str | None = None
@@ -80,7 +82,7 @@ class SlurmOptions(BaseModel):
                                  "'_', '.', '/', '+' and '-'); write e.g. cuda/12.4")
         return v
 
-    @field_validator("workdir", "python")
+    @field_validator("workdir", "python", "identity_file")
     @classmethod
     def _paths(cls, v: str | None) -> str | None:
         if v is not None and not _PATH.fullmatch(v):

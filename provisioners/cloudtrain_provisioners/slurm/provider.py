@@ -60,17 +60,22 @@ class SlurmProvider:
     def _file(self, cluster: str) -> Path:
         return self.ctx.cluster_dir(cluster) / "slurm.json"
 
-    def _login(self, cluster: str) -> Login:
+    def _login(self, cluster: str) -> Login | None:
+        """The login node recorded at ``up`` (None: this home never submitted an allocation
+        for ``cluster``, so there is no scheduler to ask)."""
+        known = self.ctx.cluster_dir(cluster) / "slurm-login-known_hosts"
         try:
-            return Login(json.loads(self._file(cluster).read_text())["login"])
+            rec = json.loads(self._file(cluster).read_text())
+            return Login(rec["login"], rec.get("identity_file"), known)
         except (OSError, ValueError, KeyError):
-            return Login("local")
+            return None
 
     def _record(self, cluster: str, login: Login, job_id: str | None) -> None:
         f = self._file(cluster)
         f.parent.mkdir(parents=True, exist_ok=True)
         tmp = f.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"login": login.spec, "job_id": job_id}))
+        tmp.write_text(json.dumps({"login": login.spec, "identity_file": login.identity_file,
+                                   "job_id": job_id}))
         os.replace(tmp, f)
 
     def mark(self) -> str:
@@ -89,6 +94,11 @@ class SlurmProvider:
                              ("the login node a task names in resources.slurm.login",))
 
     def check(self, request: ClusterRequest) -> None:
+        key = self._opts(request).identity_file
+        if key and not Path(key).expanduser().is_file():
+            raise UserError(f"resources.slurm.identity_file '{key}' does not exist.",
+                            "Give the path of your private key for the login node, or remove "
+                            "the line to use ssh's defaults.")
         if request.resources.use_spot:
             raise UserError("resources.use_spot does not apply to the slurm provider.",
                             "Remove it (a Slurm site's preemption is its QOS: "
@@ -143,7 +153,9 @@ class SlurmProvider:
     def create_nodes(self, request: ClusterRequest, network: NetworkRef) -> list[Node]:
         """Adopt the cluster's allocation or submit it, then wait until it runs."""
         o = self._opts(request)
-        login = Login(o.login)
+        self.ctx.cluster_dir(request.name).mkdir(parents=True, exist_ok=True)
+        login = Login(o.login, o.identity_file,
+                      self.ctx.cluster_dir(request.name) / "slurm-login-known_hosts")
         found = sched.find(login, request.name, self.mark())
         if found:
             job = found[0].job_id
@@ -201,18 +213,21 @@ class SlurmProvider:
     def list_nodes(self, cluster: str) -> list[Node]:
         """The allocation's nodes as Slurm has them now ([] : no allocation in squeue)."""
         login = self._login(cluster)
-        found = sched.find(login, cluster, self.mark())
-        return self._nodes(login, cluster, found[0]) if found else []
+        found = sched.find(login, cluster, self.mark()) if login is not None else []
+        return self._nodes(login, cluster, found[0]) if login is not None and found else []
 
     def allocation_words(self, cluster: str) -> str | None:
         """``status``: the allocation's job id, state and time left, from squeue."""
-        found = sched.find(self._login(cluster), cluster, self.mark())
+        login = self._login(cluster)
+        found = sched.find(login, cluster, self.mark()) if login is not None else []
         return "; ".join(a.words() for a in found) or None
 
     def terminate(self, cluster: str, wait_seconds: float = 120) -> None:
         """scancel the cluster's allocations; return once squeue lists none and sacct shows
         each ended."""
         login = self._login(cluster)
+        if login is None:          # never submitted from this home: nothing to cancel
+            return
         found = sched.find(login, cluster, self.mark())
         ids = [a.job_id for a in found]
         sched.cancel(login, ids)
