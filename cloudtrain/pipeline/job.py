@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from cloudtrain import budget
 from cloudtrain.cluster import Handle
 from cloudtrain.context import Env
-from cloudtrain.errors import CloudtrainError, JobFailed, UserError
+from cloudtrain.errors import CloudtrainError, JobFailed
 from cloudtrain.pipeline import guard as node_guard, recover as recovery, rules, run
 from cloudtrain.pipeline.attempt import Tried, attempt
 from cloudtrain.pipeline.bootstrap import run_bootstrap
@@ -79,10 +79,10 @@ def launch(env: Env, req: Launch) -> run.Outcome | None:
     budget in force is reached, the cluster is torn down at the end, whatever happened.
     Returns the outcome of a job that succeeded (or was started detached); raises JobFailed
     for one that failed, BudgetExceeded when the budget stopped it."""
-    if allocates(env, req.task):
-        raise UserError(f"launch on provider '{req.task.resources.provider}' is not built yet.",
-                        f"Hold the allocation with 'cloudtrain up' and run in it with srun "
-                        f"--jobid (docs/slurm.md); 'cloudtrain down {req.name}' ends it.")
+    if allocates(env, req.task):   # a scheduler's allocation: the job is a step of it
+        from cloudtrain.pipeline import steps
+
+        return steps.launch(env, req)
     rec = recovery.check(env, req.task, req.plan) if req.recover else None
     if rec is not None and req.detach:
         recovery.detached(env, req)

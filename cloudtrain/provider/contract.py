@@ -41,7 +41,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, runtime_checkable
+from typing import (TYPE_CHECKING, Any, Callable, ClassVar, Literal, Mapping, Protocol,
+                    runtime_checkable)
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -302,6 +303,17 @@ class Allocates(Protocol):
     left, in words, for ``status`` (None: it has none)."""
 
     def allocation_words(self, cluster: str) -> str | None: ...
+
+
+@runtime_checkable
+class RunsSteps(Protocol):
+    """A scheduler's provider runs a job as one step of the cluster's allocation: the local
+    ``workdir`` (None: nothing) synced to the shared filesystem through the login node, then
+    ``script`` (bash) run once on every node with ``env`` exported, every output line handed
+    to ``line(rank, text)``. Returns each node's exit code, by rank, as the scheduler says."""
+
+    def run_step(self, cluster: str, job_id: str, workdir: Path | None, script: str,
+                 env: Mapping[str, str], line: Callable[[int, str], None]) -> dict[int, int]: ...
 
 
 NodeState = Literal["running", "lost", "unknown"]

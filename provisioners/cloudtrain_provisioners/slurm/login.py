@@ -63,6 +63,18 @@ class Login:
             opts += ["-i", str(Path(self.identity_file).expanduser()), "-o", "IdentitiesOnly=yes"]
         return ["ssh", *opts, "-p", str(h.port), "-l", h.user, h.address, "--", shlex.join(argv)]
 
+    def rsync_dest(self, path: str) -> str:
+        """``path`` on the login node as rsync's destination."""
+        if self.spec == "local":
+            return path
+        h = login_host(self.spec)
+        return f"{h.user}@{h.address}:{path}"
+
+    def rsync_shell(self) -> str:
+        """rsync's ``-e``: ssh with this login's options (rsync adds the host)."""
+        ssh = self.argv(["true"])
+        return shlex.join(ssh[:ssh.index("-l")] + ssh[ssh.index("-l"):ssh.index("-l") + 2])
+
     def run(self, argv: list[str], stdin: str | None = None, timeout: float = 60) -> Ran:
         """Run ``argv`` there. A Slurm command missing on the login node is a UserError (exit
         2); a login node that cannot be reached is a ProviderError."""

@@ -19,7 +19,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import ClassVar
+from typing import Callable, ClassVar, Mapping
 
 from pydantic import BaseModel
 
@@ -28,7 +28,7 @@ from cloudtrain.provider import (ClusterRequest, NetworkRef, Node, Plan, Provide
                                  ProviderContext)
 from cloudtrain.provider.contract import NodeStatus
 
-from cloudtrain_provisioners.slurm import sched
+from cloudtrain_provisioners.slurm import sched, steps
 from cloudtrain_provisioners.slurm.login import Login
 from cloudtrain_provisioners.slurm.options import SlurmOptions, login_host
 
@@ -70,13 +70,54 @@ class SlurmProvider:
         except (OSError, ValueError, KeyError):
             return None
 
-    def _record(self, cluster: str, login: Login, job_id: str | None) -> None:
+    def _record(self, cluster: str, login: Login, job_id: str | None,
+                opts: SlurmOptions) -> None:
         f = self._file(cluster)
         f.parent.mkdir(parents=True, exist_ok=True)
         tmp = f.with_suffix(".tmp")
         tmp.write_text(json.dumps({"login": login.spec, "identity_file": login.identity_file,
-                                   "job_id": job_id}))
+                                   "job_id": job_id, "workdir": opts.workdir,
+                                   "modules": opts.modules, "python": opts.python}))
         os.replace(tmp, f)
+
+    def _recorded(self, cluster: str) -> dict[str, object]:
+        try:
+            rec = json.loads(self._file(cluster).read_text())
+        except (OSError, ValueError):
+            rec = None
+        if not isinstance(rec, dict):
+            raise UserError(f"cluster '{cluster}' has no Slurm allocation recorded here.",
+                            "Run 'cloudtrain up' for it first.")
+        return rec
+
+    def _workdir(self, login: Login, cluster: str, given: object) -> str:
+        """The workdir on the shared filesystem, absolute (``~`` is the login's $HOME)."""
+        wd = str(given) if given else f"~/cloudtrain/{cluster}"
+        if wd.startswith("~"):
+            home = login.run(["sh", "-c", 'printf %s "$HOME"']).out.strip() \
+                if login.spec != "local" else str(Path.home())
+            wd = home + wd[1:]
+        return wd
+
+    def run_step(self, cluster: str, job_id: str, workdir: Path | None, script: str,
+                 env: Mapping[str, str], line: Callable[[int, str], None]) -> dict[int, int]:
+        """The job as one srun step of the allocation (steps.py)."""
+        rec = self._recorded(cluster)
+        login = self._login(cluster)
+        found = sched.find(login, cluster, self.mark()) if login is not None else []
+        alloc = next((a for a in found if a.state == "RUNNING"), None)
+        if login is None or alloc is None:
+            raise UserError(f"cluster '{cluster}' has no running Slurm allocation.",
+                            "Run 'cloudtrain up' for it again ('cloudtrain status --refresh' "
+                            "shows what Slurm says).")
+        wd = self._workdir(login, cluster, rec.get("workdir"))
+        if workdir is not None:
+            steps.sync(login, workdir, wd)
+        modules = rec.get("modules")
+        text = steps.step_script(job_id, wd, env, [str(m) for m in modules]
+                                 if isinstance(modules, list) else [],
+                                 str(rec["python"]) if rec.get("python") else None, script)
+        return steps.run(login, alloc.job_id, alloc.node_count, job_id, wd, text, line)
 
     def mark(self) -> str:
         """This home's mark on its allocations (two homes may name a cluster alike)."""
@@ -160,9 +201,9 @@ class SlurmProvider:
         if found:
             job = found[0].job_id
         else:
-            self._record(request.name, login, None)
+            self._record(request.name, login, None, o)
             job = sched.submit(login, self.sbatch_args(request), HOLD.format(cluster=request.name))
-        self._record(request.name, login, job)
+        self._record(request.name, login, job, o)
         try:
             alloc = self._wait_running(login, request.name, job)
         except BaseException:

@@ -1,0 +1,94 @@
+"""launch on provider: slurm through the real CLI against the test cluster: the job runs as a
+step of the cluster's allocation (srun, one task a node) with the cluster variables and the
+synced workdir, each node's lines carry its rank, a failing rank is named with its exit code,
+--down ends the allocation after the job, and what is not built yet exits 2 creating
+nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import CLI
+from slurmkit import SlurmCluster, needs_slurm, slurm, slurm_cluster  # noqa: F401
+
+pytestmark = [needs_slurm, pytest.mark.e2e]
+
+JOB = """name: steps
+num_nodes: 2
+max_hours: 0.25
+workdir: .
+envs:
+  GREETING: hello
+resources:
+  provider: slurm
+  accelerators: H100:1
+  slurm:
+    workdir: {shared}
+{extra}
+"""
+RUN = """run: |
+  echo "$GREETING rank=$CLOUDTRAIN_NODE_RANK/$CLOUDTRAIN_NUM_NODES on $SLURMD_NODENAME \\
+  cvd=$CUDA_VISIBLE_DEVICES head=$MASTER_ADDR job=$SLURM_JOB_ID $(cat data.txt)"
+  if [ -n "$FAIL" ] && [ "$CLOUDTRAIN_NODE_RANK" = 1 ]; then echo "rank 1 breaks" >&2; exit 3; fi
+"""
+
+
+def project(tmp_path: Path, extra: str = RUN) -> Path:
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "data.txt").write_text("data-synced\n")
+    f = proj / "job.yaml"
+    f.write_text(JOB.format(shared=tmp_path / "shared" / "steps", extra=extra))
+    return f
+
+
+def test_job_runs_as_a_step_on_every_node_then_down(slurm: SlurmCluster, cli: CLI,
+                                                    tmp_path: Path) -> None:
+    f = project(tmp_path)
+    r = cli.run("launch", str(f), "-y")
+    assert r.returncode == 0, r.stderr
+    (alloc,) = [j for j in slurm.jobs() if j["name"] == "ct-steps"]
+    lines = sorted(ln for ln in r.stdout.splitlines() if "hello" in ln)
+    assert lines == [
+        f"(node-0) hello rank=0/2 on n1 cvd=0 head=127.0.0.1 job={alloc['id']} data-synced",
+        f"(node-1) hello rank=1/2 on n2 cvd=0 head=127.0.0.1 job={alloc['id']} data-synced"]
+    assert "succeeded on every node" in r.stderr
+
+    failed = cli.run("launch", str(f), "--env", "FAIL=1")
+    assert failed.returncode == 3, failed.stderr
+    assert "failed on node 1 (exit code 3)" in failed.stderr
+    assert "(node-1) rank 1 breaks" in failed.stdout
+    assert [j["id"] for j in slurm.jobs()] == [alloc["id"]]      # the allocation stays
+
+    last = cli.run("launch", str(f), "--down")
+    assert last.returncode == 0, last.stderr
+    assert "'steps' is down" in last.stderr
+    assert slurm.jobs() == []
+    acct = slurm.run("sacct", "-n", "-P", "-j", alloc["id"], "-o", "JobID,State,ExitCode").stdout
+    steps = [ln.split("|") for ln in acct.splitlines() if ln.split("|")[0][-2:-1] == "."]
+    assert [(s[0], s[1], s[2]) for s in steps] == [
+        (f"{alloc['id']}.0", "COMPLETED", "0:0"), (f"{alloc['id']}.1", "FAILED", "3:0"),
+        (f"{alloc['id']}.2", "COMPLETED", "0:0")], acct
+
+
+@pytest.mark.parametrize("extra, words", [
+    ("train:\n  script: train.py", "train: (write the torchrun line in run:) is not built yet"),
+    (RUN + "outputs: [out/]", "outputs: is not built yet"),
+])
+def test_what_is_not_built_exits_2_creating_nothing(slurm: SlurmCluster, cli: CLI,
+                                                    tmp_path: Path, extra: str,
+                                                    words: str) -> None:
+    if extra.startswith("train"):
+        (tmp_path / "proj").mkdir()
+        (tmp_path / "proj" / "train.py").write_text("print('hi')\n")
+        f = tmp_path / "proj" / "job.yaml"
+        f.write_text(JOB.format(shared=tmp_path / "shared", extra=extra))
+    else:
+        f = project(tmp_path, extra)
+    r = cli.run("launch", str(f), "-y")
+    assert r.returncode == 2, r.stderr
+    assert words in r.stderr
+    assert slurm.jobs() == []
+    assert cli.run("status").stdout.strip() == "No clusters."
