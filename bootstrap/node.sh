@@ -23,12 +23,18 @@
 #   CLOUDTRAIN_RCLONE         install: install rclone when missing (cloud nodes); check: only look
 #   CLOUDTRAIN_CUDA_HOME      where a CUDA toolkit would be (default /usr/local/cuda)
 #   CLOUDTRAIN_SLOTS          the node's GPU slot count for the job queue (default: its GPUs)
+#   CLOUDTRAIN_CONTAINER      1: the task runs in a container (runtime.sh): the host gets the
+#                             driver, Docker Engine and the NVIDIA Container Toolkit (with a
+#                             GPU) and a Python for cloudtrain's own node scripts; no venv, no
+#                             PyTorch, no CUDA toolkit (the image brings its own)
 # shellcheck source-path=SCRIPTDIR
 set -euo pipefail
 cd "$(dirname "$0")"
 TABLES=$PWD
 # shellcheck source=lib.sh
 . ./lib.sh
+# shellcheck source=runtime.sh
+. ./runtime.sh
 
 ROOT=${CLOUDTRAIN_ROOT:-cloudtrain}
 case "$ROOT" in /*) ;; *) ROOT=$HOME/$ROOT ;; esac
@@ -37,6 +43,8 @@ VENV=$ROOT/venv
 NVIDIA_REPO_BASE=${CLOUDTRAIN_NVIDIA_REPO_BASE:-https://developer.download.nvidia.com/compute/cuda/repos}
 TORCH_INDEX_BASE=${CLOUDTRAIN_TORCH_INDEX_BASE:-https://download.pytorch.org/whl}
 INSTALLED=""
+CONTAINER=${CLOUDTRAIN_CONTAINER:-0}
+IN_IMAGE="the task runs in a container: its image brings its own"
 mkdir -p "$STATE_DIR"
 
 # ---------------------------------------------------------------------------------------------
@@ -165,11 +173,19 @@ fi
 result driver "$DRIVER"
 
 # ---------------------------------------------------------------------------------------------
+if [ "$CONTAINER" = 1 ]; then
+    docker_step
+    toolkit_step
+fi
+
+# ---------------------------------------------------------------------------------------------
 step cuda-toolkit
 NVCC=$(command -v nvcc 2>/dev/null || true)
 cuda_home=${CLOUDTRAIN_CUDA_HOME:-/usr/local/cuda}
 if [ -z "$NVCC" ] && [ -x "$cuda_home/bin/nvcc" ]; then NVCC=$cuda_home/bin/nvcc; fi
-if [ -n "$NVCC" ]; then
+if [ "$CONTAINER" = 1 ]; then
+    skip "$IN_IMAGE CUDA"
+elif [ -n "$NVCC" ]; then
     found "CUDA toolkit $("$NVCC" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')"
 elif [ "$GPUS" = 0 ]; then
     skip "no GPU"
@@ -227,12 +243,28 @@ for c in "${cands[@]}"; do
     probe "$c" || continue
     version_ge "$P_PY" 3.9 || continue
     [ -n "$first" ] || first="$c|$P_PY"
-    if [ -n "$P_TORCH" ]; then
+    if [ -n "$P_TORCH" ] && [ "$CONTAINER" != 1 ]; then
         PY=$c PY_VERSION=$P_PY TORCH=$P_TORCH TORCH_CUDA=$P_CUDA
         break
     fi
 done
-if [ -n "$PY" ]; then
+if [ "$CONTAINER" = 1 ]; then
+    # cloudtrain's own node scripts (guard, queue, storage) need a Python 3.9+ on the host,
+    # nothing else: the job's Python is the image's.
+    if [ -z "$first" ]; then
+        pkg_install python3
+        if ! probe "$(command -v python3)" || ! version_ge "$P_PY" 3.9; then
+            FAIL_CODE=6 fail "this node has no Python 3.9 or newer, which cloudtrain's node" \
+                "scripts need on the host, and the OS's python3 is older."
+        fi
+        first="$(command -v python3)|$P_PY"
+        PY=${first%%|*} PY_VERSION=${first#*|}
+        installed python "$PY (Python $PY_VERSION, for cloudtrain's node scripts)"
+    else
+        PY=${first%%|*} PY_VERSION=${first#*|}
+        found "$PY (Python $PY_VERSION, for cloudtrain's node scripts; the job's is the image's)"
+    fi
+elif [ -n "$PY" ]; then
     found "$PY (Python $PY_VERSION, with PyTorch)"
 elif [ -n "${CLOUDTRAIN_PYTHON:-}" ] && [ "${first%%|*}" = "$CLOUDTRAIN_PYTHON" ]; then
     PY=$CLOUDTRAIN_PYTHON PY_VERSION=${first#*|}
@@ -258,7 +290,9 @@ result python_version "$PY_VERSION"
 
 # ---------------------------------------------------------------------------------------------
 step torch
-if [ -n "$TORCH" ]; then
+if [ "$CONTAINER" = 1 ]; then
+    skip "$IN_IMAGE PyTorch"
+elif [ -n "$TORCH" ]; then
     found "PyTorch $TORCH${TORCH_CUDA:+ (CUDA $TORCH_CUDA)}"
 else
     if [ -n "${CLOUDTRAIN_TORCH_INDEX:-}" ]; then
@@ -286,7 +320,9 @@ result torch_cuda "$TORCH_CUDA"
 # ---------------------------------------------------------------------------------------------
 step cuda-check
 # Caught here, not 20 minutes into a job: a PyTorch that cannot use this node's GPUs.
-if [ "$GPUS" = 0 ]; then
+if [ "$CONTAINER" = 1 ]; then
+    skip "$IN_IMAGE PyTorch"
+elif [ "$GPUS" = 0 ]; then
     skip "no GPU"
 elif [ -z "$TORCH_CUDA" ]; then
     FAIL_CODE=5 fail "PyTorch $TORCH in $PY is a CPU-only build on a node with ${GPUS}x $GPU_NAME:" \

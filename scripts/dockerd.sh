@@ -12,14 +12,20 @@ if "$DOCKER" version --format '{{.Server.Version}}' >/dev/null 2>&1; then
     exit 0
 fi
 command -v dockerd >/dev/null 2>&1 || { echo "dockerd: not installed (apt-get install docker.io)" >&2; exit 1; }
+if [ "$(id -u)" != 0 ]; then
+    echo "dockerd: no Docker Engine answers, and only root can start one: sudo bash $0" >&2
+    exit 1
+fi
 LOG=${CLOUDTRAIN_DOCKERD_LOG:-/var/log/cloudtrain-dockerd.log}
 nohup setsid dockerd --bridge=none --iptables=false --ip-forward=false --ip-masq=false \
     >"$LOG" 2>&1 </dev/null &
+pid=$!
 for _ in $(seq 300); do
     if "$DOCKER" version --format '{{.Server.Version}}' >/dev/null 2>&1; then
         echo "dockerd: started (log: $LOG)"
         exit 0
     fi
+    kill -0 "$pid" 2>/dev/null || { echo "dockerd: exited at once; its log: $LOG" >&2; tail -n 20 "$LOG" >&2; exit 1; }
     sleep 0.1
 done
 echo "dockerd: did not answer within 30 s; its log: $LOG" >&2

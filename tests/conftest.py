@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+from dockerkit import docker_engine, registry, tiny_image, torch_image  # noqa: F401 (fixtures)
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "tests" / "fixtures" / "demo"

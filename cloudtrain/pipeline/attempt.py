@@ -169,7 +169,8 @@ def bootstrap_or_roll_back(env: Env, handle: Handle, group: Group, task: Task, n
     what was created is removed again (as 'up' does), before the error is reported."""
     env.ui.step("Bootstrapping")
     try:
-        run_bootstrap(env, handle, group, task.bootstrap)
+        run_bootstrap(env, handle, group, task.bootstrap,
+                      container=task.container is not None)
     except BaseException:
         with Shielded():
             group.close()

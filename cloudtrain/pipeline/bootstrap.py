@@ -102,11 +102,15 @@ class NodeReport:
         return [s for s in self.steps if s.outcome == "installed"]
 
 
-def node_env(cfg: BootstrapSpec, node: NodeRow, extra: dict[str, str]) -> dict[str, str]:
+def node_env(cfg: BootstrapSpec, node: NodeRow, extra: dict[str, str],
+             container: bool = False) -> dict[str, str]:
     """What ``node.sh`` is told on one node: the provider's variables, the node's address and
-    folder, and the task's bootstrap choices."""
+    folder, and the task's bootstrap choices; with ``container`` (the task has ``container:``)
+    only the host side is made ready: driver, Docker, the NVIDIA Container Toolkit."""
     env = {**extra, "CLOUDTRAIN_NODE_IP": node.internal_ip, "CLOUDTRAIN_ROOT": node.root_dir,
            "CLOUDTRAIN_TORCH": cfg.torch}
+    if container:
+        env["CLOUDTRAIN_CONTAINER"] = "1"
     if cfg.python:  # the user's choice: node.sh fails naming the field where it is missing
         env["CLOUDTRAIN_PYTHON"] = cfg.python
         env["CLOUDTRAIN_PYTHON_FIELD"] = "bootstrap.python"
@@ -220,19 +224,24 @@ def provider_node_env(handle: Handle) -> dict[str, str]:
     return dict(provider.node_env(handle.name)) if isinstance(provider, HasNodeEnv) else {}
 
 
-def bootstrap_env(handle: Handle, cfg: BootstrapSpec) -> Callable[[NodeRow], dict[str, str]]:
-    # rclone (buckets): installed when missing on cloud nodes, only looked for on local/ssh ones.
-    rclone = "check" if handle.row.provider in ("local", "ssh") else "install"
-    extra = {**provider_node_env(handle), "CLOUDTRAIN_RCLONE": rclone}
-    return lambda n: node_env(cfg, n, extra)
+def bootstrap_env(handle: Handle, cfg: BootstrapSpec,
+                  container: bool = False) -> Callable[[NodeRow], dict[str, str]]:
+    # rclone (buckets): installed when missing on cloud nodes, only looked for on local/ssh ones;
+    # Docker and the NVIDIA Container Toolkit (a task with container:): the same rule.
+    mode = "check" if handle.row.provider in ("local", "ssh") else "install"
+    extra = {**provider_node_env(handle), "CLOUDTRAIN_RCLONE": mode}
+    if container:
+        extra["CLOUDTRAIN_DOCKER"] = mode
+    return lambda n: node_env(cfg, n, extra, container)
 
 
 def run_bootstrap(env: Env, handle: Handle, group: Group, cfg: BootstrapSpec,
-                  force: bool = False) -> None:
+                  force: bool = False, container: bool = False) -> None:
     """Bootstrap every node of ``handle`` (skipping those already done), record what each
-    found in the state, show it, and refresh the handle's nodes from the state."""
+    found in the state, show it, and refresh the handle's nodes from the state. ``container``:
+    the task has ``container:`` (the host side only; the stamp differs, so switching re-runs)."""
     t0 = time.monotonic()
-    reports = run(group, bootstrap_env(handle, cfg), force=force)
+    reports = run(group, bootstrap_env(handle, cfg, container), force=force)
     for rank, rep in sorted(reports.items()):
         r = rep.results
         env.state.set_node_bootstrap(

@@ -42,7 +42,8 @@ def up(env: Env, task: Task, name: str, *, bootstrap: bool = True,
         if bootstrap:
             env.ui.step("Bootstrapping")
             try:
-                run_bootstrap(env, handle, group, task.bootstrap)
+                run_bootstrap(env, handle, group, task.bootstrap,
+                              container=task.container is not None)
             except BaseException:
                 if fresh and not keep_on_failure:
                     roll_back(env, handle.provider, name)

@@ -32,7 +32,7 @@ class NodeFacts:
 def prep_command(handle: Handle, task: Task) -> Callable[[NodeRow], str]:
     """The prep's command on each node: is it bootstrapped with these scripts, and what was
     last synced and set up there (folded into the launch's node-guard round trip)."""
-    boot_env = bootstrap_env(handle, task.bootstrap)
+    boot_env = bootstrap_env(handle, task.bootstrap, container=task.container is not None)
     plan_mounts = list(task.file_mounts)
 
     def cmd(n: NodeRow) -> str:

@@ -176,7 +176,8 @@ class Controller:
         replaced = not fresh and self.pending is not None
         if replaced:
             self.env.ui.step("Bootstrapping the replacement node(s)")
-            run_bootstrap(self.env, handle, group, self.req.task.bootstrap)
+            run_bootstrap(self.env, handle, group, self.req.task.bootstrap,
+                          container=self.req.task.container is not None)
         self.t_ready = time.time()
         self.phases["bootstrap_s"] = self.t_ready - self.t_open
         return replaced

@@ -272,7 +272,8 @@ def _prepared(r: Running, plan: sync.SyncPlan
         queue.refuse_if_busy(r.handle, r.group, r.task.resources.gpus_per_job)
     if not all(f.bootstrapped and n.python_bin for n, f in zip(r.handle.nodes, prep.values())):
         r.env.ui.step("Bootstrapping")
-        run_bootstrap(r.env, r.handle, r.group, r.task.bootstrap)
+        run_bootstrap(r.env, r.handle, r.group, r.task.bootstrap,
+                      container=r.task.container is not None)
         fp_future = None
     _budget_spent(r, None)
     if r.task.train is not None:
