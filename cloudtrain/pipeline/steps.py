@@ -1,18 +1,20 @@
 """``launch`` on a scheduler's allocation (provider: slurm): the job runs as one step of the
 cluster's allocation (``srun``, one task per node), so the scheduler tracks every process,
 accounts the GPUs and kills everything on ``scancel``. This first part runs a task's
-``setup:`` then ``run:`` on every node with the cluster variables, streams each node's lines
-with its rank, and names the failing node; ``train:``, ``-d``, ``--recover``, outputs and the
-job queue are not built here yet (refused, saying so)."""
+``setup:`` then ``run:`` (or ``train:``: one torchrun a node, ranked by Slurm) on every node
+with the cluster variables, streams each node's lines with its rank, and names the failing
+node; ``-d``, ``--recover``, outputs and the job queue are not built here yet (refused,
+saying so)."""
 
 from __future__ import annotations
 
+import shlex
 import time
 from typing import TYPE_CHECKING
 
 from cloudtrain.context import Env
 from cloudtrain.errors import JobFailed, UserError
-from cloudtrain.pipeline import run
+from cloudtrain.pipeline import run, torchrun
 from cloudtrain.pipeline.provision import provision
 from cloudtrain.pipeline.remote_job import new_job_id
 from cloudtrain.pipeline.request import Launch
@@ -27,9 +29,8 @@ if TYPE_CHECKING:
 def refuse_unbuilt(req: Launch) -> None:
     """What a step launch does not do yet: exit 2 before anything is created."""
     t = req.task
-    what = ("train: (write the torchrun line in run:)" if t.train is not None else
-            "launch -d" if req.detach else "launch --recover" if req.recover else
-            "outputs:" if t.outputs else "" if t.run else "a task without run:")
+    what = ("launch -d" if req.detach else "launch --recover" if req.recover else
+            "outputs:" if t.outputs else "")
     if what:
         raise UserError(f"{what} is not built yet for provider '{t.resources.provider}'.",
                         "Run the job with run: (srun starts it once on every node of the "
@@ -53,6 +54,28 @@ def cluster_env(handle: Handle, task: Task, job_id: str, overrides: dict[str, st
     return out
 
 
+# Each node's own values, from Slurm, for torchrun's line: its address (its line of
+# CLOUDTRAIN_NODE_IPS, in Slurm's node order) and whether it hosts the c10d store.
+_NODE_VARS = ('CT_NODE_IP=$(printf "%s\\n" "$CLOUDTRAIN_NODE_IPS" | sed -n "$((SLURM_NODEID + 1))p")\n'
+              'CT_IS_HOST=$([ "$SLURM_NODEID" = 0 ] && echo 1 || echo 0)\n')
+
+
+def train_body(handle: Handle, task: Task, job_id: str) -> str:
+    """``train:`` as one torchrun per node (pipeline/torchrun.py builds the line), its rank
+    ``$SLURM_NODEID``."""
+    assert task.train is not None
+    gpus = task.resources.accelerators.count if task.resources.accelerators else 0
+    info = torchrun.NodeInfo(rank=0, num_nodes=len(handle.nodes), node_ip="@node@",
+                             head_ip=handle.nodes[0].internal_ip,
+                             master_port=handle.row.master_port, gpus=gpus)
+    per_node = {"--node-rank=0": '--node-rank="$SLURM_NODEID"',
+                "--local-addr=@node@": '--local-addr="$CT_NODE_IP"',
+                "--rdzv-conf=is_host=1": '--rdzv-conf=is_host="$CT_IS_HOST"'}
+    line = " ".join(per_node.get(a, shlex.quote(a))
+                    for a in torchrun.command(task.train, info, job_id))
+    return _NODE_VARS + line
+
+
 def launch(env: Env, req: Launch) -> run.Outcome:
     """Up (the allocation), then the job as one step of it; --down ends the allocation after,
     whatever happened."""
@@ -66,7 +89,8 @@ def launch(env: Env, req: Launch) -> run.Outcome:
         if not isinstance(provider, RunsSteps):
             raise UserError(f"provider '{provider.name}' cannot run job steps.", "")
         job_id = new_job_id()
-        body = "\n".join(x for x in (task.setup, task.run) if x)
+        body = "\n".join(x for x in (task.setup, task.run if task.train is None
+                                       else train_body(handle, task, job_id)) if x)
         env.ui.step(f"Job {job_id}: one step of the allocation on {len(handle.nodes)} node(s)")
         started = time.time()
         codes = provider.run_step(name, job_id, task.workdir_path(), body,

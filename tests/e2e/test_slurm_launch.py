@@ -6,11 +6,12 @@ nothing."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import CLI
+from conftest import CLI, needs_torch
 from slurmkit import SlurmCluster, needs_slurm, slurm, slurm_cluster  # noqa: F401
 
 pytestmark = [needs_slurm, pytest.mark.e2e]
@@ -73,21 +74,45 @@ def test_job_runs_as_a_step_on_every_node_then_down(slurm: SlurmCluster, cli: CL
         (f"{alloc['id']}.2", "COMPLETED", "0:0")], acct
 
 
-@pytest.mark.parametrize("extra, words", [
-    ("train:\n  script: train.py", "train: (write the torchrun line in run:) is not built yet"),
-    (RUN + "outputs: [out/]", "outputs: is not built yet"),
+DDP = """import os, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.tensor([float(dist.get_rank())])
+dist.all_reduce(t)
+print(f"rank {dist.get_rank()}/{dist.get_world_size()} node {os.environ['CLOUDTRAIN_NODE_RANK']}"
+      f" local {os.environ['LOCAL_RANK']} sum {t.item():g}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+@needs_torch
+def test_train_is_one_torchrun_per_node_ranked_by_slurm(slurm: SlurmCluster, cli: CLI,
+                                                        tmp_path: Path) -> None:
+    """A 2-node x 2-process DDP job (gloo): torchrun's --node-rank is Slurm's SLURM_NODEID."""
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "ddp.py").write_text(DDP)
+    f = proj / "job.yaml"
+    f.write_text(JOB.format(shared=tmp_path / "shared", extra="").replace(
+        "resources:", "resources:").replace(
+        "    workdir:", f"    python: {sys.executable}\n    workdir:")
+        + "train:\n  script: ddp.py\n  nproc_per_node: 2\n")
+    r = cli.run("launch", str(f), "-y", "--down", timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    ranks = sorted(ln.split(") ", 1)[1] for ln in r.stdout.splitlines() if " sum " in ln)
+    assert ranks == [f"rank {g}/4 node {g // 2} local {g % 2} sum 6" for g in range(4)], r.stdout
+    assert slurm.jobs() == []
+
+
+@pytest.mark.parametrize("extra, flags, words", [
+    (RUN + "outputs: [out/]", (), "outputs: is not built yet"),
+    (RUN, ("-d",), "launch -d is not built yet"),
+    (RUN, ("--recover",), "launch --recover is not built yet"),
 ])
 def test_what_is_not_built_exits_2_creating_nothing(slurm: SlurmCluster, cli: CLI,
                                                     tmp_path: Path, extra: str,
-                                                    words: str) -> None:
-    if extra.startswith("train"):
-        (tmp_path / "proj").mkdir()
-        (tmp_path / "proj" / "train.py").write_text("print('hi')\n")
-        f = tmp_path / "proj" / "job.yaml"
-        f.write_text(JOB.format(shared=tmp_path / "shared", extra=extra))
-    else:
-        f = project(tmp_path, extra)
-    r = cli.run("launch", str(f), "-y")
+                                                    flags: tuple[str, ...], words: str) -> None:
+    f = project(tmp_path, extra)
+    r = cli.run("launch", str(f), "-y", *flags)
     assert r.returncode == 2, r.stderr
     assert words in r.stderr
     assert slurm.jobs() == []
