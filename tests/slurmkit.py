@@ -264,7 +264,9 @@ PidFile={r}/run/slurmdbd.pid
     # --- stopping -----------------------------------------------------------------------
 
     def leftovers(self) -> list[int]:
-        """pids (not ours) whose environment carries our SLURM_CONF: step daemons and tasks."""
+        """This cluster's step daemons (slurmstepd) and job tasks (SLURM_JOB_ID set): found by
+        our SLURM_CONF in their environment. Other processes that merely inherited it (a CLI
+        run by a test, a test's sshd) are not counted."""
         needle = f"SLURM_CONF={self.conf}".encode() + b"\0"
         ours = {p.pid for p in self.procs.values()} | {os.getpid()}
         found = []
@@ -272,10 +274,12 @@ PidFile={r}/run/slurmdbd.pid
             if not entry.name.isdigit() or int(entry.name) in ours:
                 continue
             try:
-                env = (entry / "environ").read_bytes() + b"\0"
+                env = b"\0" + (entry / "environ").read_bytes() + b"\0"
+                argv0 = (entry / "cmdline").read_bytes().split(b"\0")[0]
             except OSError:
                 continue
-            if needle in env:
+            if needle in env and (b"\0SLURM_JOB_ID=" in env or argv0.endswith(b"slurmstepd")
+                                  or argv0.startswith(b"slurmstepd")):
                 found.append(int(entry.name))
         return found
 

@@ -42,3 +42,31 @@ def test_two_gpus_and_a_third_is_refused(slurm: SlurmCluster) -> None:
     r = slurm.run("sbatch", "--gres=gpu:3", "--wrap", "true", check=False)
     assert r.returncode != 0 and "Requested node configuration is not available" in r.stderr
     assert slurm.jobs() == []
+
+
+def test_stop_leaves_nothing_running(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A second cluster with a running step (its slurmstepd and task outlive 'scontrol
+    shutdown'): stop() ends every process it started or that carries its SLURM_CONF, and
+    removes its folder."""
+    import tempfile
+    from pathlib import Path
+
+    from conftest import processes_with
+
+    other = SlurmCluster(Path(tempfile.mkdtemp(prefix="ct-slurm-")), name="ct2")
+    try:
+        other.start()
+        other.run("sbatch", "-N", "2", "-o", "/dev/null", "--wrap", "srun sleep 300")
+        deadline = time.time() + 30
+        while time.time() < deadline and not any(
+                b"slurmstepd" in Path(f"/proc/{p}/cmdline").read_bytes()
+                for p in other.leftovers() if Path(f"/proc/{p}").exists()):
+            time.sleep(0.3)
+        assert other.leftovers(), "no step started: " + other.logs()
+        daemons = [p.pid for p in other.procs.values()]
+    finally:
+        other.stop()
+    assert other.leftovers() == []
+    assert processes_with(str(other.conf)) == []
+    assert not any(Path(f"/proc/{pid}").exists() for pid in daemons)
+    assert not other.root.exists()
