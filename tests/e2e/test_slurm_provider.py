@@ -33,7 +33,7 @@ resources:
   slurm:
     login: local
     price_per_gpu_hour: 2.0{opts}
-run: echo hello
+run: echo "hello from $SLURMD_NODENAME cvd=$CUDA_VISIBLE_DEVICES"
 """)
     return f
 
@@ -153,7 +153,7 @@ def test_site_refusals_exit_2_in_slurms_words_and_leave_nothing(
 def test_options_the_site_accepts(slurm: SlurmCluster, cli: CLI, tmp_path: Path) -> None:
     """account, partition and the site's GPU type name reach sbatch (scontrol shows them)."""
     f = task(tmp_path, name="lab", num_nodes=1, gpus=2, account="ctlab", partition="small",
-             gpu_type="h100")
+             gpu_type="h100", workdir=str(tmp_path / "shared"))
     r = cli.run("up", str(f), "-y")
     assert r.returncode == 0, r.stderr
     (job,) = ours(slurm)
@@ -162,7 +162,9 @@ def test_options_the_site_accepts(slurm: SlurmCluster, cli: CLI, tmp_path: Path)
     for field in ("Account=ctlab", "Partition=small", "TimeLimit=00:30:00", "NumNodes=1"):
         assert field in shown, shown
     assert "gres/gpu=2" in next(f for f in shown if f.startswith("TRES="))
-    launch = cli.run("launch", str(f))
-    assert launch.returncode == 2 and "not built yet" in launch.stderr
+    launch = cli.run("launch", str(f))           # a step of it: on n1, with both GPUs
+    assert launch.returncode == 0, launch.stderr
+    assert "(node-0) hello from n1 cvd=0,1" in launch.stdout, launch.stdout
+    assert [j["id"] for j in ours(slurm)] == [job["id"]]
     assert cli.run("down", "lab", "-y").returncode == 0
     assert ours(slurm) == []
