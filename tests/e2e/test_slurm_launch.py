@@ -117,3 +117,36 @@ def test_what_is_not_built_exits_2_creating_nothing(slurm: SlurmCluster, cli: CL
     assert words in r.stderr
     assert slurm.jobs() == []
     assert cli.run("status").stdout.strip() == "No clusters."
+
+
+def test_ctrl_c_cancels_the_step_and_keeps_the_allocation(slurm: SlurmCluster, cli: CLI,
+                                                          tmp_path: Path) -> None:
+    import signal
+    import time
+
+    f = project(tmp_path, 'run: |\n  echo "started $CLOUDTRAIN_NODE_RANK"\n  sleep 300\n')
+    proc = cli.popen("launch", str(f), "-y")
+    try:
+        assert proc.stdout is not None
+        seen = ""
+        deadline = time.time() + 60
+        while seen.count("started") < 2 and time.time() < deadline:
+            seen += proc.stdout.readline()
+        assert seen.count("started") == 2, seen
+        (alloc,) = [j["id"] for j in slurm.jobs()]
+        steps = slurm.run("squeue", "-h", "-s", "-j", alloc, "-o", "%i %j").stdout
+        assert "ct-job-" in steps, steps
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    deadline = time.time() + 30
+    while "ct-job-" in slurm.run("squeue", "-h", "-s", "-j", alloc, "-o", "%j").stdout \
+            and time.time() < deadline:
+        time.sleep(0.5)
+    assert "ct-job-" not in slurm.run("squeue", "-h", "-s", "-j", alloc, "-o", "%j").stdout
+    assert [j["id"] for j in slurm.jobs()] == [alloc]     # the allocation is still held
+    assert cli.run("down", "steps", "-y").returncode == 0
+    assert slurm.jobs() == []

@@ -49,7 +49,8 @@ class SlurmProvider:
     allows_absolute_mounts: ClassVar[bool] = True
     powers_off: ClassVar[bool] = True
     """``terminate`` ends the allocation (scancel kills every process of it on the nodes)."""
-    list_is_cheap: ClassVar[bool] = True
+    list_is_cheap: ClassVar[bool] = False
+    """Asking squeue may be an SSH round trip to the login node: status --refresh asks."""
 
     def __init__(self, ctx: ProviderContext, poll_seconds: float = 2.0) -> None:
         self.ctx = ctx
