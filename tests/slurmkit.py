@@ -9,7 +9,8 @@ machine's Slurm and munge configuration and any system ``munged`` are never used
 
 The site, as the tests see it: partition ``gpu`` (default; both nodes; MaxTime 60 minutes,
 limits enforced at submission), partition ``small`` (node n1 only), accounts ``root``
-(root's default) and ``ctlab`` (root is a member), associations enforced.
+(root's default) and ``ctlab`` (root is a member), QOS ``normal`` and ``short`` (10 minutes
+at most; a longer job pends forever), associations, limits and QOS enforced.
 
 While the cluster lives, ``SLURM_CONF`` is set in this process's environment, so the CLI's
 subprocesses (and the ``cli`` fixture's closing ``down -a``) reach this cluster. At the end
@@ -40,6 +41,8 @@ CPUS_PER_NODE = 4
 GPUS_PER_NODE = 2
 ACCOUNT = "ctlab"
 PARTITION_MAX_MINUTES = 60
+SHORT_QOS = "short"
+SHORT_QOS_MINUTES = 10
 
 
 def missing() -> list[str]:
@@ -181,7 +184,7 @@ AccountingStorageHost=127.0.0.1
 AccountingStoragePort={self.ports['dbd']}
 AccountingStoragePass={sock}
 AccountingStorageTRES=gres/gpu
-AccountingStorageEnforce=associations
+AccountingStorageEnforce=associations,limits,qos
 EnforcePartLimits=ALL
 {nodes}
 PartitionName=gpu Nodes=n[1-2] Default=YES MaxTime={PARTITION_MAX_MINUTES} State=UP
@@ -256,6 +259,10 @@ PidFile={r}/run/slurmdbd.pid
         self.run("sacctmgr", "-i", "add", "account", ACCOUNT, f"cluster={self.name}")
         self.run("sacctmgr", "-i", "add", "user", "root", f"account={ACCOUNT}",
                  f"cluster={self.name}")
+        # a QOS whose wall-time limit queues longer jobs forever (no DenyOnLimit): they pend
+        # with reason QOSMaxWallDurationPerJobLimit
+        self.run("sacctmgr", "-i", "add", "qos", SHORT_QOS, f"MaxWall={SHORT_QOS_MINUTES}")
+        self.run("sacctmgr", "-i", "modify", "user", "root", "set", f"qos+={SHORT_QOS}")
         self._spawn("slurmctld", _prog("slurmctld"), "-D", "-i")
         for n in NODES:
             self._spawn(f"slurmd-{n}", _prog("slurmd"), "-D", "-N", n)

@@ -138,6 +138,7 @@ def test_ctrl_c_while_pending_cancels_the_allocation(
     ({"gpus": 3}, "Requested node configuration is not available"),
     ({"max_hours": 2}, "Requested time limit is invalid"),
     ({"gpu_type": "H100"}, "Requested node configuration is not available"),  # case matters
+    ({"qos": "nope"}, "Invalid qos specification"),
 ])
 def test_site_refusals_exit_2_in_slurms_words_and_leave_nothing(
         slurm: SlurmCluster, cli: CLI, tmp_path: Path, shape: dict[str, object],
@@ -168,3 +169,18 @@ def test_options_the_site_accepts(slurm: SlurmCluster, cli: CLI, tmp_path: Path)
     assert [j["id"] for j in ours(slurm)] == [job["id"]]
     assert cli.run("down", "lab", "-y").returncode == 0
     assert ours(slurm) == []
+
+
+def test_a_job_the_site_would_queue_forever_is_cancelled_and_exits_2(
+        slurm: SlurmCluster, cli: CLI, tmp_path: Path) -> None:
+    """30 minutes under a QOS allowing 10: Slurm accepts the job but never starts it
+    (QOSMaxWallDurationPerJobLimit); up cancels it and says why."""
+    r = cli.run("up", str(task(tmp_path, qos="short", max_hours=0.5)), "-y")
+    assert r.returncode == 2, r.stderr
+    assert "Slurm will never start this allocation: QOSMaxWallDurationPerJobLimit" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert slurm.jobs() == []
+    assert cli.run("status").stdout.strip() == "No clusters."
+    ok = cli.run("up", str(task(tmp_path, qos="short", max_hours=0.1)), "-y")   # 6 minutes
+    assert ok.returncode == 0, ok.stderr
+    assert cli.run("down", "alloc", "-y").returncode == 0
