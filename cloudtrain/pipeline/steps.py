@@ -30,7 +30,8 @@ def refuse_unbuilt(req: Launch) -> None:
     """What a step launch does not do yet: exit 2 before anything is created."""
     t = req.task
     what = ("launch -d" if req.detach else "launch --recover" if req.recover else
-            "outputs:" if t.outputs else "")
+            "outputs:" if t.outputs else
+            "file_mounts:" if t.local_mounts() or t.bucket_mounts() else "")
     if what:
         raise UserError(f"{what} is not built yet for provider '{t.resources.provider}'.",
                         "Run the job with run: (srun starts it once on every node of the "
@@ -93,7 +94,8 @@ def launch(env: Env, req: Launch) -> run.Outcome:
                                        else train_body(handle, task, job_id)) if x)
         env.ui.step(f"Job {job_id}: one step of the allocation on {len(handle.nodes)} node(s)")
         started = time.time()
-        codes = provider.run_step(name, job_id, task.workdir_path(), body,
+        plan = run.sync_plan(task)
+        codes = provider.run_step(name, job_id, plan.workdir, plan.workdir_filters(), body,
                                   cluster_env(handle, task, job_id, dict(req.overrides)),
                                   lambda rank, text: env.ui.node_line(rank, text)
                                   if rank >= 0 else env.ui.info(text))   # srun's own words

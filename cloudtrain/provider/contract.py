@@ -308,12 +308,14 @@ class Allocates(Protocol):
 @runtime_checkable
 class RunsSteps(Protocol):
     """A scheduler's provider runs a job as one step of the cluster's allocation: the local
-    ``workdir`` (None: nothing) synced to the shared filesystem through the login node, then
-    ``script`` (bash) run once on every node with ``env`` exported, every output line handed
-    to ``line(rank, text)``. Returns each node's exit code, by rank, as the scheduler says."""
+    ``workdir`` (None: nothing) synced to the shared filesystem through the login node with
+    rsync's ``filters`` (what is never sent), then ``script`` (bash) run once on every node
+    with ``env`` exported, every output line handed to ``line(rank, text)``. Returns each
+    node's exit code, by rank, as the scheduler says."""
 
-    def run_step(self, cluster: str, job_id: str, workdir: Path | None, script: str,
-                 env: Mapping[str, str], line: Callable[[int, str], None]) -> dict[int, int]: ...
+    def run_step(self, cluster: str, job_id: str, workdir: Path | None, filters: list[str],
+                 script: str, env: Mapping[str, str],
+                 line: Callable[[int, str], None]) -> dict[int, int]: ...
 
 
 NodeState = Literal["running", "lost", "unknown"]

@@ -150,3 +150,21 @@ def test_ctrl_c_cancels_the_step_and_keeps_the_allocation(slurm: SlurmCluster, c
     assert [j["id"] for j in slurm.jobs()] == [alloc]     # the allocation is still held
     assert cli.run("down", "steps", "-y").returncode == 0
     assert slurm.jobs() == []
+
+
+def test_what_is_never_sent(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """The workdir sync leaves out .git and cloudtrain's own home (its keys and state) when
+    that lies inside the workdir, as on every provider."""
+    f = project(tmp_path)
+    proj = f.parent
+    (proj / ".git").mkdir()
+    (proj / ".git" / "config").write_text("[core]\n")
+    home = proj / "cthome"
+    home.mkdir()
+    inner = CLI(home)
+    r = inner.run("launch", str(f), "-y", "--down")
+    assert r.returncode == 0, r.stderr
+    shared = tmp_path / "shared" / "steps"
+    assert (shared / "data.txt").read_text() == "data-synced\n"
+    assert not (shared / ".git").exists() and not (shared / "cthome").exists()
+    assert slurm.jobs() == []

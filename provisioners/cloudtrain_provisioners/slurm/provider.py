@@ -100,8 +100,9 @@ class SlurmProvider:
             wd = home + wd[1:]
         return wd
 
-    def run_step(self, cluster: str, job_id: str, workdir: Path | None, script: str,
-                 env: Mapping[str, str], line: Callable[[int, str], None]) -> dict[int, int]:
+    def run_step(self, cluster: str, job_id: str, workdir: Path | None, filters: list[str],
+                 script: str, env: Mapping[str, str],
+                 line: Callable[[int, str], None]) -> dict[int, int]:
         """The job as one srun step of the allocation (steps.py)."""
         rec = self._recorded(cluster)
         login = self._login(cluster)
@@ -113,7 +114,7 @@ class SlurmProvider:
                             "shows what Slurm says).")
         wd = self._workdir(login, cluster, rec.get("workdir"))
         if workdir is not None:
-            steps.sync(login, workdir, wd)
+            steps.sync(login, workdir, wd, filters)
         modules = rec.get("modules")
         text = steps.step_script(job_id, wd, env, [str(m) for m in modules]
                                  if isinstance(modules, list) else [],

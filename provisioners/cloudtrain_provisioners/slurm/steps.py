@@ -36,8 +36,9 @@ def step_script(job_id: str, workdir: str, env: Mapping[str, str], modules: list
     return "\n".join(lines) + "\n"
 
 
-def sync(login: Login, local: Path, workdir: str) -> None:
-    """rsync the local workdir's contents into the remote workdir (nothing there deleted)."""
+def sync(login: Login, local: Path, workdir: str, filters: list[str]) -> None:
+    """rsync the local workdir's contents into the remote workdir (nothing there deleted;
+    ``filters``: rsync's, what is never sent: .git, the outputs folder, cloudtrain's home)."""
     if not local.is_dir():
         raise ProviderError(f"the workdir {local} is not a folder.", "Fix workdir in the task.")
     r = login.run(["mkdir", "-p", "--", workdir])
@@ -45,7 +46,7 @@ def sync(login: Login, local: Path, workdir: str) -> None:
         raise ProviderError(f"cannot create {workdir} on the login node: {r.words()}",
                             "Give resources.slurm.workdir a folder on the shared filesystem "
                             "that you can write.")
-    argv = ["rsync", "-a", "--exclude=.git", f"{local}/", login.rsync_dest(workdir) + "/"]
+    argv = ["rsync", "-a", *filters, f"{local}/", login.rsync_dest(workdir) + "/"]
     if login.spec != "local":
         argv[1:1] = ["-e", login.rsync_shell()]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=3600)
