@@ -9,7 +9,6 @@ saying so)."""
 from __future__ import annotations
 
 import shlex
-import time
 from typing import TYPE_CHECKING
 
 from cloudtrain.context import Env
@@ -78,8 +77,8 @@ def train_body(handle: Handle, task: Task, job_id: str) -> str:
 
 
 def launch(env: Env, req: Launch) -> run.Outcome:
-    """Up (the allocation), then the job as one step of it; --down ends the allocation after,
-    whatever happened."""
+    """Up (the allocation), then the job as one step of it, recorded as a launch of the
+    cluster; --down ends the allocation after, whatever happened."""
     refuse_unbuilt(req)
     task, name = req.task, req.name
     if env.state.get_cluster(name) is None:
@@ -90,15 +89,7 @@ def launch(env: Env, req: Launch) -> run.Outcome:
         if not isinstance(provider, RunsSteps):
             raise UserError(f"provider '{provider.name}' cannot run job steps.", "")
         job_id = new_job_id()
-        body = "\n".join(x for x in (task.setup, task.run if task.train is None
-                                       else train_body(handle, task, job_id)) if x)
-        env.ui.step(f"Job {job_id}: one step of the allocation on {len(handle.nodes)} node(s)")
-        started = time.time()
-        plan = run.sync_plan(task)
-        codes = provider.run_step(name, job_id, plan.workdir, plan.workdir_filters(), body,
-                                  cluster_env(handle, task, job_id, dict(req.overrides)),
-                                  lambda rank, text: env.ui.node_line(rank, text)
-                                  if rank >= 0 else env.ui.info(text))   # srun's own words
+        codes = _step(env, req, handle, provider, job_id)
     finally:
         if req.down_after:
             down_shielded(env, name, str(task.resources.provider))
@@ -108,6 +99,29 @@ def launch(env: Env, req: Launch) -> run.Outcome:
         raise JobFailed(code, failed[0],
                         f"Job {job_id} failed on node {failed[0]} (exit code {code}"
                         + (f"; also nodes {', '.join(map(str, failed[1:]))}" if failed[1:]
-                           else "") + f") after {time.time() - started:.0f} s.",
+                           else "") + ").",
                         "Its lines above carry each node's rank.")
     return run.Outcome(job_id=job_id, exit_code=0, node_codes=dict(codes))
+
+
+def _step(env: Env, req: Launch, handle: Handle, provider: RunsSteps, job_id: str
+          ) -> dict[int, int]:
+    """Run the job's step and record how it ended (each node's exit code, by rank)."""
+    task = req.task
+    body = "\n".join(x for x in (task.setup, task.run if task.train is None
+                                   else train_body(handle, task, job_id)) if x)
+    env.ui.step(f"Job {job_id}: one step of the allocation on {len(handle.nodes)} node(s)")
+    plan = run.sync_plan(task)
+    env.state.add_launch(req.name, job_id, task.name, False)
+    try:
+        codes = provider.run_step(req.name, job_id, plan.workdir, plan.workdir_filters(), body,
+                                  cluster_env(handle, task, job_id, dict(req.overrides)),
+                                  lambda rank, text: env.ui.node_line(rank, text)
+                                  if rank >= 0 else env.ui.info(text))   # srun's own words
+    except BaseException:
+        env.state.finish_launch(job_id, "CANCELLED", None, None)
+        raise
+    failed = sorted(r for r, c in codes.items() if c != 0)
+    env.state.finish_launch(job_id, "FAILED" if failed else "SUCCEEDED",
+                            codes[failed[0]] if failed else 0, failed[0] if failed else None)
+    return codes

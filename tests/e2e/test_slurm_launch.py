@@ -63,6 +63,10 @@ def test_job_runs_as_a_step_on_every_node_then_down(slurm: SlurmCluster, cli: CL
     assert "(node-1) rank 1 breaks" in failed.stdout
     assert [j["id"] for j in slurm.jobs()] == [alloc["id"]]      # the allocation stays
 
+    for cmd in (("exec", "steps", "--", "hostname"), ("logs", "steps")):   # not built yet
+        r = cli.run(*cmd)
+        assert r.returncode == 2 and "reached through the scheduler, not over SSH" in r.stderr, \
+            (cmd, r.stderr)
     last = cli.run("launch", str(f), "--down")
     assert last.returncode == 0, last.stderr
     assert "'steps' is down" in last.stderr
