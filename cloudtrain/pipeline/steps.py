@@ -42,7 +42,8 @@ def cluster_env(handle: Handle, task: Task, job_id: str, overrides: dict[str, st
     """The variables every node's task gets (its rank comes from Slurm: SLURM_NODEID)."""
     nodes = handle.nodes
     head = nodes[0]
-    gpus = task.resources.accelerators.count if task.resources.accelerators else 0
+    gpus = task.resources.gpus_per_job or (task.resources.accelerators.count
+                                           if task.resources.accelerators else 0)
     out = {"CLOUDTRAIN_CLUSTER": handle.name, "CLOUDTRAIN_NUM_NODES": str(len(nodes)),
            "CLOUDTRAIN_NODE_IPS": "\n".join(n.internal_ip for n in nodes),
            "CLOUDTRAIN_HEAD_IP": head.internal_ip, "CLOUDTRAIN_GPUS_PER_NODE": str(gpus),
@@ -64,7 +65,8 @@ def train_body(handle: Handle, task: Task, job_id: str) -> str:
     """``train:`` as one torchrun per node (pipeline/torchrun.py builds the line), its rank
     ``$SLURM_NODEID``."""
     assert task.train is not None
-    gpus = task.resources.accelerators.count if task.resources.accelerators else 0
+    gpus = task.resources.gpus_per_job or (task.resources.accelerators.count
+                                           if task.resources.accelerators else 0)
     info = torchrun.NodeInfo(rank=0, num_nodes=len(handle.nodes), node_ip="@node@",
                              head_ip=handle.nodes[0].internal_ip,
                              master_port=handle.row.master_port, gpus=gpus)
@@ -117,7 +119,8 @@ def _step(env: Env, req: Launch, handle: Handle, provider: RunsSteps, job_id: st
         codes = provider.run_step(req.name, job_id, plan.workdir, plan.workdir_filters(), body,
                                   cluster_env(handle, task, job_id, dict(req.overrides)),
                                   lambda rank, text: env.ui.node_line(rank, text)
-                                  if rank >= 0 else env.ui.info(text))   # srun's own words
+                                  if rank >= 0 else env.ui.info(text),   # srun's own words
+                                  task.resources.gpus_per_job)
     except BaseException:
         env.state.finish_launch(job_id, "CANCELLED", None, None)
         raise

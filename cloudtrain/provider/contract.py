@@ -310,12 +310,14 @@ class RunsSteps(Protocol):
     """A scheduler's provider runs a job as one step of the cluster's allocation: the local
     ``workdir`` (None: nothing) synced to the shared filesystem through the login node with
     rsync's ``filters`` (what is never sent), then ``script`` (bash) run once on every node
-    with ``env`` exported, every output line handed to ``line(rank, text)``. Returns each
-    node's exit code, by rank, as the scheduler says."""
+    with ``env`` exported, every output line handed to ``line(rank, text)``; ``gpus_per_job``
+    (None: whole nodes) is the step's share of each node, so that the scheduler packs steps
+    that fit and holds the others until they do. Returns each node's exit code, by rank, as
+    the scheduler says."""
 
     def run_step(self, cluster: str, job_id: str, workdir: Path | None, filters: list[str],
-                 script: str, env: Mapping[str, str],
-                 line: Callable[[int, str], None]) -> dict[int, int]: ...
+                 script: str, env: Mapping[str, str], line: Callable[[int, str], None],
+                 gpus_per_job: int | None = None) -> dict[int, int]: ...
 
 
 NodeState = Literal["running", "lost", "unknown"]

@@ -172,3 +172,68 @@ def test_what_is_never_sent(slurm: SlurmCluster, tmp_path: Path) -> None:
     assert (shared / "data.txt").read_text() == "data-synced\n"
     assert not (shared / ".git").exists() and not (shared / "cthome").exists()
     assert slurm.jobs() == []
+
+
+PACKED = """name: packed
+num_nodes: 1
+max_hours: 0.25
+resources:
+  provider: slurm
+  accelerators: H100:2
+  gpus_per_job: 1
+  slurm:
+    cpus_per_node: 2
+    workdir: {shared}
+run: |
+  echo "start cvd=$CUDA_VISIBLE_DEVICES gpus=$CLOUDTRAIN_GPUS_PER_NODE"
+  while [ ! -e "$RELEASE" ]; do sleep 0.2; done
+"""
+
+
+def test_one_gpu_jobs_pack_two_at_once_and_a_third_waits(slurm: SlurmCluster, cli: CLI,
+                                                         tmp_path: Path) -> None:
+    """An allocation of one node with 2 GPUs: two 1-GPU jobs run at once as steps (GPU 0 and
+    GPU 1), a third waits until one of them ends, then gets its GPU."""
+    import time
+
+    f = tmp_path / "packed.yaml"
+    f.write_text(PACKED.format(shared=tmp_path / "shared"))
+    release = {k: tmp_path / f"release-{k}" for k in "abc"}
+    procs = {}
+
+    def started(k: str, timeout: float) -> str:
+        deadline = time.time() + timeout
+        p = procs[k]
+        while time.time() < deadline:
+            line = p.stdout.readline()
+            if "start cvd=" in line:
+                assert "gpus=1" in line, line                   # the job's share of the node
+                return line.split("cvd=")[1].split()[0]
+        return ""
+
+    try:
+        procs["a"] = cli.popen("launch", str(f), "-y", "--env", f"RELEASE={release['a']}")
+        a = started("a", 60)
+        procs["b"] = cli.popen("launch", str(f), "--env", f"RELEASE={release['b']}")
+        b = started("b", 60)
+        assert sorted([a, b]) == ["0", "1"]                     # both at once, one GPU each
+        procs["c"] = cli.popen("launch", str(f), "--env", f"RELEASE={release['c']}")
+        time.sleep(8)
+        (alloc,) = [j["id"] for j in slurm.jobs()]
+        steps = slurm.run("squeue", "-h", "-s", "-j", alloc, "-o", "%j").stdout.split()
+        assert len([s for s in steps if s.startswith("ct-job-")]) == 2, steps
+        import select
+        waiting = procs["c"].stdout
+        assert not select.select([waiting], [], [], 0)[0] or "start" not in waiting.readline()
+        release["a"].touch()                                    # a ends: c gets its GPU
+        assert procs["a"].wait(60) == 0
+        assert started("c", 60) == a
+        release["b"].touch()
+        release["c"].touch()
+        assert procs["b"].wait(60) == 0 and procs["c"].wait(60) == 0
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+    assert cli.run("down", "packed", "-y").returncode == 0
+    assert slurm.jobs() == []

@@ -72,12 +72,13 @@ class SlurmProvider:
             return None
 
     def _record(self, cluster: str, login: Login, job_id: str | None,
-                opts: SlurmOptions) -> None:
+                opts: SlurmOptions, gpus: int) -> None:
         f = self._file(cluster)
         f.parent.mkdir(parents=True, exist_ok=True)
         tmp = f.with_suffix(".tmp")
         tmp.write_text(json.dumps({"login": login.spec, "identity_file": login.identity_file,
                                    "job_id": job_id, "workdir": opts.workdir,
+                                   "gpus": gpus, "cpus": opts.cpus_per_node,
                                    "modules": opts.modules, "python": opts.python}))
         os.replace(tmp, f)
 
@@ -101,9 +102,11 @@ class SlurmProvider:
         return wd
 
     def run_step(self, cluster: str, job_id: str, workdir: Path | None, filters: list[str],
-                 script: str, env: Mapping[str, str],
-                 line: Callable[[int, str], None]) -> dict[int, int]:
-        """The job as one srun step of the allocation (steps.py)."""
+                 script: str, env: Mapping[str, str], line: Callable[[int, str], None],
+                 gpus_per_job: int | None = None) -> dict[int, int]:
+        """The job as one srun step of the allocation (steps.py). With ``gpus_per_job``
+        below the GPUs of a node, the step asks for its share (``--exact``, its GPUs and its
+        part of the allocation's CPUs), so Slurm runs the steps that fit at once."""
         rec = self._recorded(cluster)
         login = self._login(cluster)
         found = sched.find(login, cluster, self.mark()) if login is not None else []
@@ -119,7 +122,11 @@ class SlurmProvider:
         text = steps.step_script(job_id, wd, env, [str(m) for m in modules]
                                  if isinstance(modules, list) else [],
                                  str(rec["python"]) if rec.get("python") else None, script)
-        return steps.run(login, alloc.job_id, alloc.node_count, job_id, wd, text, line)
+        gpus, cpus = int(str(rec.get("gpus") or 0)), int(str(rec.get("cpus") or 1))
+        share = (["--exact", f"--gres=gpu:{gpus_per_job}",
+                  "-c", str(max(1, cpus * gpus_per_job // gpus))]
+                 if gpus_per_job and gpus and gpus_per_job < gpus else [])
+        return steps.run(login, alloc.job_id, alloc.node_count, job_id, wd, text, line, share)
 
     def mark(self) -> str:
         """This home's mark on its allocations (two homes may name a cluster alike)."""
@@ -196,6 +203,8 @@ class SlurmProvider:
     def create_nodes(self, request: ClusterRequest, network: NetworkRef) -> list[Node]:
         """Adopt the cluster's allocation or submit it, then wait until it runs."""
         o = self._opts(request)
+        acc = request.resources.accelerators
+        gpus = acc.count if acc is not None else 0
         self.ctx.cluster_dir(request.name).mkdir(parents=True, exist_ok=True)
         login = Login(o.login, o.identity_file,
                       self.ctx.cluster_dir(request.name) / "slurm-login-known_hosts")
@@ -203,9 +212,9 @@ class SlurmProvider:
         if found:
             job = found[0].job_id
         else:
-            self._record(request.name, login, None, o)
+            self._record(request.name, login, None, o, gpus)
             job = sched.submit(login, self.sbatch_args(request), HOLD.format(cluster=request.name))
-        self._record(request.name, login, job, o)
+        self._record(request.name, login, job, o, gpus)
         try:
             alloc = self._wait_running(login, request.name, job)
         except BaseException:

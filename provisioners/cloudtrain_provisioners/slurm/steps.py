@@ -56,9 +56,10 @@ def sync(login: Login, local: Path, workdir: str, filters: list[str]) -> None:
 
 
 def run(login: Login, allocation: str, num_nodes: int, job_id: str, workdir: str, script: str,
-        line: Callable[[int, str], None]) -> dict[int, int]:
-    """Write the step script into the workdir and run it with srun on every node; each
-    node's exit code by rank."""
+        line: Callable[[int, str], None], share: list[str]) -> dict[int, int]:
+    """Write the step script into the workdir and run it with srun on every node (``share``:
+    srun's options for the step's part of each node; []: whole nodes); each node's exit
+    code by rank."""
     path = f"{workdir}/.cloudtrain/steps/{job_id}.sh"
     r = login.run(["sh", "-c", 'mkdir -p "$(dirname "$1")" && cat > "$1"', "sh", path],
                   stdin=script)
@@ -66,7 +67,7 @@ def run(login: Login, allocation: str, num_nodes: int, job_id: str, workdir: str
         raise ProviderError(f"cannot write the step script on the login node: {r.words()}",
                             "Check the workdir on the shared filesystem, then run again.")
     argv = ["srun", f"--jobid={allocation}", "-N", str(num_nodes), "--ntasks-per-node=1",
-            "--label", "--kill-on-bad-exit=1", "-J", f"ct-job-{job_id}", "bash", path]
+            "--label", "--kill-on-bad-exit=1", "-J", f"ct-job-{job_id}", *share, "bash", path]
     proc = subprocess.Popen(login.argv(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, bufsize=1)
     codes = {rank: 0 for rank in range(num_nodes)}
