@@ -184,3 +184,28 @@ def test_a_job_the_site_would_queue_forever_is_cancelled_and_exits_2(
     ok = cli.run("up", str(task(tmp_path, qos="short", max_hours=0.1)), "-y")   # 6 minutes
     assert ok.returncode == 0, ok.stderr
     assert cli.run("down", "alloc", "-y").returncode == 0
+
+
+def test_the_time_limit_ends_the_allocation_with_nothing_of_ours_running(
+        slurm: SlurmCluster, cli: CLI, tmp_path: Path) -> None:
+    """max_hours is the allocation's time limit: slurmctld ends it by itself (about a minute
+    and a half here: the 1-minute limit, then Slurm's own checks); status --refresh says so,
+    and the next launch submits a new allocation."""
+    f = task(tmp_path, name="brief", max_hours=0.0166, workdir=str(tmp_path / "shared"))
+    r = cli.run("up", str(f), "-y")
+    assert r.returncode == 0, r.stderr
+    (job,) = ours(slurm)
+    assert "TimeLimit=00:01:00" in slurm.run("scontrol", "-o", "show", "job", job["id"]).stdout
+    deadline = time.time() + 180
+    while ours(slurm) and time.time() < deadline:
+        time.sleep(2)
+    assert ours(slurm) == []
+    acct = slurm.run("sacct", "-X", "-n", "-P", "-j", job["id"], "-o", "State").stdout
+    assert acct.strip() == "TIMEOUT", acct
+    st = cli.run("status", "--refresh")
+    assert "brief: no allocation in the scheduler" in st.stdout, st.stdout
+    again = cli.run("launch", str(f))
+    assert again.returncode == 0, again.stderr
+    (new,) = ours(slurm)
+    assert new["id"] != job["id"] and "hello" in again.stdout
+    assert cli.run("down", "brief", "-y").returncode == 0
