@@ -65,6 +65,14 @@ if [ "$for_tests" = 1 ]; then
     command -v htpasswd >/dev/null 2>&1 || need+=(apache2-utils)
     command -v debootstrap >/dev/null 2>&1 || [ -x /usr/sbin/debootstrap ] || need+=(debootstrap)
 fi
+# --tests: a Slurm cluster of the tests' own (tests/slurmkit.py): Slurm, munge, slurmdbd, MariaDB
+# (no_start: their postinst would start the system's munged and mariadbd; the tests start theirs)
+if [ "$for_tests" = 1 ]; then
+    for d in slurmctld slurmd slurmdbd mariadbd munged; do
+        [ -x "/usr/sbin/$d" ] && continue
+        need+=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server); no_start=1; break
+    done
+fi
 if [ "${#need[@]}" -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         say "installing ${need[*]} (apt)"

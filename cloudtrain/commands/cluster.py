@@ -180,6 +180,8 @@ def status_lines(env: Env, rows: list[ClusterRow], guards: dict[str, dict[str, A
             click.echo(recovery_line(rec))
         if (img := image_line(env.state, r.name)) is not None:
             click.echo(img)
+        for line in allocation_lines(env, r) if refresh else []:
+            click.echo(line)
         g = guards.get(r.name) or {}
         if r.status == "PROBABLY_STOPPED":
             click.echo(f"{r.name}: {g['expected_stop']['words']}")
@@ -194,6 +196,23 @@ def status_lines(env: Env, rows: list[ClusterRow], guards: dict[str, dict[str, A
     if not refresh:
         click.echo("(the local state, as of each cluster's last contact; "
                    "'cloudtrain status --refresh' asks the providers and the nodes)", err=True)
+
+
+def allocation_lines(env: Env, r: ClusterRow) -> list[str]:
+    """A scheduler's word on the cluster's allocation (job id, state, time left), asked now
+    (``status --refresh``: a plain status asks no provider)."""
+    from cloudtrain.errors import CloudtrainError
+    from cloudtrain.provider.contract import Allocates
+
+    if r.provider not in env.provider_names() \
+            or not issubclass(env.provider_class(r.provider), Allocates):
+        return []
+    provider = env.provider(r.provider)
+    try:
+        words = provider.allocation_words(r.name) if isinstance(provider, Allocates) else None
+    except CloudtrainError as exc:
+        words = f"allocation not known now ({exc.message})"
+    return [f"{r.name}: {words or 'no allocation in the scheduler'}"]
 
 
 def with_rules(env: Env, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -18,10 +18,10 @@ from cloudtrain.pipeline import guard as node_guard, recover as recovery, rules,
 from cloudtrain.pipeline.attempt import Tried, attempt
 from cloudtrain.pipeline.bootstrap import run_bootstrap
 from cloudtrain.pipeline.lastseen import saved
-from cloudtrain.pipeline.provision import opened, roll_back
+from cloudtrain.pipeline.provision import opened, provision, roll_back
 from cloudtrain.pipeline.request import Launch
 from cloudtrain.pipeline.teardown import down_shielded
-from cloudtrain.provider.contract import Plan
+from cloudtrain.provider.contract import Allocates, Plan
 
 if TYPE_CHECKING:
     from cloudtrain.taskmodel import Task  # annotations only: no pydantic at import
@@ -33,6 +33,8 @@ def up(env: Env, task: Task, name: str, *, bootstrap: bool = True,
     call created is rolled back when a step fails (unless ``keep_on_failure``). A cluster
     whose nodes stopped themselves is reconciled first (ledger closed when they stopped)."""
     node_guard.reconcile(env, name)
+    if allocates(env, task):   # a scheduler's allocation: up ends once it runs (no SSH)
+        return provision(env, task, name, keep_on_failure=keep_on_failure, planned=planned)[0]
     with opened(env, task, name, keep_on_failure=keep_on_failure, planned=planned) as (
             handle, group, fresh):
         env.ui.ok(f"SSH up on {len(handle.nodes)} node(s)")
@@ -47,6 +49,12 @@ def up(env: Env, task: Task, name: str, *, bootstrap: bool = True,
                     roll_back(env, handle.provider, name)
                 raise
     return handle
+
+
+def allocates(env: Env, task: Task) -> bool:
+    """Whether the task's provider is a scheduler's allocation (contract.Allocates)."""
+    name = task.resources.provider
+    return name is not None and issubclass(env.provider_class(name), Allocates)
 
 
 def check_estimate(env: Env, name: str, plan: Plan, limit: budget.Budget) -> None:
@@ -72,6 +80,10 @@ def launch(env: Env, req: Launch) -> run.Outcome | None:
     budget in force is reached, the cluster is torn down at the end, whatever happened.
     Returns the outcome of a job that succeeded (or was started detached); raises JobFailed
     for one that failed, BudgetExceeded when the budget stopped it."""
+    if allocates(env, req.task):   # a scheduler's allocation: the job is a step of it
+        from cloudtrain.pipeline import steps
+
+        return steps.launch(env, req)
     rec = recovery.check(env, req.task, req.plan) if req.recover else None
     if rec is not None and req.detach:
         recovery.detached(env, req)

@@ -27,8 +27,8 @@ from cloudtrain.pipeline.place import placed
 from cloudtrain.pipeline.plan import check_mounts, cluster_request, plan, plan_on
 from cloudtrain.pipeline.signals import Shielded
 from cloudtrain.provider import registry
-from cloudtrain.provider.contract import (HasHostKeySource, HasMasterPort, Plan, Provider,
-                                          ReportsAttempts)
+from cloudtrain.provider.contract import (Allocates, HasHostKeySource, HasMasterPort, Plan,
+                                          Provider, ReportsAttempts)
 from cloudtrain.remote import Group
 from cloudtrain.schema import ClusterRow
 
@@ -152,12 +152,13 @@ def _make(env: Env, task: Task, name: str, provider: Provider, existing: Cluster
         stored = env.state.get_cluster(name)
         assert stored is not None
         # Nodes that are new (not the instance we knew) may have their host key learned.
-        learn = frozenset(n.rank for n in nodes
-                          if not n.host_keys and old_ids.get(n.rank) != n.instance_id
+        through = isinstance(provider, Allocates)   # a scheduler's nodes: no SSH, no host key
+        learn = frozenset(n.rank for n in nodes if not through
+                          and not n.host_keys and old_ids.get(n.rank) != n.instance_id
                           and not is_pinned(keys.known_hosts, n.host, n.port))
         source = provider.host_key_source if isinstance(provider, HasHostKeySource) \
             else PINNED_AT_CREATION
-        record_pinning(keys, {n.rank: source for n in nodes if n.host_keys}
+        record_pinning(keys, {n.rank: source for n in nodes if n.host_keys or through}
                        | {r: FIRST_CONTACT for r in learn})
         return Handle(stored, provider, keys, learn), fresh
 

@@ -41,7 +41,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, runtime_checkable
+from typing import (TYPE_CHECKING, Any, Callable, ClassVar, Literal, Mapping, Protocol,
+                    runtime_checkable)
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -292,6 +293,31 @@ class MarksOwner(Protocol):
     the owner string: what gc compares resources' marks with."""
 
     def owner_mark(self, owner: str) -> str: ...
+
+
+@runtime_checkable
+class Allocates(Protocol):
+    """A scheduler the user already has (Slurm): a cluster is one allocation job, its nodes are
+    reached through the scheduler (job steps), never over SSH by cloudtrain, and ``up`` ends
+    once the allocation runs. ``allocation_words``: the allocation's job id, state and time
+    left, in words, for ``status`` (None: it has none)."""
+
+    def allocation_words(self, cluster: str) -> str | None: ...
+
+
+@runtime_checkable
+class RunsSteps(Protocol):
+    """A scheduler's provider runs a job as one step of the cluster's allocation: the local
+    ``workdir`` (None: nothing) synced to the shared filesystem through the login node with
+    rsync's ``filters`` (what is never sent), then ``script`` (bash) run once on every node
+    with ``env`` exported, every output line handed to ``line(rank, text)``; ``gpus_per_job``
+    (None: whole nodes) is the step's share of each node, so that the scheduler packs steps
+    that fit and holds the others until they do. Returns each node's exit code, by rank, as
+    the scheduler says."""
+
+    def run_step(self, cluster: str, job_id: str, workdir: Path | None, filters: list[str],
+                 script: str, env: Mapping[str, str], line: Callable[[int, str], None],
+                 gpus_per_job: int | None = None) -> dict[int, int]: ...
 
 
 NodeState = Literal["running", "lost", "unknown"]

@@ -111,7 +111,7 @@ def test_provider_lists_say_which_lack_their_sdk(core: CoreCLI, tmp_path: Path) 
     task.write_text("resources:\n  provider: awz\nrun: echo\n")
     r = core.run("up", str(task), "-y")
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
-    assert "Installed providers: local, ssh." in r.stderr, r.stderr
+    assert "Installed providers: local, slurm, ssh." in r.stderr, r.stderr
     assert "Not installed (their SDK is missing): aws, azure, gcp" in r.stderr, r.stderr
     task.write_text("resources:\n  accelerators: A10G:1\nrun: echo\n")   # up picks a cloud
     r = core.run("up", str(task), "-y")

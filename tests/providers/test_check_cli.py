@@ -104,11 +104,11 @@ def test_check_with_no_credentials_says_what_to_do_and_exits_1(tmp_path: Path) -
     assert lines[0].split() == ["PROVIDER", "SDK", "CREDENTIALS", "WORKS", "REACHES", "WHAT",
                                 "TO", "DO"]
     rows = {line.split()[0]: line for line in lines[1:-1]}
-    assert set(rows) == {*CLOUDS, "local", "ssh"}
+    assert set(rows) == {*CLOUDS, "local", "slurm", "ssh"}
     assert "aws configure" in rows["aws"] and "none found" in rows["aws"]
     assert "gcloud auth application-default login" in rows["gcp"]
     assert "az login" in rows["azure"]
-    assert lines[-1] == "Usable: local, ssh; no cloud is usable (see WHAT TO DO above)."
+    assert lines[-1] == "Usable: local, slurm, ssh; no cloud is usable (see WHAT TO DO above)."
 
     rc, found = checked(env)
     assert rc == 1
@@ -116,7 +116,7 @@ def test_check_with_no_credentials_says_what_to_do_and_exits_1(tmp_path: Path) -
         assert found[cloud]["sdk"] is True
         assert found[cloud]["credentials"] is None and found[cloud]["works"] is None
         assert found[cloud]["usable"] is False and found[cloud]["fix"]
-    assert found["local"]["usable"] and found["ssh"]["usable"]
+    assert found["local"]["usable"] and found["ssh"]["usable"] and found["slurm"]["usable"]
     assert outside(env) == ""
     assert not (tmp_path / "home" / "clusters").exists()
 
@@ -127,7 +127,7 @@ def test_check_of_an_unknown_provider_exits_2_naming_the_valid_ones(tmp_path: Pa
     assert r.stdout == "" and "Traceback" not in r.stderr
     assert "Unknown provider: awz." in r.stderr
     assert "Did you mean 'aws'?" in r.stderr
-    assert "Valid providers: aws, azure, gcp, local, ssh." in r.stderr
+    assert "Valid providers: aws, azure, gcp, local, slurm, ssh." in r.stderr
     r = cloudtrain(hermetic(tmp_path), "check", "--timeout", "0")
     assert r.returncode == 2 and "--timeout" in r.stderr and "Traceback" not in r.stderr
 

@@ -1,0 +1,308 @@
+"""The ``slurm`` provider: the cluster a lab or company already runs, behind its scheduler.
+
+A cloudtrain cluster is ONE allocation job of Slurm's, named ``ct-<cluster>`` and marked with
+this home's mark (``--comment``): ``up`` submits it (``sbatch``; its batch script only holds
+the allocation until it is cancelled or reaches its time limit), shows why it waits and when
+Slurm expects to start it while it is pending, and ends once it runs: its nodes, in Slurm's
+order, are the cluster's nodes. ``down`` cancels it and checks with squeue and sacct that it
+ended. cloudtrain never SSHes to a compute node and installs nothing on one; every command
+runs on the login node (``resources.slurm.login``).
+"""
+
+from __future__ import annotations
+
+import getpass
+import hashlib
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Callable, ClassVar, Mapping
+
+from pydantic import BaseModel
+
+from cloudtrain.errors import ProviderError, UserError
+from cloudtrain.provider import (ClusterRequest, NetworkRef, Node, Plan, ProviderCheck,
+                                 ProviderContext)
+from cloudtrain.provider.contract import NodeStatus
+
+from cloudtrain_provisioners.slurm import sched, steps
+from cloudtrain_provisioners.slurm.login import Login
+from cloudtrain_provisioners.slurm.options import SlurmOptions, login_host
+
+# The allocation's batch script: it holds the nodes; jobs run in it as steps (srun).
+HOLD = """#!/bin/sh
+# cloudtrain: this job holds the allocation of cluster {cluster}; its jobs run in it as steps.
+# It ends with 'cloudtrain down {cluster}' (scancel) or at its time limit.
+exec sleep infinity
+"""
+_NODE_STATUS: dict[str, NodeStatus] = {"RUNNING": "running", "PENDING": "pending",
+                                       "CONFIGURING": "pending", "COMPLETING": "stopped"}
+
+
+class SlurmProvider:
+    name: ClassVar[str] = "slurm"
+    host_key_source: ClassVar[str] = "none: the nodes are reached through Slurm, not SSH"
+    options_model: ClassVar[type[BaseModel] | None] = SlurmOptions
+    allows_absolute_mounts: ClassVar[bool] = True
+    powers_off: ClassVar[bool] = True
+    """``terminate`` ends the allocation (scancel kills every process of it on the nodes)."""
+    list_is_cheap: ClassVar[bool] = False
+    """Asking squeue may be an SSH round trip to the login node: status --refresh asks."""
+
+    def __init__(self, ctx: ProviderContext, poll_seconds: float = 2.0) -> None:
+        self.ctx = ctx
+        self.poll_seconds = poll_seconds
+
+    # --- what is recorded here: only where to ask -------------------------------------
+
+    def _file(self, cluster: str) -> Path:
+        return self.ctx.cluster_dir(cluster) / "slurm.json"
+
+    def _login(self, cluster: str) -> Login | None:
+        """The login node recorded at ``up`` (None: this home never submitted an allocation
+        for ``cluster``, so there is no scheduler to ask)."""
+        known = self.ctx.cluster_dir(cluster) / "slurm-login-known_hosts"
+        try:
+            rec = json.loads(self._file(cluster).read_text())
+            return Login(rec["login"], rec.get("identity_file"), known)
+        except (OSError, ValueError, KeyError):
+            return None
+
+    def _record(self, cluster: str, login: Login, job_id: str | None,
+                opts: SlurmOptions, gpus: int) -> None:
+        f = self._file(cluster)
+        f.parent.mkdir(parents=True, exist_ok=True)
+        tmp = f.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"login": login.spec, "identity_file": login.identity_file,
+                                   "job_id": job_id, "workdir": opts.workdir,
+                                   "gpus": gpus, "cpus": opts.cpus_per_node,
+                                   "modules": opts.modules, "python": opts.python}))
+        os.replace(tmp, f)
+
+    def _recorded(self, cluster: str) -> dict[str, object]:
+        try:
+            rec = json.loads(self._file(cluster).read_text())
+        except (OSError, ValueError):
+            rec = None
+        if not isinstance(rec, dict):
+            raise UserError(f"cluster '{cluster}' has no Slurm allocation recorded here.",
+                            "Run 'cloudtrain up' for it first.")
+        return rec
+
+    def _workdir(self, login: Login, cluster: str, given: object) -> str:
+        """The workdir on the shared filesystem, absolute (``~`` is the login's $HOME)."""
+        wd = str(given) if given else f"~/cloudtrain/{cluster}"
+        if wd.startswith("~"):
+            home = login.run(["sh", "-c", 'printf %s "$HOME"']).out.strip() \
+                if login.spec != "local" else str(Path.home())
+            wd = home + wd[1:]
+        return wd
+
+    def run_step(self, cluster: str, job_id: str, workdir: Path | None, filters: list[str],
+                 script: str, env: Mapping[str, str], line: Callable[[int, str], None],
+                 gpus_per_job: int | None = None) -> dict[int, int]:
+        """The job as one srun step of the allocation (steps.py). With ``gpus_per_job``
+        below the GPUs of a node, the step asks for its share (``--exact``, its GPUs and its
+        part of the allocation's CPUs), so Slurm runs the steps that fit at once."""
+        rec = self._recorded(cluster)
+        login = self._login(cluster)
+        found = sched.find(login, cluster, self.mark()) if login is not None else []
+        alloc = next((a for a in found if a.state == "RUNNING"), None)
+        if login is None or alloc is None:
+            raise UserError(f"cluster '{cluster}' has no running Slurm allocation.",
+                            "Run 'cloudtrain up' for it again ('cloudtrain status --refresh' "
+                            "shows what Slurm says).")
+        wd = self._workdir(login, cluster, rec.get("workdir"))
+        if workdir is not None:
+            steps.sync(login, workdir, wd, filters)
+        modules = rec.get("modules")
+        text = steps.step_script(job_id, wd, env, [str(m) for m in modules]
+                                 if isinstance(modules, list) else [],
+                                 str(rec["python"]) if rec.get("python") else None, script)
+        gpus, cpus = int(str(rec.get("gpus") or 0)), int(str(rec.get("cpus") or 1))
+        share = (["--exact", f"--gres=gpu:{gpus_per_job}",
+                  "-c", str(max(1, cpus * gpus_per_job // gpus))]
+                 if gpus_per_job and gpus and gpus_per_job < gpus else [])
+        return steps.run(login, alloc.job_id, alloc.node_count, job_id, wd, text, line, share)
+
+    def mark(self) -> str:
+        """This home's mark on its allocations (two homes may name a cluster alike)."""
+        digest = hashlib.sha256(str(self.ctx.home.resolve()).encode()).hexdigest()[:16]
+        return f"cloudtrain-home-{digest}"
+
+    # --- the contract --------------------------------------------------------------------
+
+    @staticmethod
+    def _opts(request: ClusterRequest) -> SlurmOptions:
+        return request.options if isinstance(request.options, SlurmOptions) else SlurmOptions()
+
+    def check_access(self, timeout: float) -> ProviderCheck:
+        return ProviderCheck("slurm", True, "your login on the Slurm cluster (per task)", True,
+                             ("the login node a task names in resources.slurm.login",))
+
+    def check(self, request: ClusterRequest) -> None:
+        key = self._opts(request).identity_file
+        if key and not Path(key).expanduser().is_file():
+            raise UserError(f"resources.slurm.identity_file '{key}' does not exist.",
+                            "Give the path of your private key for the login node, or remove "
+                            "the line to use ssh's defaults.")
+        if request.resources.use_spot:
+            raise UserError("resources.use_spot does not apply to the slurm provider.",
+                            "Remove it (a Slurm site's preemption is its QOS: "
+                            "resources.slurm.qos).")
+        if request.resources.instance_type:
+            raise UserError("resources.instance_type does not apply to the slurm provider.",
+                            "Remove it; ask for nodes with num_nodes, GPUs with accelerators "
+                            "and node kinds with resources.slurm.constraint or partition.")
+
+    def sbatch_args(self, request: ClusterRequest) -> list[str]:
+        """The allocation's sbatch options, from the task."""
+        o = self._opts(request)
+        args = ["-J", sched.job_name(request.name), f"--comment={self.mark()}",
+                "-N", str(request.num_nodes), "--output=/dev/null", "--chdir=/tmp"]
+        acc = request.resources.accelerators
+        if acc is not None:
+            args.append(f"--gres=gpu:{o.gpu_type}:{acc.count}" if o.gpu_type
+                        else f"--gres=gpu:{acc.count}")
+        if request.max_hours is not None:
+            args += ["-t", str(max(1, math.ceil(request.max_hours * 60)))]
+        for flag, value in (("-p", o.partition), ("-A", o.account), ("-q", o.qos),
+                            ("-C", o.constraint), ("--reservation", o.reservation)):
+            if value:
+                args += [flag, value]
+        if o.cpus_per_node:
+            args += ["-c", str(o.cpus_per_node)]
+        if o.exclusive:
+            args.append("--exclusive")
+        return args
+
+    def plan(self, request: ClusterRequest) -> Plan:
+        o = self._opts(request)
+        acc = request.resources.accelerators
+        gpus = acc.count if acc is not None else 0
+        login = Login(o.login)
+        return Plan(
+            provider="slurm", num_nodes=request.num_nodes, region=f"Slurm via {login.where}",
+            instance_type=f"partition {o.partition}" if o.partition else "default partition",
+            accelerators=f"gpu:{gpus}" if gpus else None,
+            hourly_price_per_node=o.price_per_gpu_hour * gpus,
+            creates=[f"one allocation job {sched.job_name(request.name)}: sbatch "
+                     + " ".join(self.sbatch_args(request))],
+            notes=["the allocation's time limit is the hard lifetime"
+                   if request.max_hours is not None else
+                   "no max_hours: the allocation gets the partition's default time limit",
+                   f"price: ${o.price_per_gpu_hour:g} per GPU-hour "
+                   "(resources.slurm.price_per_gpu_hour)"])
+
+    def ensure_network(self, request: ClusterRequest) -> NetworkRef:
+        return NetworkRef("", "the Slurm cluster's own network")
+
+    def create_nodes(self, request: ClusterRequest, network: NetworkRef) -> list[Node]:
+        """Adopt the cluster's allocation or submit it, then wait until it runs."""
+        o = self._opts(request)
+        acc = request.resources.accelerators
+        gpus = acc.count if acc is not None else 0
+        self.ctx.cluster_dir(request.name).mkdir(parents=True, exist_ok=True)
+        login = Login(o.login, o.identity_file,
+                      self.ctx.cluster_dir(request.name) / "slurm-login-known_hosts")
+        found = sched.find(login, request.name, self.mark())
+        if found:
+            job = found[0].job_id
+        else:
+            self._record(request.name, login, None, o, gpus)
+            job = sched.submit(login, self.sbatch_args(request), HOLD.format(cluster=request.name))
+        self._record(request.name, login, job, o, gpus)
+        try:
+            alloc = self._wait_running(login, request.name, job)
+        except BaseException:
+            sched.cancel(login, [job])
+            _say(f"cancelled Slurm job {job}", end=True)
+            raise
+        return self._nodes(login, request.name, alloc)
+
+    def _wait_running(self, login: Login, cluster: str, job: str) -> sched.Allocation:
+        shown = ""
+        while True:
+            alloc = next((a for a in sched.find(login, cluster, self.mark())
+                          if a.job_id == job), None)
+            if alloc is None:
+                state = sched.final_state(login, job) or "no longer in squeue"
+                raise ProviderError(f"Slurm job {job} ended before it ran ({state}).",
+                                    f"See 'sacct -j {job}' on the login node; then run "
+                                    "'cloudtrain up' again.")
+            if alloc.state == "RUNNING" and alloc.nodelist:
+                if shown:
+                    _say(alloc.words(), end=True)
+                return alloc
+            if alloc.never_runs:
+                raise UserError(f"Slurm will never start this allocation: {alloc.reason} "
+                                f"(job {job}, cancelled).",
+                                "Ask for what the partition and your account allow (sinfo, "
+                                "sacctmgr show assoc user=$USER): fewer nodes or GPUs, a "
+                                "shorter max_hours, another partition or qos.")
+            words = alloc.words()
+            if words != shown:
+                _say(words)
+                shown = words
+            time.sleep(self.poll_seconds)
+
+    def _nodes(self, login: Login, cluster: str, alloc: sched.Allocation) -> list[Node]:
+        status = _NODE_STATUS.get(alloc.state, "unknown")
+        user = login_host(login.spec).user if login.spec != "local" else getpass.getuser()
+        if not alloc.nodelist or alloc.nodelist == "(null)" or alloc.state == "PENDING":
+            return [Node(rank=i, instance_id=f"{alloc.job_id}/pending-{i}", host="", user=user,
+                         status=status) for i in range(max(1, alloc.node_count))]
+        names = sched.hostnames(login, alloc.nodelist)
+        addrs = sched.addresses(login, names)
+        return [Node(rank=i, instance_id=f"{alloc.job_id}/{n}", host=n, port=22, user=user,
+                     internal_ip=addrs.get(n, n), status=status,
+                     root_dir=f"cloudtrain/{cluster}")
+                for i, n in enumerate(names)]
+
+    def list_nodes(self, cluster: str) -> list[Node]:
+        """The allocation's nodes as Slurm has them now ([] : no allocation in squeue)."""
+        login = self._login(cluster)
+        found = sched.find(login, cluster, self.mark()) if login is not None else []
+        return self._nodes(login, cluster, found[0]) if login is not None and found else []
+
+    def allocation_words(self, cluster: str) -> str | None:
+        """``status``: the allocation's job id, state and time left, from squeue."""
+        login = self._login(cluster)
+        found = sched.find(login, cluster, self.mark()) if login is not None else []
+        return "; ".join(a.words() for a in found) or None
+
+    def terminate(self, cluster: str, wait_seconds: float = 120) -> None:
+        """scancel the cluster's allocations; return once squeue lists none and sacct shows
+        each ended."""
+        login = self._login(cluster)
+        if login is None:          # never submitted from this home: nothing to cancel
+            return
+        found = sched.find(login, cluster, self.mark())
+        ids = [a.job_id for a in found]
+        sched.cancel(login, ids)
+        deadline = time.time() + wait_seconds
+        while sched.find(login, cluster, self.mark()):
+            if time.time() > deadline:
+                raise ProviderError(f"Slurm job(s) {', '.join(ids)} still listed by squeue "
+                                    f"{wait_seconds:g} s after scancel.",
+                                    f"Run 'cloudtrain down {cluster}' again.")
+            time.sleep(0.5)
+        for job in ids:
+            state = sched.final_state(login, job)
+            if state in sched.ACTIVE:
+                raise ProviderError(f"sacct shows Slurm job {job} still {state} after scancel.",
+                                    f"Run 'cloudtrain down {cluster}' again.")
+        self._file(cluster).unlink(missing_ok=True)
+
+
+def _say(words: str, end: bool = False) -> None:
+    """The pending allocation's line: rewritten in place on a terminal, one line a change
+    otherwise."""
+    if sys.stderr.isatty():
+        sys.stderr.write("\r\033[K" + words + ("\n" if end else ""))
+    else:
+        sys.stderr.write(words + "\n")
+    sys.stderr.flush()
