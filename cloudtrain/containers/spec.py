@@ -48,7 +48,9 @@ def parse_image(text: str) -> ImageRef:
     example = "write e.g. nvcr.io/nvidia/pytorch:24.10-py3 or REPO@sha256:<64 hex digits>"
     if not isinstance(text, str) or not text.strip():
         raise ValueError(f"the image is empty; {example}")
-    t = text.strip()
+    t = text
+    if any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in t):
+        raise ValueError(f"{t[:80]!r} has spaces or control characters; {example}")
     m = _REFERENCE_RE.match(t)
     if m is None:
         hint = " (repository names are lower case)" if t.lower() != t and \

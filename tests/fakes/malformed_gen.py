@@ -301,6 +301,19 @@ BAD_VALUES.update({
     "bootstrap.torch": ["numpy", _j("torch; rm -rf /"), _j("torch==x"), "5", "[torch]"],
     "bootstrap.torch_index": ["'ftp://x'", "'file:///etc'", "'https://a b'", "5", "''"],
     "bootstrap.cuda_toolkit": ["perhaps", "[true]", "2"],
+    "container": ["'ubuntu'", "5", "[ubuntu]", "{}", "{image: ubuntu, pull: always}"],
+    "container.image": [_j("Ubuntu:24.04"), _j("-oProxyCommand=x"), _j("a b"), _j("x:tag:tag"),
+                        _j("repo@sha256:12"), _j(""), "5", "[ubuntu]", _j("r/" * 200 + "x"),
+                        _j("ubuntu\n")],
+    "container.registry_auth": ["'NGC_KEY'", "{username_env: NGC_USER}", "[NGC_USER, NGC_KEY]",
+                                "{username_env: 'my secret', password_env: NGC_KEY}",
+                                "{username_env: U, password_env: P, server: x}"],
+    "container.run_options": [_j(["--privileged"]), _j(["--network=bridge"]), _j(["--pid", "host"]),
+                              _j(["-v", "/var/run/docker.sock:/s"]), _j(["--cap-add=SYS_ADMIN"]),
+                              _j(["--shm-size"]), _j(["--foo"]), "'--ipc=host'", "[5]",
+                              _j(["--security-opt", "seccomp=unconfined"]), _j(["-u", "0"])],
+    "container.privileged": ["perhaps", "[true]", "2"],
+    "container.keep_image": ["perhaps", "[true]", "2"],
 })
 
 UNKNOWN_KEYS = ["num_node", "nmae", "resorces", "wrokdir", "envz", "setpu", "rnu", "outptus",
@@ -431,6 +444,8 @@ def _nested(top: str, base_text: str | None, sub: str, value: str) -> str:
             base.pop("script", None)
         elif sub != "script":
             base.setdefault("script", "train.py")
+    if top == "container" and sub != "image":
+        base.setdefault("image", "ubuntu:24.04")   # the one field the section needs
     key, _, option = sub.partition(".")
     if option:                      # resources.<provider>.<option>
         base = dict(_PROVIDER_BASE[key])
@@ -444,11 +459,13 @@ def _nested(top: str, base_text: str | None, sub: str, value: str) -> str:
 def field_paths() -> list[str]:
     """Every field of a task, by dotted path: the top level, the nested models' fields, and
     the options of the providers installed with cloudtrain."""
+    from cloudtrain.containers.spec import ContainerSpec
     from cloudtrain.taskmodel import Autostop, BootstrapSpec, Recovery, Resources, Task, Train
 
     out = [f for f in Task.model_fields if f != "base_dir"]
     for top, model in (("resources", Resources), ("train", Train), ("bootstrap", BootstrapSpec),
-                       ("autostop", Autostop), ("recovery", Recovery)):
+                       ("autostop", Autostop), ("recovery", Recovery),
+                       ("container", ContainerSpec)):
         out += [f"{top}.{f}" for f in model.model_fields]
     from cloudtrain.provider import registry
 
