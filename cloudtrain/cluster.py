@@ -96,17 +96,24 @@ def node_rows(cluster: str, nodes: list[Node]) -> list[NodeRow]:
             for n in sorted(nodes, key=lambda n: n.rank)]
 
 
+def refuse_scheduled(handle: Handle) -> None:
+    """A scheduler's nodes (Slurm) are never SSHed to: UserError (exit 2) for a command that
+    would."""
+    from cloudtrain.provider.contract import Allocates
+
+    if isinstance(handle.provider, Allocates):
+        raise UserError(f"the nodes of '{handle.name}' ({handle.row.provider}) are reached "
+                        "through the scheduler, not over SSH: this command is not built for "
+                        "them yet.", "docs/slurm.md lists what works on Slurm now.")
+
+
 def connect(env: Env, handle: Handle, timeout: float = SSH_TIMEOUT,
             nodes: list[NodeRow] | None = None) -> Group:
     """SSH to the cluster's nodes (``nodes``: only those, e.g. the head alone), the host
     keys learned as the handle says; nothing is left open when one cannot be reached."""
-    from cloudtrain.provider.contract import Allocates
     from cloudtrain.remote import Group
 
-    if isinstance(handle.provider, Allocates):   # a scheduler's nodes: never SSHed to
-        raise UserError(f"the nodes of '{handle.name}' ({handle.row.provider}) are reached "
-                        "through the scheduler, not over SSH: this command is not built for "
-                        "them yet.", "docs/slurm.md lists what works on Slurm now.")
+    refuse_scheduled(handle)
     group = Group(handle.nodes if nodes is None else nodes, handle.keys)
     try:
         group.connect(timeout=timeout, learn=handle.learn)

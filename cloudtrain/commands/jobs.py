@@ -272,7 +272,7 @@ def ssh(cluster_name: str, node: int, container: bool) -> None:
     import signal
     import subprocess
 
-    from cloudtrain.cluster import get_handle
+    from cloudtrain.cluster import get_handle, refuse_scheduled
     from cloudtrain.errors import UserError
     from cloudtrain.keys import ssh_command_options
     from cloudtrain.pipeline import guard as node_guard
@@ -282,6 +282,7 @@ def ssh(cluster_name: str, node: int, container: bool) -> None:
     env = open_env(quiet=True)
     not_stopped(env, cluster_name)
     handle = get_handle(env, cluster_name)
+    refuse_scheduled(handle)
     n = handle.nodes[node_ranks(handle, node)[0]]
     remote = container_shell(env, cluster_name, n) if container else []
     exe = shutil.which("ssh")
