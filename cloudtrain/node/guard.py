@@ -295,6 +295,28 @@ def stop_jobs(root: str, grace: float) -> None:
             time.sleep(0.2)
 
 
+def end_containers(root: str) -> None:
+    """On a host left on (an ``ssh`` host): the cluster's containers (Docker label
+    ``cloudtrain-cluster-id``, the cluster's mark) are removed; nothing else of Docker's. A
+    host without Docker, or without a container of the cluster, has nothing to do."""
+    uid = os.environ.get("CLOUDTRAIN_CLUSTER_ID", "")
+    for docker in (["docker"], ["sudo", "-n", "docker"]):    # a user outside group docker
+        try:
+            ps = subprocess.run([*docker, "ps", "-aq", "--filter",
+                                 f"label=cloudtrain-cluster-id={uid}"], capture_output=True,
+                                text=True, timeout=60, stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.SubprocessError):
+            return
+        ids = ps.stdout.split()
+        if ps.returncode == 0 and uid and ids:
+            rm = subprocess.run([*docker, "rm", "-f", *ids], capture_output=True, text=True,
+                                timeout=120, stdin=subprocess.DEVNULL)
+            log(root, f"container(s) removed: {' '.join(ids)}" if rm.returncode == 0 else
+                f"removing container(s) {' '.join(ids)} failed: {rm.stderr.strip()[:200]}")
+        if ps.returncode == 0:
+            return
+
+
 def stop(root: str, pol: dict, reason: str, detail: str = "") -> None:
     """The guard's last act."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -312,6 +334,7 @@ def stop(root: str, pol: dict, reason: str, detail: str = "") -> None:
         stop_jobs(root, grace)
     cmd = pol.get("self_stop")
     if not cmd:
+        end_containers(root)
         log(root, "no self-stop on this provider: cloudtrain's processes stopped, host left on")
         return
     # "at": when billing ends, just before the self-stop (after the jobs' grace).

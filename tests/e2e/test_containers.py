@@ -270,6 +270,33 @@ def test_the_guard_stop_ends_the_container(cli: CLI, tmp_path: Path, tiny_image:
     assert wait_until(lambda: _containers(cli, "guardc") == {}, 15), _containers(cli, "guardc")
 
 
+def test_on_an_ssh_host_the_guard_stop_removes_the_container(
+        cli: CLI, tmp_path: Path, tiny_image: str, boxes: list[str]) -> None:
+    """An ``ssh`` host stays on when its guard stops the cluster (launch -d --down): the guard
+    stops cloudtrain's jobs and removes the cluster's containers too, so nothing of ours is
+    left running on the user's machine; the host's own sshd (the user's) lives on."""
+    boxes.append("sshc")
+    (tmp_path / "hosts.yaml").write_text("name: hosts\nresources: {provider: local}\nrun: 'true'\n")
+    assert cli.run("up", str(tmp_path / "hosts.yaml"), "--no-bootstrap", "-y").returncode == 0
+    (host,) = [c for c in cli.status() if c["name"] == "hosts"][0]["nodes"]  # type: ignore[index]
+    key = cli.home / "clusters" / "hosts" / "ssh" / "id_ed25519"
+    task = tmp_path / "s.yaml"
+    task.write_text("name: sshc\nresources:\n  provider: ssh\n  ssh:\n    hosts:\n      - "
+                    f"{{address: {host['host']}, port: {host['port']}, identity_file: {key}}}\n"
+                    f"bootstrap: {{python: {sys.executable}}}\nstop_grace: 5\n"
+                    f"container:\n  image: {tiny_image}\nrun: echo in-$(id -u); sleep 2\n")
+    try:
+        r = cli.run("launch", str(task), "-y", "-d", "--down", **FAST)
+        assert r.returncode == 0, r.stderr
+        assert len(_containers(cli, "sshc")) == 1
+        assert wait_until(lambda: _containers(cli, "sshc") == {}, 90), \
+            f"the guard left the container: {_containers(cli, 'sshc')}"
+        assert [c for c in cli.status() if c["name"] == "hosts"][0]["status"] == "UP"
+    finally:
+        cli.run("down", "sshc", "-y")
+        cli.run("down", "hosts", "-y")
+
+
 def test_stop_ends_the_containers_and_start_brings_new_ones(
         cli: CLI, tmp_path: Path, tiny_image: str, boxes: list[str]) -> None:
     """``cloudtrain stop`` powers a local node off: the keeper ends with the node's other
