@@ -135,8 +135,10 @@ class Group:
             on_line: LineSink | None = None, combine: bool = False, timeout: float | None = None,
             ranks: Iterable[int] | None = None,
             on_done: Callable[[Result], None] | None = None,
-            keep: int | None = None) -> GroupResult:
-        """``keep``: the bytes of each node's stdout kept (Connection.run)."""
+            keep: int | None = None, stoppable: bool = True) -> GroupResult:
+        """``keep``: the bytes of each node's stdout kept (Connection.run). ``stoppable``
+        False: the group's stop (which ends the follows of a stopped job) does not cut this
+        command short; the stop of the job's processes itself must run to its end."""
         wanted = set(ranks) if ranks is not None else {n.rank for n in self.nodes}
 
         def one(node: NodeRow) -> Result:
@@ -149,7 +151,7 @@ class Group:
                                       "was lost earlier in this command.",
                                       "Check the node with 'cloudtrain status'.")
                 res = conn.run(cmd, stdin=data, on_line=on_line, combine=combine,
-                               timeout=timeout, stop=self.stop, keep=keep)
+                               timeout=timeout, stop=self.stop if stoppable else None, keep=keep)
             except BaseException as exc:  # noqa: BLE001 - every node's outcome is kept
                 res = Result(node.rank, None, error=exc)
             return res
