@@ -135,28 +135,40 @@ class Group:
             on_line: LineSink | None = None, combine: bool = False, timeout: float | None = None,
             ranks: Iterable[int] | None = None,
             on_done: Callable[[Result], None] | None = None,
-            keep: int | None = None, stoppable: bool = True) -> GroupResult:
-        """``keep``: the bytes of each node's stdout kept (Connection.run). ``stoppable``
-        False: the group's stop (which ends the follows of a stopped job) does not cut this
-        command short; the stop of the job's processes itself must run to its end."""
+            keep: int | None = None) -> GroupResult:
+        """``keep``: the bytes of each node's stdout kept (Connection.run)."""
         wanted = set(ranks) if ranks is not None else {n.rank for n in self.nodes}
 
         def one(node: NodeRow) -> Result:
             try:
                 cmd = command(node) if callable(command) else command
                 data = stdin(node) if callable(stdin) else stdin
-                conn = self.conns.get(node.rank)
-                if conn is None:
-                    raise RemoteError(f"no connection to node {node.rank} ({node_address(node)}): it "
-                                      "was lost earlier in this command.",
-                                      "Check the node with 'cloudtrain status'.")
-                res = conn.run(cmd, stdin=data, on_line=on_line, combine=combine,
-                               timeout=timeout, stop=self.stop if stoppable else None, keep=keep)
+                res = self._conn(node).run(cmd, stdin=data, on_line=on_line, combine=combine,
+                                           timeout=timeout, stop=self.stop, keep=keep)
             except BaseException as exc:  # noqa: BLE001 - every node's outcome is kept
                 res = Result(node.rank, None, error=exc)
             return res
 
         return self._fan_out(one, wanted, on_done)
+
+    def run_to_end(self, command: CommandFor, timeout: float) -> GroupResult:
+        """``command`` on every node, not cut short by the group's stop (which ends the
+        follows of a job being stopped): the stop of the job's processes runs to its end."""
+        def one(node: NodeRow) -> Result:
+            try:
+                return self._conn(node).run(command(node), timeout=timeout)
+            except BaseException as exc:  # noqa: BLE001 - every node's outcome is kept
+                return Result(node.rank, None, error=exc)
+
+        return self._fan_out(one, {n.rank for n in self.nodes}, None)
+
+    def _conn(self, node: NodeRow) -> Transport:
+        conn = self.conns.get(node.rank)
+        if conn is None:
+            raise RemoteError(f"no connection to node {node.rank} ({node_address(node)}): it "
+                              "was lost earlier in this command.",
+                              "Check the node with 'cloudtrain status'.")
+        return conn
 
     def _fan_out(self, one: Callable[[NodeRow], Result], wanted: set[int],
                  on_done: Callable[[Result], None] | None) -> GroupResult:

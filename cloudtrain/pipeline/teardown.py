@@ -44,9 +44,9 @@ def stop_processes(env: Env, handle: Handle, marker: str, job_dirs: dict[int, st
     try:
         # Not cut short by the group's stop, which a loss sets to end the follows: a stop cut
         # short left the survivors' job running into the next attempt's launch.
-        res = group.run(lambda n: kill_command((job_dirs or {}).get(n.rank, ""),
-                                               (node_markers or {}).get(n.rank, marker), grace),
-                        timeout=grace + 30, stoppable=False)
+        res = group.run_to_end(lambda n: kill_command((job_dirs or {}).get(n.rank, ""),
+                                                      (node_markers or {}).get(n.rank, marker),
+                                                      grace), timeout=grace + 30)
     finally:
         if own:
             group.close()
