@@ -79,10 +79,10 @@ def down(env: Env, name: str, provider_name: str | None = None, *,
             return
         outputs.before_down(env, name, unpulled)
         boxes = runtime.ran_containers(env, name) and row.status != "STOPPED"   # none runs then
-        if row is not None and row.nodes and (not provider.powers_off or boxes):
+        handle = Handle(row, provider, ClusterKeys(env.pctx.cluster_dir(name) / "ssh"))
+        if row.nodes and (not provider.powers_off or boxes):
             # Machines we do not own, or containers that outlive their processes (a local
             # node's docker daemon): stop what we started before forgetting it.
-            handle = Handle(row, provider, ClusterKeys(env.pctx.cluster_dir(name) / "ssh"))
             left = stop_processes(env, handle, f"CLOUDTRAIN_CLUSTER_ID={cluster_uid(env, name)}")
             for rank, n in left.items():
                 if n:
@@ -92,7 +92,7 @@ def down(env: Env, name: str, provider_name: str | None = None, *,
         if row.nodes and (not provider.powers_off or pname == "local") and \
                 env.state.cluster_image(name) is not None:   # the machine stays: its images too
             from cloudtrain.containers.pull import forget_images
-            forget_images(env, Handle(row, provider, ClusterKeys(env.pctx.cluster_dir(name) / "ssh")))
+            forget_images(env, handle)
         env.ui.step(f"Tearing down '{name}' on {pname}")
         _terminate_verified(provider, pname, name,
                             f"Run 'cloudtrain down {name}' again; nothing was forgotten locally.")
