@@ -115,6 +115,7 @@ def _step(env: Env, req: Launch, handle: Handle, provider: RunsSteps, job_id: st
     env.ui.step(f"Job {job_id}: one step of the allocation on {len(handle.nodes)} node(s)")
     plan = run.sync_plan(task)
     env.state.add_launch(req.name, job_id, task.name, False)
+    env.state.set_job_envs(req.name, {**task.envs, **dict(req.overrides)})   # for exec
     try:
         codes = provider.run_step(req.name, job_id, plan.workdir, plan.workdir_filters(), body,
                                   cluster_env(handle, task, job_id, dict(req.overrides)),

@@ -28,7 +28,7 @@ from cloudtrain.provider import (ClusterRequest, NetworkRef, Node, Plan, Provide
                                  ProviderContext)
 from cloudtrain.provider.contract import NodeStatus
 
-from cloudtrain_provisioners.slurm import accounting, sched, steps
+from cloudtrain_provisioners.slurm import accounting, execs, sched, steps
 from cloudtrain_provisioners.slurm.login import Login
 from cloudtrain_provisioners.slurm.options import SlurmOptions, login_host
 
@@ -137,6 +137,20 @@ class SlurmProvider:
                   "-c", str(max(1, cpus * gpus_per_job // gpus))]
                  if gpus_per_job and gpus and gpus_per_job < gpus else [])
         return steps.run(login, alloc.job_id, alloc.node_count, job_id, wd, text, line, share)
+
+    def exec_step(self, cluster: str, job_id: str, command: str, env: Mapping[str, str],
+                  line: Callable[[int, str], None], ranks: list[int] | None) -> dict[int, int]:
+        """``exec``: the command as an --overlap step of the allocation (execs.py)."""
+        rec = self._recorded(cluster)
+        login = self._login(cluster)
+        found = sched.find(login, cluster, self.mark()) if login is not None else []
+        alloc = next((a for a in found if a.state == "RUNNING"), None)
+        if login is None or alloc is None:
+            raise UserError(f"cluster '{cluster}' has no running Slurm allocation.",
+                            "Run 'cloudtrain up' for it again.")
+        wd = self._workdir(login, cluster, rec.get("workdir"))
+        return execs.run(login, alloc, job_id, wd, execs.script(job_id, wd, env, rec, command),
+                         line, ranks)
 
     def mark(self) -> str:
         """This home's mark on its allocations (two homes may name a cluster alike)."""
