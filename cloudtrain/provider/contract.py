@@ -321,6 +321,16 @@ class RunsSteps(Protocol):
 
 
 @runtime_checkable
+class BootstrapsSteps(Protocol):
+    """A scheduler's bootstrap, from inside the allocation: find the Python with PyTorch (or,
+    with ``need_torch``, build one with pip's ``torch`` requirement from ``torch_index``) and
+    check each node's GPUs; once per allocation; progress to ``say``."""
+
+    def bootstrap_steps(self, cluster: str, torch: str, torch_index: str | None,
+                        need_torch: bool, say: Callable[[str], None]) -> None: ...
+
+
+@runtime_checkable
 class ExecsSteps(Protocol):
     """``exec`` on a scheduler's cluster: ``command`` (bash) as a step of the allocation that
     runs beside any job there, on the nodes ``ranks`` (None: every node), in the workdir with

@@ -28,7 +28,7 @@ from cloudtrain.provider import (ClusterRequest, NetworkRef, Node, Plan, Provide
                                  ProviderContext)
 from cloudtrain.provider.contract import NodeStatus
 
-from cloudtrain_provisioners.slurm import accounting, execs, sched, steps
+from cloudtrain_provisioners.slurm import accounting, bootstrap, execs, sched, steps
 from cloudtrain_provisioners.slurm.login import Login
 from cloudtrain_provisioners.slurm.options import SlurmOptions, login_host
 
@@ -130,13 +130,34 @@ class SlurmProvider:
         modules = rec.get("modules")
         text = steps.step_script(job_id, wd, env, [str(m) for m in modules]
                                  if isinstance(modules, list) else [],
-                                 str(rec["python"]) if rec.get("python") else None, script)
+                                 self._python(cluster, rec), script)
         gpus, cpus = int(str(rec.get("gpus") or 0)), int(str(rec.get("cpus") or 1))
         share = (["--exact", *sched.gpu_args(str(rec.get("gpu_flag") or "gres"), None,
                                               gpus_per_job),
                   "-c", str(max(1, cpus * gpus_per_job // gpus))]
                  if gpus_per_job and gpus and gpus_per_job < gpus else [])
         return steps.run(login, alloc.job_id, alloc.node_count, job_id, wd, text, line, share)
+
+    def _python(self, cluster: str, rec: Mapping[str, object]) -> str | None:
+        """The Python the steps use: the venv bootstrap built, else resources.slurm.python."""
+        stamp = bootstrap.read_stamp(self.ctx.cluster_dir(cluster))
+        return (stamp.python if stamp is not None and stamp.python else
+                str(rec["python"]) if rec.get("python") else None)
+
+    def bootstrap_steps(self, cluster: str, torch: str, torch_index: str | None,
+                        need_torch: bool, say: Callable[[str], None]) -> None:
+        """Find (or build) the Python with PyTorch and check the GPUs from inside the
+        allocation, once per allocation (bootstrap.py)."""
+        rec = self._recorded(cluster)
+        login = self._login(cluster)
+        found = sched.find(login, cluster, self.mark()) if login is not None else []
+        alloc = next((a for a in found if a.state == "RUNNING"), None)
+        if login is None or alloc is None:
+            raise UserError(f"cluster '{cluster}' has no running Slurm allocation.",
+                            "Run 'cloudtrain up' for it again.")
+        want = bootstrap.Wanted(torch, torch_index, need_torch, int(str(rec.get("gpus") or 0)))
+        bootstrap.ensure(login, alloc, self.ctx.cluster_dir(cluster),
+                         self._workdir(login, cluster, rec.get("workdir")), rec, want, say)
 
     def exec_step(self, cluster: str, job_id: str, command: str, env: Mapping[str, str],
                   line: Callable[[int, str], None], ranks: list[int] | None) -> dict[int, int]:
