@@ -144,7 +144,7 @@ def main() -> int:
         teardown(home, root)
         cluster.cancel_all()
         cluster.stop()
-    print(table(["way (2 nodes, median of %d)" % args.repeats, "overhead s", "range",
+    print(table([f"way (2 nodes, median of {args.repeats})", "overhead s", "range",
                  "wall s", "range"], rows))
     return 0
 
