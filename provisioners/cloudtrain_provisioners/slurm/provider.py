@@ -319,8 +319,11 @@ class SlurmProvider:
         """``status``: the allocation's job id, state and time left, from squeue."""
         login = self._login(cluster)
         found = sched.find(login, cluster, self.mark()) if login is not None else []
-        if login is not None:
-            self.account(cluster, login, [a.job_id for a in found if a.state != "PENDING"])
+        if login is not None:      # the ledger's figures; a failing sacct keeps the last read
+            try:
+                self.account(cluster, login, [a.job_id for a in found if a.state != "PENDING"])
+            except ProviderError:
+                pass
         return "; ".join(a.words() for a in found) or None
 
     def account(self, cluster: str, login: Login | None = None, jobs: list[str] | None = None,
