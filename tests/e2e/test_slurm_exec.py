@@ -51,6 +51,11 @@ def test_exec_runs_as_a_step_of_the_allocation(slurm: SlurmCluster, cli: CLI,
     assert "(node-1) on n2" in one.stdout and "n1" not in one.stdout
     assert "exited with code 7 on node 1" in one.stderr
 
+    both = cli.run("exec", "ex", "--", '[ "$CLOUDTRAIN_NODE_RANK" = 1 ] && exit 5; sleep 1; '
+                   'echo survived')          # a failing node does not end the others' command
+    assert both.returncode == 5, both.stderr
+    assert "(node-0) survived" in both.stdout and "exited with code 5 on node 1" in both.stderr
+
     # a job holding the allocation's GPUs: exec runs beside it rather than waiting
     busy = cli.popen("launch", str(task(tmp_path, "sleep 60")))
     try:
