@@ -58,6 +58,9 @@ class ClusterCost:
     cost: float | None = 0.0        # None when any counted interval has no price
     intervals: list[IntervalCost] = field(default_factory=list)
     confirmed: bool = True          # False: running in the state, its provider not asked
+    gpu_hours: float | None = None  # a scheduler's accounting (Slurm's sacct): schedledger.py
+    node_hours: float | None = None
+    jobs: list[str] = field(default_factory=list)   # the scheduler's allocation job ids
 
 
 @dataclass
@@ -283,6 +286,8 @@ def to_json(rep: Report) -> dict[str, object]:
             "status": c.status, "end_reason": c.end_reason,
             "max_cost_usd": c.max_cost_usd, "started_at": _iso(c.started_at),
             "ended_at": _iso(c.ended_at), "confirmed": c.confirmed,
+            "gpu_hours": _r(c.gpu_hours), "node_hours": _r(c.node_hours),
+            "scheduler_jobs": c.jobs,
             "intervals": [{
                 "started_at": _iso(i.started_at), "ended_at": _iso(i.ended_at),
                 "end_reason": i.end_reason, "price_hourly_usd": i.hourly_price_per_node,

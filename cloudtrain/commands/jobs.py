@@ -198,6 +198,10 @@ def exec_(cluster_name: str, command: tuple[str, ...], node: int | None) -> None
     not_stopped(env, cluster_name)
     handle = get_handle(env, cluster_name)
     ranks = node_ranks(handle, node)
+    from cloudtrain.pipeline import stepexec
+    if stepexec.scheduled(handle):          # Slurm: a step of the allocation, not SSH
+        stepexec.run(env, handle, " ".join(command), ranks)
+        return
     group = connect(env, handle, timeout=30)
     try:
         code, failed = run.run_command(env, handle, group, " ".join(command), ranks)

@@ -65,14 +65,16 @@ def _run(days: float | None, as_json: bool, as_csv: bool, chart: str | None,
          offline: bool, sweeps_only: bool = False) -> None:
     import time
 
-    from cloudtrain import ledger
+    from cloudtrain import ledger, schedledger
     from cloudtrain.pipeline.confirm import confirm
 
     env = open_env(quiet=as_json or as_csv, contact=not offline)
     loose = confirm(env, offline)
+    schedledger.refresh(env, offline)
     now = time.time()
     rows = env.state.usage()
-    rep = ledger.build(rows, now=now, days=days, unconfirmed=loose)
+    rep = schedledger.apply(ledger.build(rows, now=now, days=days, unconfirmed=loose),
+                            schedledger.load(env.home))
     if chart:
         _check_chart_deps()
     if as_json:
@@ -127,6 +129,11 @@ def _table(rep: Report) -> None:
     console = Console(no_color=not color_ok(sys.stdout), highlight=False,
                       color_system="auto" if color_ok(sys.stdout) else None, width=200)
     console.print(table)
+    for c in rep.clusters:      # a scheduler's own accounting (Slurm: sacct)
+        if c.gpu_hours is not None:
+            click.echo(f"  {c.cluster}: {_hours(c.gpu_hours)} GPU-hour(s), "
+                       f"{_hours(c.node_hours or 0.0)} node-hour(s) from sacct (Slurm job(s) "
+                       f"{', '.join(c.jobs)}), cost {money(c.cost)}")
     click.echo("")
     for p, v in sorted(rep.by_provider.items()):
         click.echo(f"  {p:<12}{money(v)}")

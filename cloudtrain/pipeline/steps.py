@@ -18,7 +18,7 @@ from cloudtrain.pipeline.provision import provision
 from cloudtrain.pipeline.remote_job import new_job_id
 from cloudtrain.pipeline.request import Launch
 from cloudtrain.pipeline.teardown import down_shielded
-from cloudtrain.provider.contract import RunsSteps
+from cloudtrain.provider.contract import BootstrapsSteps, RunsSteps
 
 if TYPE_CHECKING:
     from cloudtrain.cluster import Handle
@@ -90,6 +90,10 @@ def launch(env: Env, req: Launch) -> run.Outcome:
         provider = handle.provider
         if not isinstance(provider, RunsSteps):
             raise UserError(f"provider '{provider.name}' cannot run job steps.", "")
+        if isinstance(provider, BootstrapsSteps):     # once per allocation
+            provider.bootstrap_steps(name, task.bootstrap.torch, task.bootstrap.torch_index,
+                                     task.train is not None
+                                     or "bootstrap" in task.model_fields_set, env.ui.info)
         job_id = new_job_id()
         codes = _step(env, req, handle, provider, job_id)
     finally:
@@ -115,6 +119,7 @@ def _step(env: Env, req: Launch, handle: Handle, provider: RunsSteps, job_id: st
     env.ui.step(f"Job {job_id}: one step of the allocation on {len(handle.nodes)} node(s)")
     plan = run.sync_plan(task)
     env.state.add_launch(req.name, job_id, task.name, False)
+    env.state.set_job_envs(req.name, {**task.envs, **dict(req.overrides)})   # for exec
     try:
         codes = provider.run_step(req.name, job_id, plan.workdir, plan.workdir_filters(), body,
                                   cluster_env(handle, task, job_id, dict(req.overrides)),

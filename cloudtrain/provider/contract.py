@@ -320,6 +320,27 @@ class RunsSteps(Protocol):
                  gpus_per_job: int | None = None) -> dict[int, int]: ...
 
 
+@runtime_checkable
+class BootstrapsSteps(Protocol):
+    """A scheduler's bootstrap, from inside the allocation: find the Python with PyTorch (or,
+    with ``need_torch``, build one with pip's ``torch`` requirement from ``torch_index``) and
+    check each node's GPUs; once per allocation; progress to ``say``."""
+
+    def bootstrap_steps(self, cluster: str, torch: str, torch_index: str | None,
+                        need_torch: bool, say: Callable[[str], None]) -> None: ...
+
+
+@runtime_checkable
+class ExecsSteps(Protocol):
+    """``exec`` on a scheduler's cluster: ``command`` (bash) as a step of the allocation that
+    runs beside any job there, on the nodes ``ranks`` (None: every node), in the workdir with
+    ``env``; lines to ``line(rank, text)``; each node's exit code by rank."""
+
+    def exec_step(self, cluster: str, job_id: str, command: str, env: Mapping[str, str],
+                  line: Callable[[int, str], None], ranks: list[int] | None
+                  ) -> dict[int, int]: ...
+
+
 NodeState = Literal["running", "lost", "unknown"]
 
 

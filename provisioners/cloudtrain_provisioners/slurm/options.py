@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import re
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from cloudtrain_provisioners.ssh import SSHHost, SSHOptions
@@ -40,6 +42,10 @@ class SlurmOptions(BaseModel):
     reservation: str | None = None
     gpu_type: str | None = Field(None, description="The site's GRES type name, exactly as "
                                                    "its gres.conf writes it (case matters)")
+    gpu_flag: Literal["auto", "gres", "gpus-per-node"] = Field(
+        "auto", description="How GPUs are asked for: --gres=gpu:N, --gpus-per-node=N, or "
+                            "auto: --gres where the site declares GPU GRES (sinfo %G), else "
+                            "--gpus-per-node")
     cpus_per_node: int | None = Field(None, ge=1, le=4096)
     exclusive: bool = False
     workdir: str | None = Field(None, description="On the shared filesystem "

@@ -28,7 +28,7 @@ from cloudtrain.provider import (ClusterRequest, NetworkRef, Node, Plan, Provide
                                  ProviderContext)
 from cloudtrain.provider.contract import NodeStatus
 
-from cloudtrain_provisioners.slurm import sched, steps
+from cloudtrain_provisioners.slurm import accounting, bootstrap, execs, sched, steps
 from cloudtrain_provisioners.slurm.login import Login
 from cloudtrain_provisioners.slurm.options import SlurmOptions, login_host
 
@@ -79,7 +79,9 @@ class SlurmProvider:
         tmp.write_text(json.dumps({"login": login.spec, "identity_file": login.identity_file,
                                    "job_id": job_id, "workdir": opts.workdir,
                                    "gpus": gpus, "cpus": opts.cpus_per_node,
-                                   "modules": opts.modules, "python": opts.python}))
+                                   "modules": opts.modules, "python": opts.python,
+                                   "price_per_gpu_hour": opts.price_per_gpu_hour,
+                                   "gpu_flag": opts.gpu_flag}))
         os.replace(tmp, f)
 
     def _recorded(self, cluster: str) -> dict[str, object]:
@@ -91,6 +93,13 @@ class SlurmProvider:
             raise UserError(f"cluster '{cluster}' has no Slurm allocation recorded here.",
                             "Run 'cloudtrain up' for it first.")
         return rec
+
+    def _flag(self, cluster: str, given: str) -> str:
+        """The GPU flag the site took at the first ``up`` (auto tried --gres first)."""
+        try:
+            return str(json.loads(self._file(cluster).read_text()).get("gpu_flag") or given)
+        except (OSError, ValueError, AttributeError):
+            return given
 
     def _workdir(self, login: Login, cluster: str, given: object) -> str:
         """The workdir on the shared filesystem, absolute (``~`` is the login's $HOME)."""
@@ -121,12 +130,48 @@ class SlurmProvider:
         modules = rec.get("modules")
         text = steps.step_script(job_id, wd, env, [str(m) for m in modules]
                                  if isinstance(modules, list) else [],
-                                 str(rec["python"]) if rec.get("python") else None, script)
+                                 self._python(cluster, rec), script)
         gpus, cpus = int(str(rec.get("gpus") or 0)), int(str(rec.get("cpus") or 1))
-        share = (["--exact", f"--gres=gpu:{gpus_per_job}",
+        share = (["--exact", *sched.gpu_args(str(rec.get("gpu_flag") or "gres"), None,
+                                              gpus_per_job),
                   "-c", str(max(1, cpus * gpus_per_job // gpus))]
                  if gpus_per_job and gpus and gpus_per_job < gpus else [])
         return steps.run(login, alloc.job_id, alloc.node_count, job_id, wd, text, line, share)
+
+    def _python(self, cluster: str, rec: Mapping[str, object]) -> str | None:
+        """The Python the steps use: the venv bootstrap built, else resources.slurm.python."""
+        stamp = bootstrap.read_stamp(self.ctx.cluster_dir(cluster))
+        return (stamp.python if stamp is not None and stamp.python else
+                str(rec["python"]) if rec.get("python") else None)
+
+    def bootstrap_steps(self, cluster: str, torch: str, torch_index: str | None,
+                        need_torch: bool, say: Callable[[str], None]) -> None:
+        """Find (or build) the Python with PyTorch and check the GPUs from inside the
+        allocation, once per allocation (bootstrap.py)."""
+        rec = self._recorded(cluster)
+        login = self._login(cluster)
+        found = sched.find(login, cluster, self.mark()) if login is not None else []
+        alloc = next((a for a in found if a.state == "RUNNING"), None)
+        if login is None or alloc is None:
+            raise UserError(f"cluster '{cluster}' has no running Slurm allocation.",
+                            "Run 'cloudtrain up' for it again.")
+        want = bootstrap.Wanted(torch, torch_index, need_torch, int(str(rec.get("gpus") or 0)))
+        bootstrap.ensure(login, alloc, self.ctx.cluster_dir(cluster),
+                         self._workdir(login, cluster, rec.get("workdir")), rec, want, say)
+
+    def exec_step(self, cluster: str, job_id: str, command: str, env: Mapping[str, str],
+                  line: Callable[[int, str], None], ranks: list[int] | None) -> dict[int, int]:
+        """``exec``: the command as an --overlap step of the allocation (execs.py)."""
+        rec = self._recorded(cluster)
+        login = self._login(cluster)
+        found = sched.find(login, cluster, self.mark()) if login is not None else []
+        alloc = next((a for a in found if a.state == "RUNNING"), None)
+        if login is None or alloc is None:
+            raise UserError(f"cluster '{cluster}' has no running Slurm allocation.",
+                            "Run 'cloudtrain up' for it again.")
+        wd = self._workdir(login, cluster, rec.get("workdir"))
+        return execs.run(login, alloc, job_id, wd, execs.script(job_id, wd, env, rec, command),
+                         line, ranks)
 
     def mark(self) -> str:
         """This home's mark on its allocations (two homes may name a cluster alike)."""
@@ -165,8 +210,7 @@ class SlurmProvider:
                 "-N", str(request.num_nodes), "--output=/dev/null", "--chdir=/tmp"]
         acc = request.resources.accelerators
         if acc is not None:
-            args.append(f"--gres=gpu:{o.gpu_type}:{acc.count}" if o.gpu_type
-                        else f"--gres=gpu:{acc.count}")
+            args += sched.gpu_args(o.gpu_flag, o.gpu_type, acc.count)
         if request.max_hours is not None:
             args += ["-t", str(max(1, math.ceil(request.max_hours * 60)))]
         for flag, value in (("-p", o.partition), ("-A", o.account), ("-q", o.qos),
@@ -211,9 +255,12 @@ class SlurmProvider:
         found = sched.find(login, request.name, self.mark())
         if found:
             job = found[0].job_id
+            o = o.model_copy(update={"gpu_flag": self._flag(request.name, o.gpu_flag)})
         else:
             self._record(request.name, login, None, o, gpus)
-            job = sched.submit(login, self.sbatch_args(request), HOLD.format(cluster=request.name))
+            job, flag = sched.submit_gpus(login, self.sbatch_args(request), o.gpu_flag,
+                                          HOLD.format(cluster=request.name))
+            o = o.model_copy(update={"gpu_flag": flag})
         self._record(request.name, login, job, o, gpus)
         try:
             alloc = self._wait_running(login, request.name, job)
@@ -272,7 +319,24 @@ class SlurmProvider:
         """``status``: the allocation's job id, state and time left, from squeue."""
         login = self._login(cluster)
         found = sched.find(login, cluster, self.mark()) if login is not None else []
+        if login is not None:      # the ledger's figures; a failing sacct keeps the last read
+            try:
+                self.account(cluster, login, [a.job_id for a in found if a.state != "PENDING"])
+            except ProviderError:
+                pass
         return "; ".join(a.words() for a in found) or None
+
+    def account(self, cluster: str, login: Login | None = None, jobs: list[str] | None = None,
+                wait_s: float = 0.0) -> list[accounting.AllocationUsage]:
+        """The ledger's figures for the cluster's allocations from sacct (``jobs``: these;
+        None: the recorded one), kept under <home>/ledger/slurm."""
+        login = login or self._login(cluster)
+        rec = self._recorded(cluster) if login is not None else {}
+        jobs = jobs if jobs is not None else [str(rec["job_id"])] if rec.get("job_id") else []
+        price = float(str(rec.get("price_per_gpu_hour") or 0.0))
+        got = [accounting.read_and_record(self.ctx.home, login, cluster, j, price, wait_s)
+               for j in jobs] if login is not None else []
+        return [u for u in got if u is not None]
 
     def terminate(self, cluster: str, wait_seconds: float = 120) -> None:
         """scancel the cluster's allocations; return once squeue lists none and sacct shows
@@ -295,6 +359,10 @@ class SlurmProvider:
             if state in sched.ACTIVE:
                 raise ProviderError(f"sacct shows Slurm job {job} still {state} after scancel.",
                                     f"Run 'cloudtrain down {cluster}' again.")
+        try:       # the ledger's figures; the allocation has ended whatever sacct says now
+            self.account(cluster, login, ids or None, wait_s=10.0)
+        except ProviderError as exc:
+            _say(f"warning: the ledger has no sacct figures for {cluster}: {exc.message}", True)
         self._file(cluster).unlink(missing_ok=True)
 
 

@@ -51,6 +51,31 @@ class Allocation:
         return f"Slurm job {self.job_id} {self.state}{on}{left}"
 
 
+def gpu_args(flag: str, gpu_type: str | None, count: int) -> list[str]:
+    """How a job or a step asks for ``count`` GPUs on each node: ``--gres=gpu[:type]:N`` or
+    ``--gpus-per-node=[type:]N`` (``flag``: gres | gpus-per-node; auto is taken as gres)."""
+    if count <= 0:
+        return []
+    if flag == "gpus-per-node":
+        return [f"--gpus-per-node={gpu_type}:{count}" if gpu_type
+                else f"--gpus-per-node={count}"]
+    return [f"--gres=gpu:{gpu_type}:{count}" if gpu_type else f"--gres=gpu:{count}"]
+
+
+def other_gpu_flag(args: list[str]) -> list[str] | None:
+    """The same sbatch options with the other way of asking for GPUs (auto: a site that
+    refuses --gres may take --gpus-per-node); None: ``args`` ask for no GPU."""
+    out, swapped = [], False
+    for a in args:
+        if a.startswith("--gres=gpu:"):
+            rest = a.removeprefix("--gres=gpu:")
+            out.append(f"--gpus-per-node={rest}")
+            swapped = True
+        else:
+            out.append(a)
+    return out if swapped else None
+
+
 def job_name(cluster: str) -> str:
     return f"ct-{cluster}"
 
@@ -86,6 +111,24 @@ def submit(login: Login, args: list[str], script: str) -> str:
         raise ProviderError(f"sbatch printed {r.out.strip()[:80]!r}, not a job id.",
                             "Check the login node's Slurm, then run again.")
     return job
+
+
+def submit_gpus(login: Login, args: list[str], flag: str, script: str) -> tuple[str, str]:
+    """:func:`submit`, and with ``flag`` auto, once more with ``--gpus-per-node`` when the
+    site refuses ``--gres`` (the refusal quoted is the first one if both fail); the job id and
+    the flag the site took."""
+    try:
+        return submit(login, args, script), "gpus-per-node" if flag == "gpus-per-node" \
+            else "gres"
+    except UserError:
+        other = other_gpu_flag(args) if flag == "auto" else None
+        if other is None:
+            raise
+        try:
+            return submit(login, other, script), "gpus-per-node"
+        except UserError:
+            pass
+        raise
 
 
 def hostnames(login: Login, nodelist: str) -> list[str]:
