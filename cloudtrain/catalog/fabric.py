@@ -147,3 +147,12 @@ def describe(setting: str | None, provider: str, instance_type: str | None,
     if setting == "plain":
         return f"plain (resources.network: plain; the type has {have.text()})"
     return f"plain (one node; the type has {have.text()}, used with 2 or more)"
+
+
+JOB_PREFIXES = ("FI_", "NCCL_", "UCX_", "CLOUDTRAIN_FABRIC")
+
+
+def job_vars(node_env: dict[str, str]) -> dict[str, str]:
+    """The fast network's variables among a provider's node variables: what every job's
+    processes get (the task's ``envs`` may override them)."""
+    return {k: v for k, v in node_env.items() if k.startswith(JOB_PREFIXES)}

@@ -157,6 +157,11 @@ class CloudProvider:
     def _save(self, cluster: str, **updates: Any) -> None:
         self.records.update(cluster, self.record_base, **updates)
 
+    def node_env(self, cluster: str) -> dict[str, str]:
+        """The fast network's variables (``FI_PROVIDER``, ``NCCL_IB_HCA`` ...), recorded when
+        the nodes were made; {} on the plain network. For bootstrap and every job."""
+        return dict(self._record(cluster).get("fabric_env") or {})
+
     def _cidr_text(self, request: ClusterRequest) -> str:
         """The SSH rule's source for the plan: known now, or said to be looked up later."""
         return request.resources.ssh_cidr or self.cidr.cached() or CIDR_LATER
