@@ -17,6 +17,7 @@ docs/network.md says why some fabric types are not listed yet.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from cloudtrain.errors import UserError
 
@@ -156,3 +157,11 @@ def job_vars(node_env: dict[str, str]) -> dict[str, str]:
     """The fast network's variables among a provider's node variables: what every job's
     processes get (the task's ``envs`` may override them)."""
     return {k: v for k, v in node_env.items() if k.startswith(JOB_PREFIXES)}
+
+
+def fast_only(setting: str | None, offers: list[Any]) -> list[Any]:
+    """The offers ``resources.network`` = ``setting`` allows: with ``fast``, those of types
+    with a fabric (the ranking then picks among them); all of them otherwise."""
+    if setting != "fast":
+        return offers
+    return [o for o in offers if fabric_of(o.provider, o.instance_type) is not None]
