@@ -150,7 +150,7 @@ def describe(setting: str | None, provider: str, instance_type: str | None,
     return f"plain (one node; the type has {have.text()}, used with 2 or more)"
 
 
-JOB_PREFIXES = ("FI_", "NCCL_", "UCX_", "CLOUDTRAIN_FABRIC")
+JOB_PREFIXES = ("FI_", "NCCL_", "UCX_", "CLOUDTRAIN_FABRIC", "CUDA_DEVICE_ORDER")
 
 
 def job_vars(node_env: dict[str, str]) -> dict[str, str]:
