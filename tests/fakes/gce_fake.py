@@ -29,6 +29,8 @@ enforces that matter to cloudtrain):
 - subnetworks (custom-mode networks): insert (the range checked, not overlapping another in
   the network), get, list, aggregated list, delete (refused while an instance uses it);
   region operations.
+- resource policies (``groupPlacementPolicy``): insert, get, aggregated list, delete (refused
+  while an instance names it); an instance's ``resourcePolicies`` must exist in its region.
 - instances with several network interfaces: each on its own VPC network (GCE refuses two on
   one), a custom-mode network's interface in a subnetwork of the instance's region. The project's ``default`` network comes, as in a real project, with
   ``default-allow-ssh`` (tcp:22 from 0.0.0.0/0), ``default-allow-rdp``,
@@ -211,6 +213,8 @@ class GCEFake:
         self.network_res: dict[str, dict[str, Any]] = {}
         self.subnetworks: dict[tuple[str, str], dict[str, Any]] = {}
         """Subnetworks by (region, name)."""
+        self.policies: dict[tuple[str, str], dict[str, Any]] = {}
+        """Resource policies (compact placement) by (region, name)."""
         self.network_quota: int | None = None
         for net in sorted(self.networks):
             self.network_res[net] = self._network_res(project, net, {"autoCreateSubnetworks": True})
@@ -439,6 +443,8 @@ class GCEFake:
                                    if "cloudtrain" in (r.get("description") or "")),
                 "subnetworks": sorted(f"{r}/{n}" for (r, n), s in self.subnetworks.items()
                                       if "cloudtrain" in (s.get("description") or "")),
+                "resource_policies": sorted(f"{r}/{n}" for (r, n), s in self.policies.items()
+                                            if "cloudtrain" in (s.get("description") or "")),
                 "service_accounts": sorted(e for e, a in self.service_accounts.items()
                                            if "cloudtrain" in (a.get("description") or "")),
             }
@@ -561,6 +567,12 @@ class GCEFake:
             ("DELETE", p + r"/regions/(?P<region>[^/]+)/subnetworks/(?P<name>[^/]+)",
              self._delete_subnet),
             ("GET", p + r"/aggregated/subnetworks", self._aggregated_subnets),
+            ("POST", p + r"/regions/(?P<region>[^/]+)/resourcePolicies", self._insert_policy),
+            ("GET", p + r"/regions/(?P<region>[^/]+)/resourcePolicies/(?P<name>[^/]+)",
+             self._get_policy),
+            ("DELETE", p + r"/regions/(?P<region>[^/]+)/resourcePolicies/(?P<name>[^/]+)",
+             self._delete_policy),
+            ("GET", p + r"/aggregated/resourcePolicies", self._aggregated_policies),
             ("GET", p + r"/regions/(?P<region>[^/]+)/operations/(?P<op>[^/]+)", self._get_region_op),
             ("POST", p + r"/regions/(?P<region>[^/]+)/operations/(?P<op>[^/]+)/wait",
              self._get_region_op),
@@ -721,6 +733,12 @@ class GCEFake:
             raise ApiError(400, "invalid", "At least one network interface is required.")
         net = _last(str(nics[0].get("network") or "default"))
         nets = self._check_nics(project, zone, nics)
+        for rp in b.get("resourcePolicies") or []:
+            m = re.search(r"regions/([^/]+)/resourcePolicies/([^/]+)$", str(rp))
+            if not m or (m.group(1), m.group(2)) not in self.policies \
+                    or m.group(1) != self.zone_region.get(zone):
+                raise ApiError(400, "invalid", f"Invalid value for field 'resource."
+                                               f"resourcePolicies[0]': '{rp}'.")
         gpus = b.get("guestAccelerators") or []
         for g in gpus:
             at = str(g.get("acceleratorType", ""))
@@ -1188,6 +1206,60 @@ class GCEFake:
             self.subnetworks.pop((region, name), None)
             return None
         return self._operation(project, f"regions/{region}", "delete", s["selfLink"], effect)
+
+    def _insert_policy(self, project: str, region: str, body: dict[str, Any] | None,
+                       **_: Any) -> dict[str, Any]:
+        self._own(project)
+        b = copy.deepcopy(body or {})
+        name = str(b.get("name", ""))
+        if not _NAME.match(name) or region not in self.regions:
+            raise ApiError(400, "invalid", f"Invalid value for field 'resource.name': '{name}'.")
+        if (region, name) in self.policies:
+            raise ApiError(409, "alreadyExists", f"The resource 'projects/{project}/regions/"
+                                                 f"{region}/resourcePolicies/{name}' already exists")
+        link = f"{GOOGLE}/projects/{project}/regions/{region}/resourcePolicies/{name}"
+        res = dict(b, kind="compute#resourcePolicy", id=str(next(self._ids)), selfLink=link,
+                   region=f"{GOOGLE}/projects/{project}/regions/{region}", status="READY")
+
+        def effect() -> dict[str, Any] | None:
+            self.policies[(region, name)] = res
+            return None
+        return self._operation(project, f"regions/{region}", "insert", link, effect)
+
+    def _get_policy(self, project: str, region: str, name: str, **_: Any) -> dict[str, Any]:
+        self._own(project)
+        if (region, name) not in self.policies:
+            raise _not_found(f"projects/{project}/regions/{region}/resourcePolicies/{name}")
+        return copy.deepcopy(self.policies[(region, name)])
+
+    def _aggregated_policies(self, project: str, query: dict[str, str],
+                             **_: Any) -> dict[str, Any]:
+        self._own(project)
+        items: dict[str, Any] = {}
+        for region in sorted(self.regions):
+            found = [copy.deepcopy(p) for (r, _n), p in sorted(self.policies.items())
+                     if r == region and matches(p, query.get("filter"))]
+            items[f"regions/{region}"] = {"resourcePolicies": found} if found else {
+                "warning": {"code": "NO_RESULTS_ON_PAGE", "message": "none"}}
+        return {"kind": "compute#resourcePolicyAggregatedList", "items": items}
+
+    def _delete_policy(self, project: str, region: str, name: str, **_: Any) -> dict[str, Any]:
+        self._own(project)
+        pol = self.policies.get((region, name))
+        if pol is None:
+            raise _not_found(f"projects/{project}/regions/{region}/resourcePolicies/{name}")
+        users = [n for (_z, n), i in self.instances.items()
+                 if any(str(rp).endswith(f"/regions/{region}/resourcePolicies/{name}")
+                        for rp in i.get("resourcePolicies") or [])]
+        if users:
+            raise ApiError(400, "resourceInUseByAnotherResource",
+                           f"The resource_policy resource '{pol['selfLink']}' is already being "
+                           f"used by '{users[0]}'")
+
+        def effect() -> dict[str, Any] | None:
+            self.policies.pop((region, name), None)
+            return None
+        return self._operation(project, f"regions/{region}", "delete", pol["selfLink"], effect)
 
     def _get_region_op(self, project: str, region: str, op: str, **_: Any) -> dict[str, Any]:
         self._own(project)

@@ -84,6 +84,11 @@ def test_a3_gets_its_gpu_nic_networks_locked_down_and_all_deleted(gcp: Harness,
             gpu_nets, key=lambda n: int(n.rsplit("-g", 1)[-1]))
         assert all(n["nicType"] == "GVNIC" for n in nics)
         assert nics[0]["accessConfigs"] and not any(n.get("accessConfigs") for n in nics[1:])
+    (policy,) = f.policies.values()               # compact placement, named by every node
+    assert policy["groupPlacementPolicy"] == {"collocation": "COLLOCATED"}
+    assert L.marks(policy["description"])[L.CLUSTER] == "demo"
+    assert all(b["resourcePolicies"] == [policy["selfLink"].split("/compute/v1/")[1]]
+               for b in f.inserted_instances())
     env = p.node_env("demo")
     assert env["CLOUDTRAIN_FABRIC"] == fab.kind
     key = ("NCCL_GPUDIRECTTCPX_SOCKET_IFNAME" if fab.kind == "gpudirect-tcpx"
@@ -101,7 +106,8 @@ def nodes_tag(f: Any) -> str:
 def test_a_type_without_gpu_nics_gets_one_interface(gcp: Harness) -> None:
     _up(gcp, "a2-highgpu-8g")
     assert all(len(b["networkInterfaces"]) == 1 for b in gcp.fake.inserted_instances())
-    assert not gcp.fake.subnetworks
+    assert not gcp.fake.subnetworks and not gcp.fake.policies
+    assert all("resourcePolicies" not in b for b in gcp.fake.inserted_instances())
     assert len(gcp.fake.ours()["networks"]) == 1
 
 

@@ -56,7 +56,7 @@ _CLIENT_CLASSES = {
     "images": "ImagesClient", "machine_types": "MachineTypesClient",
     "accelerator_types": "AcceleratorTypesClient", "regions": "RegionsClient",
     "zones": "ZonesClient", "networks": "NetworksClient", "subnetworks": "SubnetworksClient",
-    "region_operations": "RegionOperationsClient",
+    "region_operations": "RegionOperationsClient", "resource_policies": "ResourcePoliciesClient",
 }
 
 

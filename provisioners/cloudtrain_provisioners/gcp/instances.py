@@ -104,6 +104,8 @@ class LaunchSpec:
     """GCE deletes the instance this long after it starts running (the hard lifetime)."""
     gpu_nics: tuple[gpunics.GpuNic, ...] = ()
     """A3's GPU NICs (GPUDirect-TCPX/TCPXO), each on its own network: gVNIC all."""
+    placement_policy: str | None = None
+    """The cluster's compact placement policy (compact.py), when it has one."""
 
 
 def instance_name(base: str, rank: int) -> str:
@@ -159,6 +161,8 @@ def body(spec: LaunchSpec, rank: int) -> dict[str, Any]:
             "acceleratorType": f"projects/{project}/zones/{zone}/acceleratorTypes/"
                                f"{accelerator_type(spec.accelerator)}",
             "acceleratorCount": spec.accelerator_count}]
+    if spec.placement_policy:
+        out["resourcePolicies"] = [spec.placement_policy]
     if spec.service_account:
         out["serviceAccounts"] = [{"email": spec.service_account,
                                    "scopes": ["https://www.googleapis.com/auth/cloud-platform"]}]

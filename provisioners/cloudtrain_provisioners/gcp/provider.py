@@ -29,7 +29,7 @@ from cloudtrain.provider import (ClusterRequest, NetworkRef, Node, NodeHealth, P
 from cloudtrain.provider.cloud import Existing
 from cloudtrain.provider.failover import Pin, Unavailable, worst
 
-from . import (access, gpunics, health, identity, images, instances, network, selfstop,
+from . import (access, compact, gpunics, health, identity, images, instances, network, selfstop,
                stopstart, tags, teardown)
 from .api import Api, GoogleClients
 from .options import REGION_RE, ZONE_RE, GCPOptions
@@ -151,6 +151,7 @@ class GCPProvider(GCPPlacement):
                                                    list(res.ports))]
         if fab := fabric.wanted(res.network, self.name, first.instance_type, request.num_nodes):
             creates += gpunics.plan_lines(base, fab, self._cidr_text(request))
+            creates += [f"compact placement policy {compact.name(base)}"] if request.num_nodes > 1 else []
         market = ("spot (provisioningModel SPOT, termination action DELETE)" if res.use_spot
                   else "on-demand")
         gpus = (f" + {first.accelerator_count} x {images.accelerator_type(first.accelerator)} "
@@ -290,6 +291,8 @@ class GCPProvider(GCPPlacement):
             nics = gpunics.ensure(api, project, target.region, base, request.name, owner, fab,
                                   str(self._record(request.name).get("ssh_cidr"))) if fab else []
             self._save(request.name, fabric_env=gpunics.node_env(fab) if fab else {})
+            place = compact.ensure(api, project, target.region, base, request.name, owner) \
+                if fab and request.num_nodes > 1 else None
             spec = instances.LaunchSpec(
                 project=project, zone=zone, base=base,
                 machine_type=target.instance_type, accelerator=target.accelerator,
@@ -301,7 +304,8 @@ class GCPProvider(GCPPlacement):
                 subnetwork=opts.subnetwork, public_ip=opts.public_ip,
                 ssh_user=opts.ssh_user, public_key=request.public_key,
                 service_account=account, install_driver=opts.install_nvidia_driver,
-                max_run_seconds=selfstop.run_seconds(request.max_hours), gpu_nics=tuple(nics))
+                max_run_seconds=selfstop.run_seconds(request.max_hours), gpu_nics=tuple(nics),
+                placement_policy=place)
             new, errors = instances.launch(api, spec, missing)
             if errors:
                 self._rollback(api, project, zone, list(new.values()))

@@ -20,6 +20,7 @@ from typing import Callable
 
 from cloudtrain.errors import ProviderError
 
+from . import compact
 from . import gpunics
 from . import instances
 from . import tags
@@ -30,7 +31,7 @@ from .api import Api, NotFound
 @dataclass
 class Resource:
     region: str        # the zone (instances, disks), region (subnetworks) or "global"
-    kind: str          # instance | disk | firewall | subnetwork | network
+    kind: str          # instance | disk | resource-policy | firewall | subnetwork | network
     id: str
     cluster: str
     owner: str
@@ -73,6 +74,11 @@ def find(api: Api, project: str, cluster: str | None, owner: str | None) -> Foun
         out.resources.append(Resource("global", "firewall", str(fw["name"]),
                                       m.get(tags.CLUSTER, ""), m.get(tags.OWNER, ""),
                                       m.get("created-at", str(fw.get("creationTimestamp", "")))))
+    for rp in compact.find(api, project, cluster, owner):
+        m = tags.marks(rp.get("description"))
+        out.resources.append(Resource(str(rp.get("region", "")).rsplit("/", 1)[-1],
+                                      "resource-policy", str(rp["name"]), m.get(tags.CLUSTER, ""),
+                                      m.get(tags.OWNER, ""), m.get("created-at", "")))
     for s in gpunics.find_subnetworks(api, project, cluster, owner):
         m = tags.marks(s.get("description"))
         out.resources.append(Resource(str(s.get("region", "")).rsplit("/", 1)[-1], "subnetwork",
@@ -114,6 +120,7 @@ def teardown(api: Api, project: str, cluster: str, owner: str | None, *,
             api.wait(op, project=project, zone=r.region, what=f"deleting disk {r.id}")
         except NotFound:
             continue
+    compact.delete(api, project, [(r.region, r.id) for r in found.of("resource-policy")])
     network.delete_rules(api, project, [r.id for r in found.of("firewall")])
     gpunics.delete_subnetworks(api, project, [(r.region, r.id) for r in found.of("subnetwork")])
     # the cluster's own network last: GCE refuses to delete one that rules or instances use
