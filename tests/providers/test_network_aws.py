@@ -111,3 +111,14 @@ def test_fast_on_a_type_without_efa_creates_nothing(aws: Harness) -> None:
         _up(aws, instance_type="g4dn.xlarge", network="fast")
     assert aws.faults.sent("RunInstances") == []
     assert aws.counts() == {k: 0 for k in aws.counts()}
+
+
+def test_cards_without_efa_only_get_efa_interfaces() -> None:
+    """A type whose further cards do not list efa-only (DescribeInstanceTypes'
+    NetworkCards[].InterfaceTypes) gets 'efa' there; never more EFAs than the type takes."""
+    from cloudtrain_provisioners.aws.efa import layout
+    from cloudtrain_provisioners.aws.images import TypeInfo
+
+    info = TypeInfo("x.48xlarge", "x86_64", True, True, 8, efa_max=2,
+                    cards=((0, True), (1, False), (2, False)))
+    assert layout(info).interfaces == ((0, "efa"), (1, "efa"))
