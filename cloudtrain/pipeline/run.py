@@ -71,10 +71,10 @@ def job_env(env: Env, handle: Handle, node: NodeRow, envs: dict[str, str], job_i
         "PYTHONUNBUFFERED": "1",
     }
     out.update(skyenv.aliases(out, job_id))   # SKYPILOT_NODE_RANK ... beside ours
+    out.update(job_vars(provider_node_env(handle)))   # the fast network's (docs/network.md)
     if node.iface:
         out["GLOO_SOCKET_IFNAME"] = node.iface
         out["NCCL_SOCKET_IFNAME"] = node.iface
-    out.update(job_vars(provider_node_env(handle)))   # the fast network's (docs/network.md)
     out.update(envs)
     out.update(overrides)
     out.update(storage.job_env(task, node) if task is not None else {})

@@ -48,8 +48,9 @@ def ensure_set(api: Api, group: str, region: str, cluster: str, owner: str) -> s
 
 
 def node_env(fab: Fabric, size: str) -> dict[str, str]:
+    # NCCL_SOCKET_IFNAME: the interface bootstrap found carrying the cluster address (eth0)
     env = {"CLOUDTRAIN_FABRIC": fab.kind, "NCCL_IB_PCI_RELAXED_ORDERING": "1",
-           "NCCL_SOCKET_IFNAME": "eth0", "UCX_IB_PCI_RELAXED_ORDERING": "on",
+           "UCX_IB_PCI_RELAXED_ORDERING": "on",
            "UCX_TLS": "tcp", "UCX_NET_DEVICES": "eth0", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     for name, path in TOPO_FILES.items():
         if name.casefold() == size.casefold():

@@ -158,8 +158,9 @@ def delete_subnetworks(api: Api, project: str, found: list[tuple[str, str]]) -> 
 
 TCPX_ENV = {
     # GPUDirect-TCPX's NCCL settings from Google's recipe for A3 High (the CPU bindings left
-    # out: they depend on the image's interface order); eth0 is the primary NIC.
-    "NCCL_SOCKET_IFNAME": "eth0", "NCCL_GPUDIRECTTCPX_CTRL_DEV": "eth0",
+    # out: they depend on the image's interface order); eth0 is the primary NIC. NCCL's
+    # socket interface is the one bootstrap found carrying the cluster address.
+    "NCCL_GPUDIRECTTCPX_CTRL_DEV": "eth0",
     "NCCL_GPUDIRECTTCPX_SOCKET_IFNAME": "eth1,eth2,eth3,eth4",
     "NCCL_GPUDIRECTTCPX_UNIX_CLIENT_PREFIX": "/run/tcpx",
     "NCCL_GPUDIRECTTCPX_PROGRAM_FLOW_STEERING_WAIT_MICROS": "50000",
@@ -173,7 +174,7 @@ TCPX_ENV = {
 TCPXO_ENV = {
     # GPUDirect-TCPXO's (FasTrak) NCCL settings from Google's recipe for A3 Mega (the tuner
     # plugin's paths left out: they depend on where the image installs it).
-    "NCCL_SOCKET_IFNAME": "eth0", "NCCL_FASTRAK_CTRL_DEV": "eth0",
+    "NCCL_FASTRAK_CTRL_DEV": "eth0",
     "NCCL_FASTRAK_IFNAME": "eth1,eth2,eth3,eth4,eth5,eth6,eth7,eth8",
     "NCCL_FASTRAK_NUM_FLOWS": "2", "NCCL_FASTRAK_USE_SNAP": "1", "NCCL_FASTRAK_USE_LLCM": "1",
     "NCCL_FASTRAK_ENABLE_CONTROL_CHANNEL": "0",
