@@ -61,6 +61,8 @@ def test_dry_run_shows_the_network(cli: CLI, tmp_path: Path, provider: str, regi
     r = cli.run("up", str(_task(tmp_path, provider, region, itype)), "--dry-run", **_env())
     assert r.returncode == 0, r.stderr + r.stdout
     assert f"  network      {row}" in r.stdout + r.stderr
+    # what GCP's GPUDirect needs that cloudtrain does not set up is said in the plan
+    assert ("receive-datapath daemon" in r.stdout + r.stderr) == ("GPUDirect" in row)
 
 
 def test_dry_run_one_node_and_plain_say_why_not_fast(cli: CLI, tmp_path: Path) -> None:

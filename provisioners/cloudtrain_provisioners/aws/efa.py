@@ -18,6 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from cloudtrain.catalog import fabric
+from cloudtrain.errors import UserError
+
 from . import tags
 from .api import Api
 from .images import TypeInfo
@@ -114,9 +117,6 @@ def chosen(setting: str | None, asked_efa: bool, info: TypeInfo, num_nodes: int)
     """The node's EFA layout for ``resources.network`` (and the older ``resources.aws.efa``,
     which asks for the fast network too); None: one plain interface. Asking for it on a type
     EC2 says has no EFA is the user's error, raised before anything is created."""
-    from cloudtrain.catalog import fabric
-    from cloudtrain.errors import UserError
-
     if setting == "plain":
         return None
     if (setting == "fast" or asked_efa) and not info.efa:
@@ -133,8 +133,6 @@ def chosen(setting: str | None, asked_efa: bool, info: TypeInfo, num_nodes: int)
 
 def plan_text(setting: str | None, asked_efa: bool, instance_type: str, num_nodes: int) -> str:
     """The plan's words for the instances' interfaces."""
-    from cloudtrain.catalog import fabric
-
     fab = fabric.wanted("fast" if asked_efa and setting != "plain" else setting, "aws",
                         instance_type, num_nodes)
     if fab is None:

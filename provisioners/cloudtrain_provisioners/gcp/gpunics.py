@@ -60,6 +60,13 @@ def plan_lines(base: str, fab: Fabric, ssh_cidr: str) -> list[str]:
             f"instances tagged {base}"]
 
 
+def plan_note(fab: Fabric) -> str:
+    return (f"{fab.title} also needs Google's receive-datapath daemon and NCCL plugin running "
+            "on each node (containers from Google's recipe; cloudtrain does not start them, "
+            "bootstrap reports whether they are there); without them NCCL uses sockets on the "
+            "primary NIC (docs/network.md)")
+
+
 def _quota(exc: QuotaError, fab: Fabric) -> UserError:
     return UserError(
         f"GCP refused the {fab.title} networks: {exc.message} An {fab.links}-NIC cluster needs "

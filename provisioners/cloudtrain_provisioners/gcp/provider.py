@@ -171,6 +171,7 @@ class GCPProvider(GCPPlacement):
                  f"every instance and boot disk is labelled {tags.CLUSTER}={request.name}, "
                  f"{tags.OWNER}={tags.owner_value(owner)}, {tags.RANK}; the firewall "
                  "rules carry the same marks in their description"]
+        notes += [gpunics.plan_note(fab)] if fab else []
         made, said = identity.plan(request.buckets, identity.email_of(
             request.name, owner, opts.project or "PROJECT"), opts.service_account)
         return self.plan_of(request, targets, creates + made, notes + said)
