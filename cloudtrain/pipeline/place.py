@@ -112,5 +112,11 @@ def placed(provider: Provider, request: ClusterRequest) -> ClusterRequest:
     """``request`` with the targets of ``provider`` (ranked once, :func:`cloud_targets`),
     for a cloud; as it is for a provider that places nothing."""
     if not isinstance(provider, Places):
+        if request.resources.network == "fast":   # only the clouds set a fabric up
+            raise UserError(f"resources.network: fast, but the {provider.name} provider sets no "
+                            "fast network up: its nodes use the network the machines have. "
+                            "Nothing was created.",
+                            "Leave resources.network out (or write plain); the fast network is "
+                            "for the aws, gcp and azure providers (docs/network.md).")
         return request
     return replace(request, targets=tuple(cloud_targets(provider, request)))

@@ -107,3 +107,14 @@ def test_cost_shows_the_network_and_fast_keeps_only_fabric_types(cli: CLI,
     assert doc["offers"] and all(o["network"] for o in doc["offers"])
     assert {o["instance_type"] for o in doc["offers"]} <= {
         "p4d.24xlarge", "Standard_ND96asr_v4"}
+
+
+def test_fast_on_a_provider_that_sets_no_fabric_up_is_refused(cli: CLI, tmp_path: Path) -> None:
+    task = tmp_path / "local.yaml"
+    task.write_text("name: l\nnum_nodes: 2\nresources:\n  provider: local\n  network: fast\n"
+                    "run: echo hi\n")
+    r = cli.run("up", str(task), "--dry-run")
+    assert r.returncode == 2 and "resources.network: fast" in r.stderr, r.stderr
+    assert "the local provider sets no fast network up" in r.stderr
+    (tmp_path / "plain.yaml").write_text(task.read_text().replace("fast", "plain"))
+    assert cli.run("up", str(tmp_path / "plain.yaml"), "--dry-run").returncode == 0
