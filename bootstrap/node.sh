@@ -35,6 +35,8 @@ TABLES=$PWD
 . ./lib.sh
 # shellcheck source=runtime.sh
 . ./runtime.sh
+# shellcheck source=fabric.sh
+. ./fabric.sh
 
 ROOT=${CLOUDTRAIN_ROOT:-cloudtrain}
 case "$ROOT" in /*) ;; *) ROOT=$HOME/$ROOT ;; esac
@@ -384,6 +386,8 @@ else
     skip "rclone is not installed (needed only for bucket file_mounts and checkpoints: apt-get install rclone)"
 fi
 result rclone "$RCLONE_V"
+
+fabric_check   # the fast network, where the provider set one up (fabric.sh)
 
 # ---------------------------------------------------------------------------------------------
 step network

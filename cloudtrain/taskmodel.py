@@ -104,6 +104,7 @@ class Resources(BaseModel):
     image: str | None = None
     ports: list[int] = Field(default_factory=list)
     ssh_cidr: str | None = None
+    network: Literal["fast", "plain"] | None = None   # None: fast where the type has one
     ssh_proxy: str | None = None        # a jump host or a proxy command: cloudtrain.sshproxy
     max_hourly_cost: float | None = Field(None, gt=0, le=MAX_USD_PER_HOUR,   # whole cluster
                                           allow_inf_nan=False)

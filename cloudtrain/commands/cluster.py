@@ -102,6 +102,8 @@ def print_plan(ui: UI, plan: Plan, name: str, changes: list[Change] | None = Non
     rows = [("provider", plan.provider), ("region", plan.region or "-"), ("zone", plan.zone or "-"),
             ("instance", plan.instance_type or "-"), ("accelerators", plan.accelerators or "none"),
             ("nodes", str(plan.num_nodes)), ("spot", "yes" if plan.use_spot else "no")]
+    if plan.network is not None:
+        rows.append(("network", plan.network))
     if image is not None:
         rows.append(("container", f"{image} (setup, run and exec run in it on every node)"))
     if plan.hourly_price_per_node is not None:

@@ -200,8 +200,10 @@ def _run(q: CostQuery) -> None:
     from cloudtrain.planner import availability
     from cloudtrain.ranking import rank_task
 
+    from cloudtrain.catalog.fabric import fast_only
+
     catalog = load_catalog(home())
-    result = rank_task(task, catalog.offers, fit=fit)
+    result = rank_task(task, fast_only(res.network, catalog.offers), fit=fit)
     avail = availability(set(CLOUDS) | {o.provider for o in catalog.offers})
     if not result.ranked:
         err = result.error()
@@ -246,6 +248,7 @@ def cost_document(task: Task, result: PlanResult, hours: float, up_pick: Pick,
                   avail: dict[str, str | None], catalog: Catalog, fit: MemoryEstimate | None,
                   top: int | None) -> dict[str, Any]:
     """``cost --json``. Field names of "offers" and "choice" are a contract (docs/cost.md)."""
+    from cloudtrain.catalog.fabric import fabric_of
     from cloudtrain.ranking import priced_json
 
     pick = up_pick.index
@@ -256,6 +259,8 @@ def cost_document(task: Task, result: PlanResult, hours: float, up_pick: Pick,
     def entry(i: int) -> dict[str, Any]:
         r = result.ranked[i]
         d: dict[str, Any] = {"rank": i + 1, **r.to_dict(hours)}
+        fab = fabric_of(r.offer.provider, r.offer.instance_type)
+        d["network"] = fab.to_dict() if fab else None   # the fast network, None: plain
         if fit is not None:
             d["fits"] = True
             d["needed_gib"] = None if r.fit is None else round(r.fit.needed_gib, 2)
@@ -311,6 +316,11 @@ def cost_document(task: Task, result: PlanResult, hours: float, up_pick: Pick,
     }
 
 
+def _net(n: dict[str, Any] | None) -> str:
+    """The NETWORK cell: 'efa 4x100G', or 'plain'."""
+    return f"{n['fabric']} {n['links']}x{n['gbps_per_link']}G" if n else "plain"
+
+
 def _money(v: float | None) -> str:
     return "-" if v is None else f"{v:,.2f}"
 
@@ -329,8 +339,8 @@ def _print(doc: dict[str, Any], result: PlanResult, hours: float, top: int | Non
     table = Table(box=None, pad_edge=False)
     hcol = f"TOTAL {hours:g}H"
     other = "ON-DEMAND $/H CLUSTER" if market == "spot" else "SPOT $/H CLUSTER"
-    for col in ("", "#", "PROVIDER", "REGION", "INSTANCE", "GPUS", "$/H NODE", "$/H CLUSTER", hcol,
-                other, "SPOT SAVES"):
+    for col in ("", "#", "PROVIDER", "REGION", "INSTANCE", "GPUS", "NETWORK", "$/H NODE",
+                "$/H CLUSTER", hcol, other, "SPOT SAVES"):
         right = "$" in col or col in (hcol, "#", "SPOT SAVES")
         table.add_column(col, justify="right" if right else "left")
     feasible = [d for d in doc["offers"] if d["rank"] is not None]
@@ -338,7 +348,8 @@ def _print(doc: dict[str, Any], result: PlanResult, hours: float, top: int | Non
         alt = r.alternative_per_node
         saving = d["spot_saving_pct"]
         table.add_row("*" if d["up_would_pick"] else "", str(d["rank"]), d["provider"],
-                      d["region"], d["instance_type"], r.gpus(), _money(d["node_hourly_usd"]),
+                      d["region"], d["instance_type"], r.gpus(), _net(d["network"]),
+                      _money(d["node_hourly_usd"]),
                       _money(d["cluster_hourly_usd"]), _money(d["total_usd"]),
                       "-" if alt is None else _money(alt * r.num_nodes),
                       "-" if saving is None else f"{saving:.0f}%")

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from cloudtrain.catalog import fabric
 from cloudtrain.catalog.model import Offer
 from cloudtrain.context import Env
 from cloudtrain.errors import UserError
@@ -50,8 +51,10 @@ def pick_for(env: Env, task: Task, name: str, *, offers: list[Offer] | None = No
     if existing is not None:
         choice, notes = planner.kept(task, existing)
         return Pick(planner.resolved(task, choice), (choice,), (), tuple(notes))
-    ranked, notes = planner.pick_ranked(task, offers,
-                                        load=lambda: planner.catalog_offers(env.home))
+    net = task.resources.network   # fast: only the types with a fabric (docs/network.md)
+    ranked, notes = planner.pick_ranked(
+        task, None if offers is None else fabric.fast_only(net, offers),
+        load=lambda: fabric.fast_only(net, planner.catalog_offers(env.home)))
     choices = tuple(planner.choice_of(r, task) for r in ranked)
     providers = {p: env.provider(p) for p in dict.fromkeys(r.offer.provider for r in ranked)}
     targets = tuple(_target_of(providers[r.offer.provider], r) for r in ranked)
@@ -80,7 +83,10 @@ def cloud_targets(places: Places, request: ClusterRequest) -> list[Target]:
         return []
     region = places.region_of(request)
     wanted = places.wanted_regions(request, region)
-    offers = places.offers()
+    if res.network == "fast" and fabric.fabric_of(places.name, res.instance_type) is None \
+            and res.instance_type:
+        raise fabric.no_fabric(places.name, res.instance_type)
+    offers = fabric.fast_only(res.network, places.offers())
     result = rank(res.model_copy(update={"provider": places.name, "zone": None,
                                          "region": region}),
                   request.num_nodes, offers, spot=res.use_spot,
@@ -106,5 +112,11 @@ def placed(provider: Provider, request: ClusterRequest) -> ClusterRequest:
     """``request`` with the targets of ``provider`` (ranked once, :func:`cloud_targets`),
     for a cloud; as it is for a provider that places nothing."""
     if not isinstance(provider, Places):
+        if request.resources.network == "fast":   # only the clouds set a fabric up
+            raise UserError(f"resources.network: fast, but the {provider.name} provider sets no "
+                            "fast network up: its nodes use the network the machines have. "
+                            "Nothing was created.",
+                            "Leave resources.network out (or write plain); the fast network is "
+                            "for the aws, gcp and azure providers (docs/network.md).")
         return request
     return replace(request, targets=tuple(cloud_targets(provider, request)))

@@ -20,7 +20,8 @@ from cloudtrain.context import Env
 from cloudtrain.errors import Interrupted, JobFailed, RemoteError, UserError
 from cloudtrain.pipeline import outputs, queue, ranklog, sent, skyenv, storage, sync
 from cloudtrain.pipeline.bodies import run_body, train_body
-from cloudtrain.pipeline.bootstrap import run_bootstrap
+from cloudtrain.catalog.fabric import job_vars
+from cloudtrain.pipeline.bootstrap import provider_node_env, run_bootstrap
 from cloudtrain.pipeline.prep import NodeFacts, prep_command, prep_facts
 from cloudtrain.pipeline.remote_job import (JobParts, LogSink, RemoteJob, job_dir, new_job_id,
                                             read_worker_failures)
@@ -70,6 +71,7 @@ def job_env(env: Env, handle: Handle, node: NodeRow, envs: dict[str, str], job_i
         "PYTHONUNBUFFERED": "1",
     }
     out.update(skyenv.aliases(out, job_id))   # SKYPILOT_NODE_RANK ... beside ours
+    out.update(job_vars(provider_node_env(handle)))   # the fast network's (docs/network.md)
     if node.iface:
         out["GLOO_SOCKET_IFNAME"] = node.iface
         out["NCCL_SOCKET_IFNAME"] = node.iface

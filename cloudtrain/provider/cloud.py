@@ -44,6 +44,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, cast, get_args
 
+from cloudtrain.catalog import fabric
 from cloudtrain.errors import (AuthError, CapacityError, CloudtrainError, ProviderError,
                                QuotaError, UserError, code_of)
 from cloudtrain.ownership import default_owner, now, owner_of_cluster
@@ -156,6 +157,11 @@ class CloudProvider:
     def _save(self, cluster: str, **updates: Any) -> None:
         self.records.update(cluster, self.record_base, **updates)
 
+    def node_env(self, cluster: str) -> dict[str, str]:
+        """The fast network's variables (``FI_PROVIDER``, ``NCCL_IB_HCA`` ...), recorded when
+        the nodes were made; {} on the plain network. For bootstrap and every job."""
+        return dict(self._record(cluster).get("fabric_env") or {})
+
     def _cidr_text(self, request: ClusterRequest) -> str:
         """The SSH rule's source for the plan: known now, or said to be looked up later."""
         return request.resources.ssh_cidr or self.cidr.cached() or CIDR_LATER
@@ -250,10 +256,11 @@ class CloudProvider:
             notes.append(f"the catalog has no {'spot' if res.use_spot else 'on-demand'} price "
                          f"for {first.instance_type} in {first.region}")
         accel = str(res.accelerators) if res.accelerators else None
+        network = fabric.describe(res.network, self.name, first.instance_type, request.num_nodes)
         return Plan(provider=self.name, num_nodes=request.num_nodes, region=first.region,
                     zone=res.zone, instance_type=first.instance_type, accelerators=accel,
-                    use_spot=res.use_spot, hourly_price_per_node=first.price, creates=creates,
-                    notes=notes)
+                    use_spot=res.use_spot, hourly_price_per_node=first.price, network=network,
+                    creates=creates, notes=notes)
 
     # --- attempts ----------------------------------------------------------------------------
 

@@ -139,6 +139,8 @@ class Plan:
     accelerators: str | None = None
     use_spot: bool = False
     hourly_price_per_node: float | None = None
+    network: str | None = None
+    """What the nodes talk over: "fast: EFA 4x100 Gb/s (400 Gb/s)", "plain (...)" (clouds)."""
     creates: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     alternatives: list[Plan] = field(default_factory=list)

@@ -13,6 +13,9 @@ What it models, and how ARM behaves for each:
   the operation answers ``InProgress`` for ``polls`` polls, then ``Succeeded`` (or ``Failed``
   with an injected error code; the resource stays, in provisioning state ``Failed``, as ARM
   leaves a VM whose allocation failed). DELETE → 202 + ``Location`` (204 when absent).
+* availability sets (Aligned; their proximity placement group checked) and proximity
+  placement groups: PUT is synchronous (200), as ARM answers it. A VM in an availability set
+  may have no zone, and cannot move to another set.
 * references are checked as ARM does: a NIC's subnet and public IP, a VM's NIC, location and
   size (against the SKU table: ``SkuNotAvailable``), the image (``PlatformImageNotFound``);
   deleting a NIC a VM uses, a public IP a NIC uses, an NSG or a subnet in use is refused.
@@ -81,8 +84,11 @@ TYPES = {
     "microsoft.network/networkinterfaces": "Microsoft.Network/networkInterfaces",
     "microsoft.compute/virtualmachines": "Microsoft.Compute/virtualMachines",
     "microsoft.compute/disks": "Microsoft.Compute/disks",
+    "microsoft.compute/availabilitysets": "Microsoft.Compute/availabilitySets",
+    "microsoft.compute/proximityplacementgroups": "Microsoft.Compute/proximityPlacementGroups",
 }
 SHORT = {v.lower(): v.split("/")[1] for v in TYPES.values()}
+SYNCHRONOUS = ("availabilitysets", "proximityplacementgroups")
 TENANT = "00000000-0000-4000-8000-0000000000te"
 VM_CONTRIBUTOR = "9980e02c-c2be-4d73-94e8-173b1dc7cf3c"
 BLOB_CONTRIBUTOR = "ba92f5b4-2d11-453d-a403-e96b0029c9fe"
@@ -832,6 +838,9 @@ class ArmFake:
         check = getattr(self, f"_put_{short}", None)
         if check is not None:
             check(r, old)
+        if short in SYNCHRONOUS:   # ARM writes these at once and answers 200
+            self.resources[rid.lower()] = r
+            return 200, {}, self._view(r)
         props["provisioningState"] = "Updating" if old else "Creating"
         self.resources[rid.lower()] = r
         fault = getattr(req, "fault", None)
@@ -961,9 +970,27 @@ class ArmFake:
                            "a different location or different zone.")
         return sku
 
+    def _put_availabilitysets(self, r: dict[str, Any], old: dict[str, Any] | None) -> None:
+        if (r.get("sku") or {}).get("name") != "Aligned":
+            raise ArmError(400, "InvalidParameter", "Managed disks need an Aligned availability "
+                                                    "set.")
+        ppg = (r["properties"].get("proximityPlacementGroup") or {}).get("id")
+        if ppg:
+            self._ref(ppg, "availability set", r["location"])
+
     def _put_virtualmachines(self, r: dict[str, Any], old: dict[str, Any] | None) -> None:
         p = r["properties"]
         zone = (r.get("zones") or [None])[0]
+        aset = (p.get("availabilitySet") or {}).get("id")
+        if aset:
+            self._ref(aset, "virtual machine", r["location"])
+            if zone:
+                raise ArmError(400, "InvalidParameter", "A virtual machine cannot be in an "
+                                                        "availability set and in a zone.")
+            if old is not None and ((old["properties"].get("availabilitySet") or {}).get("id")
+                                    or "").lower() != aset.lower():
+                raise ArmError(409, "PropertyChangeNotAllowed", "Changing property "
+                                                               "'availabilitySet' is not allowed.")
         if old is not None and (old.get("zones") or [None])[0] != zone:
             raise ArmError(409, "PropertyChangeNotAllowed",
                            "Changing property 'zones' is not allowed.")
@@ -1440,9 +1467,10 @@ class Harness:
 
     def request(self, name: str = "demo", num_nodes: int = 2, azure: dict[str, Any] | None = None,
                 region: str | None = "eastus", offers: Any = None, **resources: Any) -> Any:
-        """A ClusterRequest for ``num_nodes`` x A100:8 (by default) in ``region`` (None: no
-        region, the targets in price order), with the cluster's real SSH key and the
-        targets the placement step gives it (from ``offers``, else the catalog's)."""
+        """A ClusterRequest for ``num_nodes`` x A100:8 (by default, on the plain network: the
+        InfiniBand set-up is test_network_azure.py's) in ``region`` (None: no region, the
+        targets in price order), with the cluster's real SSH key and the targets the
+        placement step gives it (from ``offers``, else the catalog's)."""
         from cloudtrain.keys import ensure_keys
         from cloudtrain.pipeline.place import placed
         from cloudtrain.provider import ClusterRequest
@@ -1453,6 +1481,7 @@ class Harness:
         resources["region"] = region
         if "accelerators" not in resources and "instance_type" not in resources:
             resources["accelerators"] = "A100:8"
+            resources.setdefault("network", "plain")
         keys = ensure_keys(self.home / "clusters" / name, comment=f"cloudtrain-{name}")
         req = ClusterRequest(name=name, num_nodes=num_nodes, resources=Resources(**resources),
                              options=AzureOptions(**(azure or {})), public_key=keys.public_key())

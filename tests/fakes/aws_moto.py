@@ -152,6 +152,7 @@ class WithPlacementGroups:
         return {}
 
     def run_instances(self, **params: Any) -> dict[str, Any]:
+        check_interfaces(params.get("NetworkInterfaces") or [])
         group = (params.get("Placement") or {}).get("GroupName")
         if group:
             with self._store.lock:
@@ -161,11 +162,43 @@ class WithPlacementGroups:
                                    f"The Placement Group '{group}' is unknown.", "RunInstances")
         with self._store.launch_lock:   # moto's subnet address allocation is not thread-safe
             resp = self._client.run_instances(**params)
+        if len(params.get("NetworkInterfaces") or []) > 1:
+            no_public_address(self._region, [i["InstanceId"] for i in resp["Instances"]])
         if group:
             with self._store.lock:
                 self._store.members.setdefault((self._region, group), set()).update(
                     i["InstanceId"] for i in resp["Instances"])
         return resp
+
+
+def no_public_address(region: str, instance_ids: list[str]) -> None:
+    """EC2 gives an instance launched with several interfaces no public address; moto gives
+    its (one kept) interface one: taken away here (moto in-process)."""
+    from moto.ec2.models import ec2_backends
+
+    backend = ec2_backends[MOTO_ACCOUNT][region]
+    for iid in instance_ids:
+        for nic in backend.get_instance(iid).nics.values():
+            nic.public_ip = None
+            nic.public_ip_auto_assign = False
+
+
+def check_interfaces(nics: list[dict[str, Any]]) -> None:
+    """EC2's rules for RunInstances' NetworkInterfaces that moto does not keep: no public
+    address asked for with several interfaces; the primary (card 0, device 0) not efa-only;
+    each (card, device) once."""
+    if len(nics) > 1 and any(n.get("AssociatePublicIpAddress") for n in nics):
+        raise client_error("InvalidParameterCombination", "The associatePublicIPAddress "
+                           "parameter cannot be specified when launching with multiple network "
+                           "interfaces.", "RunInstances")
+    slots = [(int(n.get("NetworkCardIndex", 0)), int(n.get("DeviceIndex", 0))) for n in nics]
+    if len(set(slots)) != len(slots):
+        raise client_error("InvalidParameterValue", "Each network interface needs its own "
+                           "NetworkCardIndex/DeviceIndex.", "RunInstances")
+    for n, slot in zip(nics, slots):
+        if slot == (0, 0) and n.get("InterfaceType") == "efa-only":
+            raise client_error("InvalidParameterCombination", "An EFA-only network interface "
+                               "cannot be the primary network interface.", "RunInstances")
 
 
 class EmulatorClients:
@@ -224,6 +257,9 @@ class Faults:
         self.injected: list[tuple[str, str, str]] = []
         self.interrupted: dict[str, str] = {}
         self.console: dict[str, str] = {}
+        self.wire: list[dict[str, str]] = []
+        """Each request as sent (the EC2 Query API's form fields: ``Action``,
+        ``NetworkInterface.1.NetworkCardIndex`` ...), after botocore serialised it."""
         self._installed: set[str] = set()
 
     def install(self, *regions: str) -> Faults:
@@ -237,6 +273,7 @@ class Faults:
             events.register("provide-client-params.ec2", self._capture(region))
             events.register("before-call.ec2", self._before(region))
             events.register("after-call.ec2.DescribeInstances", self._after_describe)
+            events.register("before-send.ec2", self._sent)
             self._installed.add(region)
         return self
 
@@ -291,6 +328,18 @@ class Faults:
     def console_output(self, instance_id: str, text: str) -> None:
         """GetConsoleOutput for the instance returns ``text``."""
         self.console[instance_id] = text
+
+    def _sent(self, request: Any, **_: Any) -> None:
+        from urllib.parse import parse_qsl
+
+        body = request.body
+        text = body.decode() if isinstance(body, bytes) else str(body or "")
+        with self.lock:
+            self.wire.append(dict(parse_qsl(text, keep_blank_values=True)))
+
+    def sent(self, action: str) -> list[dict[str, str]]:
+        """The requests of ``action`` as they went on the wire (form fields)."""
+        return [w for w in self.wire if w.get("Action") == action]
 
     def ops(self, op: str, region: str | None = None) -> list[dict[str, Any]]:
         return [p for r, o, p in self.calls if o == op and (region is None or r == region)]

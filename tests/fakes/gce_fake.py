@@ -23,8 +23,16 @@ enforces that matter to cloudtrain):
   zone/region with :meth:`GCEFake.fail_operation`), which is how GCE reports them.
 - images.getFromFamily (Deep Learning VM families in deeplearning-platform-release),
   machineTypes.get, acceleratorTypes.get, zones, regions.
-- networks: get, list, insert, delete (refused while a firewall rule or an instance uses the
-  network). The project's ``default`` network comes, as in a real project, with
+- networks: get, list, insert, delete (refused while a firewall rule, a subnetwork or an
+  instance uses the network); with ``network_quota`` the project's NETWORKS quota (an insert
+  past it ends with QUOTA_EXCEEDED, as GCE's operation does).
+- subnetworks (custom-mode networks): insert (the range checked, not overlapping another in
+  the network), get, list, aggregated list, delete (refused while an instance uses it);
+  region operations.
+- resource policies (``groupPlacementPolicy``): insert, get, aggregated list, delete (refused
+  while an instance names it); an instance's ``resourcePolicies`` must exist in its region.
+- instances with several network interfaces: each on its own VPC network (GCE refuses two on
+  one), a custom-mode network's interface in a subnetwork of the instance's region. The project's ``default`` network comes, as in a real project, with
   ``default-allow-ssh`` (tcp:22 from 0.0.0.0/0), ``default-allow-rdp``,
   ``default-allow-icmp`` and ``default-allow-internal`` (all tcp/udp/icmp from
   10.128.0.0/9), none with target tags.
@@ -203,6 +211,11 @@ class GCEFake:
         self.buckets: dict[str, dict[str, Any]] = {}
         """Cloud Storage buckets (only their IAM policy and uniform access), by name."""
         self.network_res: dict[str, dict[str, Any]] = {}
+        self.subnetworks: dict[tuple[str, str], dict[str, Any]] = {}
+        """Subnetworks by (region, name)."""
+        self.policies: dict[tuple[str, str], dict[str, Any]] = {}
+        """Resource policies (compact placement) by (region, name)."""
+        self.network_quota: int | None = None
         for net in sorted(self.networks):
             self.network_res[net] = self._network_res(project, net, {"autoCreateSubnetworks": True})
         if "default" in self.networks:
@@ -428,6 +441,10 @@ class GCEFake:
                                     or n.startswith("ct-")),
                 "networks": sorted(n for n, r in self.network_res.items()
                                    if "cloudtrain" in (r.get("description") or "")),
+                "subnetworks": sorted(f"{r}/{n}" for (r, n), s in self.subnetworks.items()
+                                      if "cloudtrain" in (s.get("description") or "")),
+                "resource_policies": sorted(f"{r}/{n}" for (r, n), s in self.policies.items()
+                                            if "cloudtrain" in (s.get("description") or "")),
                 "service_accounts": sorted(e for e, a in self.service_accounts.items()
                                            if "cloudtrain" in (a.get("description") or "")),
             }
@@ -543,6 +560,22 @@ class GCEFake:
             ("GET", p + r"/global/networks", self._list_networks),
             ("POST", p + r"/global/networks", self._insert_network),
             ("DELETE", p + r"/global/networks/(?P<network>[^/]+)", self._delete_network),
+            ("POST", p + r"/regions/(?P<region>[^/]+)/subnetworks", self._insert_subnet),
+            ("GET", p + r"/regions/(?P<region>[^/]+)/subnetworks", self._list_subnets),
+            ("GET", p + r"/regions/(?P<region>[^/]+)/subnetworks/(?P<name>[^/]+)",
+             self._get_subnet),
+            ("DELETE", p + r"/regions/(?P<region>[^/]+)/subnetworks/(?P<name>[^/]+)",
+             self._delete_subnet),
+            ("GET", p + r"/aggregated/subnetworks", self._aggregated_subnets),
+            ("POST", p + r"/regions/(?P<region>[^/]+)/resourcePolicies", self._insert_policy),
+            ("GET", p + r"/regions/(?P<region>[^/]+)/resourcePolicies/(?P<name>[^/]+)",
+             self._get_policy),
+            ("DELETE", p + r"/regions/(?P<region>[^/]+)/resourcePolicies/(?P<name>[^/]+)",
+             self._delete_policy),
+            ("GET", p + r"/aggregated/resourcePolicies", self._aggregated_policies),
+            ("GET", p + r"/regions/(?P<region>[^/]+)/operations/(?P<op>[^/]+)", self._get_region_op),
+            ("POST", p + r"/regions/(?P<region>[^/]+)/operations/(?P<op>[^/]+)/wait",
+             self._get_region_op),
         ]
 
     # --- helpers ---------------------------------------------------------------------------
@@ -570,12 +603,15 @@ class GCEFake:
         """A RUNNING operation; ``effect`` runs when it completes and returns an error (as
         GCE puts it in the operation) or None."""
         name = f"operation-{next(self._ids)}-fake"
-        where = f"zones/{scope}" if scope != "global" else "global"
+        where = (scope if scope.startswith("regions/") else
+                 f"zones/{scope}" if scope != "global" else "global")
         op = {"kind": "compute#operation", "id": str(next(self._ids)), "name": name,
               "operationType": kind, "targetLink": target, "status": "RUNNING",
               "progress": 0, "insertTime": "2026-01-01T00:00:00.000-07:00",
               "selfLink": f"{GOOGLE}/projects/{project}/{where}/operations/{name}"}
-        if scope != "global":
+        if scope.startswith("regions/"):
+            op["region"] = f"{GOOGLE}/projects/{project}/{scope}"
+        elif scope != "global":
             op["zone"] = f"{GOOGLE}/projects/{project}/zones/{scope}"
         self.operations[(scope, name)] = op
         self._effects[(scope, name)] = (self.op_polls, effect)
@@ -696,8 +732,13 @@ class GCEFake:
         if not nics:
             raise ApiError(400, "invalid", "At least one network interface is required.")
         net = _last(str(nics[0].get("network") or "default"))
-        if net not in self.networks:
-            raise _not_found(f"projects/{project}/global/networks/{net}")
+        nets = self._check_nics(project, zone, nics)
+        for rp in b.get("resourcePolicies") or []:
+            m = re.search(r"regions/([^/]+)/resourcePolicies/([^/]+)$", str(rp))
+            if not m or (m.group(1), m.group(2)) not in self.policies \
+                    or m.group(1) != self.zone_region.get(zone):
+                raise ApiError(400, "invalid", f"Invalid value for field 'resource."
+                                               f"resourcePolicies[0]': '{rp}'.")
         gpus = b.get("guestAccelerators") or []
         for g in gpus:
             at = str(g.get("acceleratorType", ""))
@@ -733,8 +774,8 @@ class GCEFake:
         internal, nat = self._ip_pair(pooled=fault is None)
         for i, nic in enumerate(nics):
             nic["name"] = f"nic{i}"
-            nic["networkIP"] = internal
-            nic["network"] = f"{GOOGLE}/projects/{project}/global/networks/{net}"
+            nic["networkIP"] = internal if i == 0 else f"192.0.2.{next(self._ip) % 250 + 1}"
+            nic["network"] = f"{GOOGLE}/projects/{project}/global/networks/{nets[i]}"
             for ac in nic.get("accessConfigs") or []:
                 ac["natIP"] = nat
         link = f"{GOOGLE}/projects/{project}/zones/{zone}/instances/{name}"
@@ -1025,8 +1066,12 @@ class GCEFake:
             raise ApiError(409, "alreadyExists", f"The resource 'projects/{project}/global/"
                                                  f"networks/{name}' already exists")
         res = self._network_res(project, name, b)
+        over = self.network_quota is not None and len(self.network_res) >= self.network_quota
 
         def effect() -> dict[str, Any] | None:
+            if over:
+                return {"code": "QUOTA_EXCEEDED", "message": f"Quota 'NETWORKS' exceeded.  "
+                                                             f"Limit: {self.network_quota}.0 globally."}
             self.network_res[name] = res
             self.networks.add(name)
             return None
@@ -1037,6 +1082,7 @@ class GCEFake:
         if network not in self.network_res:
             raise _not_found(f"projects/{project}/global/networks/{network}")
         users = [n for n, f in self.firewalls.items() if _last(f["network"]) == network]
+        users += [n for (_r, n), s in self.subnetworks.items() if _last(s["network"]) == network]
         users += [n for (_z, n), i in self.instances.items()
                   if any(_last(str(nic.get("network", ""))) == network
                          for nic in i.get("networkInterfaces") or [])]
@@ -1051,6 +1097,173 @@ class GCEFake:
             self.networks.discard(network)
             return None
         return self._operation(project, "global", "delete", link, effect)
+
+    # --- subnetworks and instances' interfaces ----------------------------------------------
+
+    def _check_nics(self, project: str, zone: str, nics: list[dict[str, Any]]) -> list[str]:
+        """Each interface's network (checked as GCE does); their names in order."""
+        region = self.zone_region.get(zone, "")
+        out = []
+        for i, nic in enumerate(nics):
+            net = _last(str(nic.get("network") or "default"))
+            if net not in self.networks:
+                raise _not_found(f"projects/{project}/global/networks/{net}")
+            if net in out:
+                raise ApiError(400, "invalid", f"Invalid value for field 'resource."
+                                               f"networkInterfaces[{i}].network': Networks must "
+                                               "be distinct for NICs attached to a VM.")
+            sub = nic.get("subnetwork")
+            custom = not self.network_res[net].get("autoCreateSubnetworks")
+            if custom and not sub:
+                raise ApiError(400, "invalid", f"Invalid value for field 'resource."
+                                               f"networkInterfaces[{i}].subnetwork': a "
+                                               f"subnetwork is required on network {net}.")
+            if custom:
+                m = re.search(r"regions/([^/]+)/subnetworks/([^/]+)$", str(sub))
+                s = self.subnetworks.get((m.group(1), m.group(2))) if m else None
+                if s is None or m is None or m.group(1) != region or _last(s["network"]) != net:
+                    raise ApiError(400, "invalid", f"Invalid value for field 'resource."
+                                                   f"networkInterfaces[{i}].subnetwork': '{sub}'.")
+            out.append(net)
+        return out
+
+    def _insert_subnet(self, project: str, region: str, body: dict[str, Any] | None,
+                       **_: Any) -> dict[str, Any]:
+        import ipaddress
+
+        self._own(project)
+        b = copy.deepcopy(body or {})
+        name, net = str(b.get("name", "")), _last(str(b.get("network", "")))
+        if not _NAME.match(name):
+            raise ApiError(400, "invalid", f"Invalid value for field 'resource.name': '{name}'.")
+        if region not in self.regions:
+            raise _not_found(f"projects/{project}/regions/{region}")
+        if net not in self.network_res or self.network_res[net].get("autoCreateSubnetworks"):
+            raise ApiError(400, "invalid", f"Invalid value for field 'resource.network': '{net}'.")
+        try:
+            rng = ipaddress.ip_network(str(b.get("ipCidrRange", "")))
+        except ValueError:
+            raise ApiError(400, "invalid", "Invalid IPCidrRange.") from None
+        for s in self.subnetworks.values():
+            if _last(s["network"]) == net and ipaddress.ip_network(s["ipCidrRange"]).overlaps(rng):
+                raise ApiError(400, "invalid", f"Invalid IPCidrRange: {rng} conflicts with "
+                                               f"existing subnetwork '{s['name']}'.")
+        if (region, name) in self.subnetworks:
+            raise ApiError(409, "alreadyExists", f"The resource 'projects/{project}/regions/"
+                                                 f"{region}/subnetworks/{name}' already exists")
+        link = f"{GOOGLE}/projects/{project}/regions/{region}/subnetworks/{name}"
+        res = dict(b, kind="compute#subnetwork", id=str(next(self._ids)), selfLink=link,
+                   region=f"{GOOGLE}/projects/{project}/regions/{region}",
+                   network=f"{GOOGLE}/projects/{project}/global/networks/{net}",
+                   creationTimestamp="2026-01-01T00:00:00.000-07:00")
+
+        def effect() -> dict[str, Any] | None:
+            self.subnetworks[(region, name)] = res
+            return None
+        return self._operation(project, f"regions/{region}", "insert", link, effect)
+
+    def _get_subnet(self, project: str, region: str, name: str, **_: Any) -> dict[str, Any]:
+        self._own(project)
+        if (region, name) not in self.subnetworks:
+            raise _not_found(f"projects/{project}/regions/{region}/subnetworks/{name}")
+        return copy.deepcopy(self.subnetworks[(region, name)])
+
+    def _list_subnets(self, project: str, region: str, query: dict[str, str],
+                      **_: Any) -> dict[str, Any]:
+        self._own(project)
+        rows = [copy.deepcopy(s) for (r, _n), s in sorted(self.subnetworks.items()) if r == region]
+        items, nxt = self._page(rows, query)
+        out: dict[str, Any] = {"kind": "compute#subnetworkList", "items": items}
+        if nxt:
+            out["nextPageToken"] = nxt
+        return out
+
+    def _aggregated_subnets(self, project: str, query: dict[str, str], **_: Any) -> dict[str, Any]:
+        self._own(project)
+        items: dict[str, Any] = {}
+        for region in sorted(self.regions):
+            found = [copy.deepcopy(s) for (r, _n), s in sorted(self.subnetworks.items())
+                     if r == region and matches(s, query.get("filter"))]
+            items[f"regions/{region}"] = {"subnetworks": found} if found else {
+                "warning": {"code": "NO_RESULTS_ON_PAGE", "message": "none"}}
+        return {"kind": "compute#subnetworkAggregatedList", "items": items}
+
+    def _delete_subnet(self, project: str, region: str, name: str, **_: Any) -> dict[str, Any]:
+        self._own(project)
+        s = self.subnetworks.get((region, name))
+        if s is None:
+            raise _not_found(f"projects/{project}/regions/{region}/subnetworks/{name}")
+        users = [n for (_z, n), i in self.instances.items()
+                 if any(_last(str(nic.get("subnetwork", ""))) == name
+                        and f"/regions/{region}/" in str(nic.get("subnetwork", ""))
+                        for nic in i.get("networkInterfaces") or [])]
+        if users:
+            raise ApiError(400, "resourceInUseByAnotherResource",
+                           f"The subnetwork resource '{s['selfLink']}' is already being used by "
+                           f"'{users[0]}'")
+
+        def effect() -> dict[str, Any] | None:
+            self.subnetworks.pop((region, name), None)
+            return None
+        return self._operation(project, f"regions/{region}", "delete", s["selfLink"], effect)
+
+    def _insert_policy(self, project: str, region: str, body: dict[str, Any] | None,
+                       **_: Any) -> dict[str, Any]:
+        self._own(project)
+        b = copy.deepcopy(body or {})
+        name = str(b.get("name", ""))
+        if not _NAME.match(name) or region not in self.regions:
+            raise ApiError(400, "invalid", f"Invalid value for field 'resource.name': '{name}'.")
+        if (region, name) in self.policies:
+            raise ApiError(409, "alreadyExists", f"The resource 'projects/{project}/regions/"
+                                                 f"{region}/resourcePolicies/{name}' already exists")
+        link = f"{GOOGLE}/projects/{project}/regions/{region}/resourcePolicies/{name}"
+        res = dict(b, kind="compute#resourcePolicy", id=str(next(self._ids)), selfLink=link,
+                   region=f"{GOOGLE}/projects/{project}/regions/{region}", status="READY")
+
+        def effect() -> dict[str, Any] | None:
+            self.policies[(region, name)] = res
+            return None
+        return self._operation(project, f"regions/{region}", "insert", link, effect)
+
+    def _get_policy(self, project: str, region: str, name: str, **_: Any) -> dict[str, Any]:
+        self._own(project)
+        if (region, name) not in self.policies:
+            raise _not_found(f"projects/{project}/regions/{region}/resourcePolicies/{name}")
+        return copy.deepcopy(self.policies[(region, name)])
+
+    def _aggregated_policies(self, project: str, query: dict[str, str],
+                             **_: Any) -> dict[str, Any]:
+        self._own(project)
+        items: dict[str, Any] = {}
+        for region in sorted(self.regions):
+            found = [copy.deepcopy(p) for (r, _n), p in sorted(self.policies.items())
+                     if r == region and matches(p, query.get("filter"))]
+            items[f"regions/{region}"] = {"resourcePolicies": found} if found else {
+                "warning": {"code": "NO_RESULTS_ON_PAGE", "message": "none"}}
+        return {"kind": "compute#resourcePolicyAggregatedList", "items": items}
+
+    def _delete_policy(self, project: str, region: str, name: str, **_: Any) -> dict[str, Any]:
+        self._own(project)
+        pol = self.policies.get((region, name))
+        if pol is None:
+            raise _not_found(f"projects/{project}/regions/{region}/resourcePolicies/{name}")
+        users = [n for (_z, n), i in self.instances.items()
+                 if any(str(rp).endswith(f"/regions/{region}/resourcePolicies/{name}")
+                        for rp in i.get("resourcePolicies") or [])]
+        if users:
+            raise ApiError(400, "resourceInUseByAnotherResource",
+                           f"The resource_policy resource '{pol['selfLink']}' is already being "
+                           f"used by '{users[0]}'")
+
+        def effect() -> dict[str, Any] | None:
+            self.policies.pop((region, name), None)
+            return None
+        return self._operation(project, f"regions/{region}", "delete", pol["selfLink"], effect)
+
+    def _get_region_op(self, project: str, region: str, op: str, **_: Any) -> dict[str, Any]:
+        self._own(project)
+        return self._poll(f"regions/{region}", op)
 
     # --- firewalls -------------------------------------------------------------------------
 

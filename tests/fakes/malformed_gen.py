@@ -231,6 +231,7 @@ BAD_VALUES.update({
     "resources.ports": ["[22]", "[0]", "[70000]", "[-1]", "[.nan]", "[.inf]", "8080",
                         "[http]", "[[1]]", "[1.5]"],
     "resources.ssh_cidr": ["not-a-cidr", "'10.0.0.0/33'", "[1]", "5", "'-oX'", "''"],
+    "resources.network": ["faster", "FAST", "[fast]", "5", "true", "''"],
     "resources.ssh_proxy": [_j(w) for w in HOSTILE_WORDS]
                            + [_j(w) for w in ("bastion:0", "bastion:70000", "u@", "@bastion",
                                               "a@b@c", "bastion,", ",bastion", "[::1", "[x]:22",

@@ -418,7 +418,7 @@ def test_the_stand_in_proxy_refuses_unmapped_addresses(tmp_path: Path) -> None:
     to one it maps off loopback), and the provider hands back plain nodes: the address EC2
     gave, port 22, the image's user, files under ~/cloudtrain."""
     import standin
-    from cloudtrain.provider import HasMasterPort, HasNodeEnv, ProviderContext
+    from cloudtrain.provider import HasMasterPort, ProviderContext
     from cloudtrain_provisioners.aws import AWSProvider
     from cloudtrain_provisioners.aws.instances import Inst
 
@@ -436,4 +436,4 @@ def test_the_stand_in_proxy_refuses_unmapped_addresses(tmp_path: Path) -> None:
     assert (n.host, n.port, n.internal_ip, n.user, n.root_dir) == ("54.1.2.3", 22, "10.0.0.3",
                                                                     "ubuntu", "cloudtrain")
     assert p._node(i, (), "ubuntu", False).host == "10.0.0.3"
-    assert not isinstance(p, HasMasterPort) and not isinstance(p, HasNodeEnv)
+    assert not isinstance(p, HasMasterPort) and p.node_env("none") == {}   # no fabric

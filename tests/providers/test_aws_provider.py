@@ -365,7 +365,8 @@ def test_configured_vpc_and_subnets(aws: Harness) -> None:
     sub_b = raw.create_subnet(VpcId=vpc, CidrBlock="10.10.1.0/24",
                               AvailabilityZone="us-east-1b")["Subnet"]["SubnetId"]
     aws.faults.fail("RunInstances", "InsufficientInstanceCapacity", zone="us-east-1c")
-    p, nodes = _up(aws, aws.request(aws={"vpc_id": vpc, "subnet_ids": [sub_c, sub_b]}))
+    p, nodes = _up(aws, aws.request(network="plain",   # one interface: a public address at launch
+                                    aws={"vpc_id": vpc, "subnet_ids": [sub_c, sub_b]}))
     assert aws.tagged()["security_groups"][0]["VpcId"] == vpc
     # the subnets' zones, in the order given; all nodes in the one that had room
     assert [r["Placement"]["AvailabilityZone"] for r in aws.faults.ops("RunInstances")] == [

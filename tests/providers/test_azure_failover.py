@@ -173,7 +173,8 @@ def test_nothing_in_any_zone_gives_up_with_every_attempt_and_leaves_nothing(az: 
     az.fake.fail("PUT", "virtualmachines", "ZonalAllocationFailed", mode="async", times=None)
     env = open_env(UI(quiet=True), {"azure": _provider(az)})
     task = parse_task("name: demo\nnum_nodes: 2\nrun: echo hi\nresources:\n  provider: azure\n"
-                      "  region: eastus\n  accelerators: A100:8\n")
+                      "  region: eastus\n  accelerators: A100:8\n"
+                      "  network: plain\n")   # zones: an InfiniBand availability set has none
     with pytest.raises(CapacityError) as e:
         provision(env, task, "demo")
     msg = e.value.message

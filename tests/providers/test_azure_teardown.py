@@ -62,7 +62,9 @@ def _fresh(az: Harness, env: Env, **kw: Any) -> None:
 
 
 FULL = {"resourceGroups": 1, "networkSecurityGroups": 1, "virtualNetworks": 1,
-        "publicIPAddresses": 2, "networkInterfaces": 2, "virtualMachines": 2, "disks": 2}
+        "publicIPAddresses": 2, "networkInterfaces": 2, "virtualMachines": 2, "disks": 2,
+        # 2 x A100:8 is an InfiniBand size: one availability set in a placement group
+        "availabilitySets": 1, "proximityPlacementGroups": 1}
 
 
 def test_down_deletes_the_group_then_checks_each_resource_is_gone(az: Harness) -> None:

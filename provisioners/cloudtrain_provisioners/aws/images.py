@@ -36,6 +36,10 @@ class TypeInfo:
     cluster_placement: bool
     efa: bool
     gpus: int
+    efa_max: int = 0
+    """NetworkInfo.EfaInfo.MaximumEfaInterfaces: EFA interfaces the type takes."""
+    cards: tuple[tuple[int, bool], ...] = ()
+    """NetworkInfo.NetworkCards: (NetworkCardIndex, whether it takes an efa-only interface)."""
 
 
 @dataclass(frozen=True)
@@ -61,10 +65,16 @@ def type_info(api: Api, region: str, instance_type: str) -> TypeInfo | None:
     archs = t.get("ProcessorInfo", {}).get("SupportedArchitectures", ["x86_64"])
     arch = "arm64" if "arm64" in archs and "x86_64" not in archs else "x86_64"
     gpus = sum(int(g.get("Count", 0)) for g in t.get("GpuInfo", {}).get("Gpus", []))
+    net = t.get("NetworkInfo", {})
+    cards = tuple(sorted((int(c.get("NetworkCardIndex", 0)),
+                          "efa-only" in (c.get("InterfaceTypes") or []))
+                         for c in net.get("NetworkCards") or []))
     return TypeInfo(name=instance_type, arch=arch,
                     cluster_placement="cluster" in t.get("PlacementGroupInfo", {}).get(
                         "SupportedStrategies", []),
-                    efa=bool(t.get("NetworkInfo", {}).get("EfaSupported")), gpus=gpus)
+                    efa=bool(net.get("EfaSupported")), gpus=gpus,
+                    efa_max=int((net.get("EfaInfo") or {}).get("MaximumEfaInterfaces") or 0),
+                    cards=cards)
 
 
 def offered_zones(api: Api, region: str, instance_type: str) -> list[str]:

@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 from cloudtrain.errors import CapacityError, ProviderError
 
+from . import efa as efa_nics
 from . import tags
 from .api import Api
 from .images import Image
@@ -114,7 +115,8 @@ class LaunchSpec:
     spot: bool = False
     spot_max_price: float | None = None
     placement_group: str | None = None
-    efa: bool = False
+    efa: efa_nics.Layout | None = None
+    """The node's EFA interfaces (None: one plain interface)."""
     public_ip: bool = True
     iam_instance_profile: str | None = None
     user_data: dict[int, str] | None = field(default=None, hash=False, compare=False)
@@ -126,11 +128,6 @@ class LaunchSpec:
 
 def run_params(spec: LaunchSpec, rank: int, created: str | None = None) -> dict[str, Any]:
     """The RunInstances request for one rank."""
-    nic: dict[str, Any] = {"DeviceIndex": 0, "SubnetId": spec.subnet_id,
-                           "Groups": [spec.group_id], "DeleteOnTermination": True,
-                           "AssociatePublicIpAddress": spec.public_ip}
-    if spec.efa:
-        nic["InterfaceType"] = "efa"
     placement: dict[str, Any] = {"AvailabilityZone": spec.zone}
     if spec.placement_group:
         placement["GroupName"] = spec.placement_group
@@ -142,7 +139,8 @@ def run_params(spec: LaunchSpec, rank: int, created: str | None = None) -> dict[
         "InstanceType": spec.instance_type,
         "MinCount": 1, "MaxCount": 1,
         "KeyName": spec.key_name,
-        "NetworkInterfaces": [nic],
+        "NetworkInterfaces": efa_nics.interfaces(spec.efa, spec.subnet_id, spec.group_id,
+                                                 spec.public_ip),
         "Placement": placement,
         "BlockDeviceMappings": [{"DeviceName": spec.image.root_device,
                                  "Ebs": {"VolumeSize": spec.disk_gb, "VolumeType": "gp3",
@@ -193,11 +191,13 @@ def launch(api: Api, spec: LaunchSpec, ranks: list[int]
 
 def wait_running(api: Api, region: str, ids: list[str], *, need_public: bool,
                  sleep: Callable[[float], None], timeout: float = 900.0,
-                 poll: float = 3.0) -> list[Inst]:
+                 poll: float = 3.0, attach: Callable[[Inst], None] | None = None) -> list[Inst]:
     """Until every instance runs (and has its public address when ``need_public``). An
     instance that ends instead raises CapacityError when AWS took it back for capacity (spot
-    included), ProviderError otherwise."""
+    included), ProviderError otherwise. ``attach``: called once for each instance when it runs
+    (a node with several interfaces gets its public address, an Elastic IP, then)."""
     deadline = time.monotonic() + timeout
+    attached: set[str] = set()
     while True:
         found = {i.instance_id: i for i in describe_ids(api, region, ids)}
         ended = [i for i in found.values() if i.state in ("shutting-down", "terminated")]
@@ -210,6 +210,13 @@ def wait_running(api: Api, region: str, ids: list[str], *, need_public: bool,
                 raise CapacityError(what + ".", "Another zone may have capacity.", code=code)
             raise ProviderError(what + ".", "See the instance's state reason in the EC2 console.",
                                 code=code)
+        fresh = [i for i in found.values()
+                 if attach and i.state == "running" and i.instance_id not in attached]
+        for i in fresh:
+            attach(i)   # type: ignore[misc]
+            attached.add(i.instance_id)
+        if fresh:
+            continue    # described again at once: their new addresses
         ready = [i for i in found.values()
                  if i.state == "running" and (i.public_ip or not need_public)]
         if len(ready) == len(ids):

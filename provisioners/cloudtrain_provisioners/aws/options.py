@@ -23,8 +23,9 @@ class AWSOptions(BaseModel):
         True, description="Put a multi-node cluster in a cluster placement group where the "
                           "instance type supports one (false: never).")
     efa: bool = Field(
-        False, description="Give each node an EFA network interface (only where the instance "
-                           "type supports EFA; refused otherwise).")
+        False, description="Ask for EFA even where resources.network would not set it up: every "
+                           "EFA interface the type takes (refused on a type without EFA; see "
+                           "resources.network and docs/network.md).")
     ssh_user: str = Field("ubuntu", description="Login user of the image (the Deep Learning AMIs "
                                                 "on Ubuntu use 'ubuntu').")
     public_ip: bool = Field(

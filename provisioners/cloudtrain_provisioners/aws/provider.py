@@ -3,15 +3,14 @@
 Where it launches: ``resources.region`` (and ``zone``). Through ``cloudtrain up`` a task
 without a region gets one from the planner, which also fails over to the next region in price
 order; called directly without a region, this provider walks the same order itself. Within a
-region the zones that sell the type are tried in turn; a multi-node cluster always stays in
-one zone. Capacity errors move to the next zone, quota errors to the next region, credential
-errors stop at once, throttling is retried with backoff; every attempt and its reason is kept
-(``attempts(cluster)``, the cluster's ``aws.json``) and shown. The loop over regions and zones
-is :class:`~cloudtrain.provider.cloud.CloudProvider`'s; what is EC2's own is here.
+region the zones that sell the type are tried in turn; a multi-node cluster stays in one zone.
+Capacity errors move to the next zone, quota errors to the next region, credential errors stop
+at once, throttling is retried with backoff; every attempt is kept and shown (``attempts``).
+The loop over regions and zones is the base's; EFA is :mod:`.efa`'s.
 
 What it remembers locally is only a hint (``$CLOUDTRAIN_HOME/clusters/<name>/aws.json``: the
-regions it created something in, written before it creates anything there). The truth is
-the tags; without the hint ``terminate`` searches every enabled region.
+regions it created something in, written before it creates anything there). The truth is the
+tags; without the hint ``terminate`` searches every enabled region.
 """
 
 from __future__ import annotations
@@ -29,8 +28,8 @@ from cloudtrain.provider import (ClusterRequest, NetworkRef, Node, NodeHealth, P
 from cloudtrain.provider.cloud import Existing
 from cloudtrain.provider.failover import Pin, Unavailable, worst
 
-from . import (access, health, identity, images, instances, network, selfstop, stopstart, tags,
-               teardown)
+from . import (access, efa, health, identity, images, instances, network, selfstop, stopstart,
+               tags, teardown)
 from .api import Api, BotoClients, ClientFactory, IamApi
 from .options import AWSOptions
 from .placement import AWSPlacement
@@ -102,7 +101,8 @@ class AWSProvider(AWSPlacement):
         creates.append(
             f"{request.num_nodes} x {first.instance_type} {market} instance(s), one zone: image "
             f"{image}; {res.disk_size_gb} GiB encrypted gp3 root volume; IMDSv2 required; "
-            "shutdown terminates" + ("; an EFA interface each" if opts.efa else ""))
+            "shutdown terminates" + efa.plan_text(res.network, opts.efa, first.instance_type,
+                                                  request.num_nodes))
         notes = [f"every resource is tagged {tags.CLUSTER}={request.name}, {tags.OWNER}={owner}, "
                  f"{tags.RANK}, {tags.CREATED}"]
         made, said = identity.plan(request.buckets, base, opts.iam_instance_profile)
@@ -206,9 +206,7 @@ class AWSProvider(AWSPlacement):
         info = images.type_info(self.api, region, itype)
         if info is None:
             raise Unavailable(f"{itype} is not sold in {region}")
-        if opts.efa and not info.efa:
-            raise UserError(f"resources.aws.efa: {itype} does not support EFA.",
-                            "Remove efa, or pick an instance type with EFA (p4d, p5, ...).")
+        lay = efa.chosen(res.network, opts.efa, info, request.num_nodes)   # before anything
         zones = images.offered_zones(self.api, region, itype)
         if pin is not None:
             zones = [z for z in zones if z == pin.zone]
@@ -236,8 +234,8 @@ class AWSProvider(AWSPlacement):
 
         def launch(zone: str) -> list[Node]:
             nodes = self._launch_zone(request, info, image, net, zone, pg, missing, have)
-            self._save(name, region=region, zone=zone, instance_type=itype,
-                       user=opts.ssh_user, public_ip=opts.public_ip)
+            self._save(name, region=region, zone=zone, instance_type=itype, user=opts.ssh_user,
+                       public_ip=opts.public_ip, fabric_env=efa.node_env(itype) if lay else {})
             return nodes
 
         return self.each_zone(
@@ -251,8 +249,9 @@ class AWSProvider(AWSPlacement):
                      have: dict[int, instances.Inst]) -> list[Node]:
         res, opts, region = request.resources, self._opts(request), net.region
         new: dict[int, str] = {}
-        # A host key per new node, installed by cloud-init from the user data before sshd
-        # first starts, and pinned before the first connection.
+        lay, owner = efa.chosen(res.network, opts.efa, info, request.num_nodes), self._owner(
+            request.name)
+        # A host key per new node, installed by cloud-init before sshd first starts, pinned.
         host = {r: generate_host_key() for r in missing} if opts.inject_host_key else {}
         profile = self._profile(request)   # on every up: the policy follows the task's buckets
         if missing:
@@ -260,9 +259,9 @@ class AWSProvider(AWSPlacement):
             spec = instances.LaunchSpec(
                 region=region, zone=zone, subnet_id=net.subnets[zone], group_id=net.group_id,
                 key_name=net.key_name, instance_type=info.name, image=image,
-                disk_gb=res.disk_size_gb, cluster=request.name, owner=self._owner(request.name),
+                disk_gb=res.disk_size_gb, cluster=request.name, owner=owner,
                 spot=res.use_spot, spot_max_price=opts.spot_max_price, placement_group=pg,
-                efa=opts.efa, public_ip=opts.public_ip,
+                efa=lay, public_ip=opts.public_ip,
                 iam_instance_profile=profile,
                 user_data={r: host_key_cloud_config(*k) for r, k in host.items()} or None)
             new, errors = instances.launch(self.api, spec, missing)
@@ -277,8 +276,9 @@ class AWSProvider(AWSPlacement):
             instances.start_stopped(self.api, region, stopped)
         ids = [i.instance_id for i in have.values()] + list(new.values())
         try:
-            running = instances.wait_running(self.api, region, ids, need_public=opts.public_ip,
-                                             sleep=self.sleep, poll=self.poll)
+            running = instances.wait_running(
+                self.api, region, ids, need_public=opts.public_ip, sleep=self.sleep, poll=self.poll,
+                attach=efa.attacher(self.api, region, request.name, owner, lay, opts.public_ip))
             injected = {new[r]: (host[r][1],) for r in new if r in host}
             keys = self._host_keys(region, [i for i in new.values() if i not in injected],
                                    opts.host_key_wait)

@@ -4,7 +4,7 @@ or every cluster's that no live cluster owns (``gc``).
 Order: terminate the instances and wait until EC2 says terminated (their network interfaces
 and volumes go with them), then delete the security group (retried while EC2 still reports
 a DependencyViolation: interfaces take a while to be released), the key pair and the
-placement group, then any volume or interface left over, then check that nothing tagged is
+placement group, then any volume, interface or Elastic IP left over, then check that nothing tagged is
 left. Each step is safe when there is nothing to do, so a half-built cluster, a second
 ``down`` and a ``down`` with no local state all work.
 """
@@ -23,15 +23,17 @@ from . import tags
 from .api import Api
 
 GONE = ("InvalidGroup.NotFound", "InvalidKeyPair.NotFound", "InvalidPlacementGroup.Unknown",
-        "InvalidVolume.NotFound", "InvalidNetworkInterfaceID.NotFound")
+        "InvalidVolume.NotFound", "InvalidNetworkInterfaceID.NotFound",
+        "InvalidAllocationID.NotFound")
 RETRY_WHILE = ("DependencyViolation", "InvalidPlacementGroup.InUse", "VolumeInUse",
-               "InvalidNetworkInterface.InUse")
+               "InvalidNetworkInterface.InUse", "InvalidIPAddress.InUse")
 
 
 @dataclass
 class Resource:
     region: str
-    kind: str          # instance | security-group | key-pair | placement-group | volume | network-interface
+    kind: str          # instance | security-group | key-pair | placement-group | volume |
+                       # network-interface | elastic-ip
     id: str
     cluster: str
     owner: str
@@ -83,6 +85,9 @@ def find(api: Api, region: str, cluster: str | None, owner: str | None) -> Found
     for v in api.pages(region, "describe_volumes", "Volumes",
                        Filters=flt + [{"Name": "status", "Values": ["available", "error"]}]):
         out.resources.append(_res(region, "volume", v["VolumeId"], v.get("Tags")))
+    for a in api.call(region, "describe_addresses", Filters=flt).get("Addresses", []):
+        out.resources.append(_res(region, "elastic-ip", a["AllocationId"], a.get("Tags"),
+                                  a.get("PublicIp", "")))
     for n in api.pages(region, "describe_network_interfaces", "NetworkInterfaces",
                        Filters=flt + [{"Name": "status", "Values": ["available"]}]):
         out.resources.append(_res(region, "network-interface", n["NetworkInterfaceId"],
@@ -129,6 +134,8 @@ def teardown_region(api: Api, region: str, cluster: str, owner: str | None, *,
         _delete(api, region, "delete_volume", sleep, 120.0, VolumeId=r.id)
     for r in found.of("network-interface"):
         _delete(api, region, "delete_network_interface", sleep, 120.0, NetworkInterfaceId=r.id)
+    for r in found.of("elastic-ip"):   # the instances are gone: released, not disassociated
+        _delete(api, region, "release_address", sleep, 60.0, AllocationId=r.id)
     left = find(api, region, cluster, owner).resources
     if left:
         raise ProviderError(

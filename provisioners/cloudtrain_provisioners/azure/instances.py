@@ -68,6 +68,8 @@ class VmSpec:
     spot_max_price: float | None = None
     identity: bool = False
     """A system-assigned managed identity (the node guard's self-stop, see selfstop.py)."""
+    availability_set: str | None = None
+    """The cluster's availability set (InfiniBand sizes, see ibfabric.py): no zone then."""
 
 
 def vm_body(spec: VmSpec, rank: int, nic_id: str, zone: str | None,
@@ -98,6 +100,8 @@ def vm_body(spec: VmSpec, rank: int, nic_id: str, zone: str | None,
     }
     if custom_data is not None:
         props["osProfile"]["customData"] = base64.b64encode(custom_data.encode()).decode()
+    if spec.availability_set:
+        props["availabilitySet"] = {"id": spec.availability_set}
     if spec.spot:
         props["priority"] = "Spot"
         props["evictionPolicy"] = "Delete"
@@ -105,7 +109,7 @@ def vm_body(spec: VmSpec, rank: int, nic_id: str, zone: str | None,
     body: dict[str, Any] = {"location": spec.region,
                             "tags": tags.tags(spec.cluster, spec.owner, rank, created),
                             "properties": props}
-    if zone:
+    if zone and not spec.availability_set:
         body["zones"] = [zone]
     if spec.identity:
         body["identity"] = {"type": "SystemAssigned"}

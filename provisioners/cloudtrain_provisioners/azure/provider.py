@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, ClassVar
 
+from cloudtrain.catalog import fabric
 from cloudtrain.errors import NotAsked, ProviderError, UserError
 from cloudtrain.provider import (ClusterRequest, NetworkRef, Node, NodeHealth, Plan, ProviderCheck,
                                  SelfStop,
@@ -32,8 +33,8 @@ from cloudtrain.provider import (ClusterRequest, NetworkRef, Node, NodeHealth, P
 from cloudtrain.provider.cloud import Existing
 from cloudtrain.provider.failover import Pin, Unavailable, worst
 
-from . import (access, health, identity, images, instances, network, selfstop, stopstart, tags,
-               teardown)
+from . import (access, health, ibfabric, identity, images, instances, network, selfstop,
+               stopstart, tags, teardown)
 from .api import Api, AzureClients
 from .options import ZONES, AzureOptions
 from .placement import AzurePlacement
@@ -133,6 +134,8 @@ class AzureProvider(AzurePlacement):
         creates.append(f"{request.num_nodes} x {first.instance_type} VM, {market}, one zone: "
                        f"image {image}; {res.disk_size_gb} GiB OS disk; user {opts.ssh_user}, "
                        "SSH key only (passwords disabled)")
+        if fab := fabric.wanted(res.network, self.name, first.instance_type, request.num_nodes):
+            creates.append(ibfabric.plan_line(fab))
         if opts.self_stop:
             creates.append(selfstop.plan_line(group))
         notes = [f"every resource is tagged {tags.CLUSTER}={request.name}, "
@@ -253,6 +256,8 @@ class AzureProvider(AzurePlacement):
         else:
             zones = list(info.zones) or [None]
         missing = [r for r in range(request.num_nodes) if r not in have]
+        fab = fabric.wanted(res.network, self.name, size, request.num_nodes)
+        zones = [None] if fab else zones   # an availability set has no zone
         image = images.choose_image(res.image, info.generations)
         if missing and not images.image_available(api, region, image):
             raise Unavailable(f"image {images.image_text(image)} is not offered in {region}")
@@ -262,7 +267,10 @@ class AzureProvider(AzurePlacement):
                         disk_gb=res.disk_size_gb, premium_disk=info.premium_io,
                         user=opts.ssh_user, public_key=request.public_key, cluster=name,
                         owner=self._owner(name), spot=res.use_spot, spot_max_price=opts.spot_max_price,
-                        identity=opts.self_stop or bool(identity.containers(request.buckets)))
+                        identity=opts.self_stop or bool(identity.containers(request.buckets)),
+                        availability_set=ibfabric.ensure_set(api, net.group, region, name,
+                                                             self._owner(name)) if fab else None)
+        self._save(name, fabric_env=ibfabric.node_env(fab, size) if fab else {})
 
         def launch(zone: str | None) -> list[Node]:
             nodes = self._launch_zone(request, api, spec, zone, nics, have)

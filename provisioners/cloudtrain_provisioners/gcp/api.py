@@ -55,7 +55,8 @@ _CLIENT_CLASSES = {
     "zone_operations": "ZoneOperationsClient", "global_operations": "GlobalOperationsClient",
     "images": "ImagesClient", "machine_types": "MachineTypesClient",
     "accelerator_types": "AcceleratorTypesClient", "regions": "RegionsClient",
-    "zones": "ZonesClient", "networks": "NetworksClient",
+    "zones": "ZonesClient", "networks": "NetworksClient", "subnetworks": "SubnetworksClient",
+    "region_operations": "RegionOperationsClient", "resource_policies": "ResourcePoliciesClient",
 }
 
 
@@ -371,7 +372,7 @@ class Api:
         raise AssertionError("unreachable")
 
     def wait(self, op: Any, *, project: str, zone: str | None = None, what: str = "",
-             timeout: float = 900.0) -> dict[str, Any]:
+             timeout: float = 900.0, region: str | None = None) -> dict[str, Any]:
         """Poll an operation until DONE (with our own operations client); raise the
         contract's error when it ended with one."""
         opd = as_dict(op)
@@ -387,6 +388,9 @@ class Api:
             if zone:
                 opd = as_dict(self.call("zone_operations", "wait", project=project, zone=zone,
                                         operation=opd["name"]))
+            elif region:
+                opd = as_dict(self.call("region_operations", "wait", project=project,
+                                        region=region, operation=opd["name"]))
             else:
                 opd = as_dict(self.call("global_operations", "wait", project=project,
                                         operation=opd["name"]))

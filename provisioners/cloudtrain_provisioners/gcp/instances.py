@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 from cloudtrain.errors import CapacityError, ProviderError
 
-from . import tags
+from . import gpunics, tags
 from .api import Api, Conflict, NotFound
 from .images import Image, accelerator_type, builtin_gpus
 
@@ -102,6 +102,10 @@ class LaunchSpec:
     install_driver: bool
     max_run_seconds: int | None = None
     """GCE deletes the instance this long after it starts running (the hard lifetime)."""
+    gpu_nics: tuple[gpunics.GpuNic, ...] = ()
+    """A3's GPU NICs (GPUDirect-TCPX/TCPXO), each on its own network: gVNIC all."""
+    placement_policy: str | None = None
+    """The cluster's compact placement policy (compact.py), when it has one."""
 
 
 def instance_name(base: str, rank: int) -> str:
@@ -118,6 +122,8 @@ def body(spec: LaunchSpec, rank: int) -> dict[str, Any]:
         nic["subnetwork"] = (spec.subnetwork if "/" in spec.subnetwork else
                              f"projects/{project}/regions/{zone.rsplit('-', 1)[0]}/"
                              f"subnetworks/{spec.subnetwork}")
+    if spec.gpu_nics:
+        nic["nicType"] = "GVNIC"   # A3: gVNIC on every interface
     if spec.public_ip:
         nic["accessConfigs"] = [{"name": "External NAT", "type": "ONE_TO_ONE_NAT"}]
     sched: dict[str, Any] = {"onHostMaintenance": "TERMINATE" if gpus else "MIGRATE"}
@@ -147,7 +153,7 @@ def body(spec: LaunchSpec, rank: int) -> dict[str, Any]:
                                         "diskSizeGb": str(spec.disk_gb),
                                         "diskType": f"zones/{zone}/diskTypes/{spec.disk_type}",
                                         "labels": dict(lab)}}],
-        "networkInterfaces": [nic],
+        "networkInterfaces": [nic, *gpunics.interfaces(project, list(spec.gpu_nics))],
         "metadata": {"items": items},
     }
     if spec.accelerator:
@@ -155,6 +161,8 @@ def body(spec: LaunchSpec, rank: int) -> dict[str, Any]:
             "acceleratorType": f"projects/{project}/zones/{zone}/acceleratorTypes/"
                                f"{accelerator_type(spec.accelerator)}",
             "acceleratorCount": spec.accelerator_count}]
+    if spec.placement_policy:
+        out["resourcePolicies"] = [spec.placement_policy]
     if spec.service_account:
         out["serviceAccounts"] = [{"email": spec.service_account,
                                    "scopes": ["https://www.googleapis.com/auth/cloud-platform"]}]

@@ -288,7 +288,8 @@ def ensure_firewalls(api: Api, project: str, network: str, base: str, cluster: s
                      rules: list[Rule]) -> list[str]:
     """Make the cluster's rules exactly ``rules``. Returns the rule names."""
     wanted = {r.name(base): body(r, base, project, network, cluster, owner) for r in rules}
-    existing = {fw["name"]: fw for fw in find_rules(api, project, cluster, owner)}
+    existing = {fw["name"]: fw for fw in find_rules(api, project, cluster, owner)   # this network's
+                if (fw.get("network") or "").rsplit("/", 1)[-1] == network.rsplit("/", 1)[-1]}
     ops: list[tuple[str, Any]] = []
     for name, want in wanted.items():
         have = existing.get(name)

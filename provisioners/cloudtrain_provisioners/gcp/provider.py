@@ -22,14 +22,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar
 
+from cloudtrain.catalog import fabric
 from cloudtrain.errors import AuthError, UserError, code_of
 from cloudtrain.provider import (ClusterRequest, NetworkRef, Node, NodeHealth, Plan,
                                  ProviderCheck, SelfStop, Target)
 from cloudtrain.provider.cloud import Existing
 from cloudtrain.provider.failover import Pin, Unavailable, worst
 
-from . import (access, health, identity, images, instances, network, selfstop, stopstart, tags,
-               teardown)
+from . import (access, compact, gpunics, health, identity, images, instances, network, selfstop,
+               stopstart, tags, teardown)
 from .api import Api, GoogleClients
 from .options import REGION_RE, ZONE_RE, GCPOptions
 from .placement import GCPPlacement
@@ -148,6 +149,9 @@ class GCPProvider(GCPPlacement):
         creates += [f"firewall rule {r.name(base)} on network {net}: {r.text(base)}"
                     for r in network.desired_rules(base, self._cidr_text(request),
                                                    list(res.ports))]
+        if fab := fabric.wanted(res.network, self.name, first.instance_type, request.num_nodes):
+            creates += gpunics.plan_lines(base, fab, self._cidr_text(request))
+            creates += [f"compact placement policy {compact.name(base)}"] if request.num_nodes > 1 else []
         market = ("spot (provisioningModel SPOT, termination action DELETE)" if res.use_spot
                   else "on-demand")
         gpus = (f" + {first.accelerator_count} x {images.accelerator_type(first.accelerator)} "
@@ -167,6 +171,7 @@ class GCPProvider(GCPPlacement):
                  f"every instance and boot disk is labelled {tags.CLUSTER}={request.name}, "
                  f"{tags.OWNER}={tags.owner_value(owner)}, {tags.RANK}; the firewall "
                  "rules carry the same marks in their description"]
+        notes += [gpunics.plan_note(fab)] if fab else []
         made, said = identity.plan(request.buckets, identity.email_of(
             request.name, owner, opts.project or "PROJECT"), opts.service_account)
         return self.plan_of(request, targets, creates + made, notes + said)
@@ -283,6 +288,12 @@ class GCPProvider(GCPPlacement):
             assert image is not None
             owner = self._owner(request.name)
             base = tags.base_name(request.name, owner)
+            fab = fabric.wanted(res.network, self.name, target.instance_type, request.num_nodes)
+            nics = gpunics.ensure(api, project, target.region, base, request.name, owner, fab,
+                                  str(self._record(request.name).get("ssh_cidr"))) if fab else []
+            self._save(request.name, fabric_env=gpunics.node_env(fab) if fab else {})
+            place = compact.ensure(api, project, target.region, base, request.name, owner) \
+                if fab and request.num_nodes > 1 else None
             spec = instances.LaunchSpec(
                 project=project, zone=zone, base=base,
                 machine_type=target.instance_type, accelerator=target.accelerator,
@@ -294,7 +305,8 @@ class GCPProvider(GCPPlacement):
                 subnetwork=opts.subnetwork, public_ip=opts.public_ip,
                 ssh_user=opts.ssh_user, public_key=request.public_key,
                 service_account=account, install_driver=opts.install_nvidia_driver,
-                max_run_seconds=selfstop.run_seconds(request.max_hours))
+                max_run_seconds=selfstop.run_seconds(request.max_hours), gpu_nics=tuple(nics),
+                placement_policy=place)
             new, errors = instances.launch(api, spec, missing)
             if errors:
                 self._rollback(api, project, zone, list(new.values()))

@@ -3,8 +3,8 @@ rollback) or every cluster's that no live cluster owns (``gc``).
 
 Order: delete the instances and wait until each delete operation is DONE and the instance
 list no longer shows them (their auto-delete boot disks go with them), then delete any disk
-left over with our labels, then the firewall rules, then the cluster's own VPC network
-(when cloudtrain created one), then check that nothing marked is left.
+left over with our labels, then the firewall rules, then the GPU NIC subnetworks (A3), then
+the cluster's own VPC networks (when cloudtrain created them), then check that nothing marked is left.
 Each step is safe when there is nothing to do, so a half-built cluster, a second ``down``
 and a ``down`` with no local state all work: everything is found by label (instances,
 disks) or by the marks in the description (firewall rules), in every zone at once through
@@ -20,6 +20,8 @@ from typing import Callable
 
 from cloudtrain.errors import ProviderError
 
+from . import compact
+from . import gpunics
 from . import instances
 from . import tags
 from . import network
@@ -28,8 +30,8 @@ from .api import Api, NotFound
 
 @dataclass
 class Resource:
-    region: str        # the zone (instances, disks) or "global" (firewall rules, networks)
-    kind: str          # instance | disk | firewall | network
+    region: str        # the zone (instances, disks), region (subnetworks) or "global"
+    kind: str          # instance | disk | resource-policy | firewall | subnetwork | network
     id: str
     cluster: str
     owner: str
@@ -72,6 +74,16 @@ def find(api: Api, project: str, cluster: str | None, owner: str | None) -> Foun
         out.resources.append(Resource("global", "firewall", str(fw["name"]),
                                       m.get(tags.CLUSTER, ""), m.get(tags.OWNER, ""),
                                       m.get("created-at", str(fw.get("creationTimestamp", "")))))
+    for rp in compact.find(api, project, cluster, owner):
+        m = tags.marks(rp.get("description"))
+        out.resources.append(Resource(str(rp.get("region", "")).rsplit("/", 1)[-1],
+                                      "resource-policy", str(rp["name"]), m.get(tags.CLUSTER, ""),
+                                      m.get(tags.OWNER, ""), m.get("created-at", "")))
+    for s in gpunics.find_subnetworks(api, project, cluster, owner):
+        m = tags.marks(s.get("description"))
+        out.resources.append(Resource(str(s.get("region", "")).rsplit("/", 1)[-1], "subnetwork",
+                                      str(s["name"]), m.get(tags.CLUSTER, ""),
+                                      m.get(tags.OWNER, ""), m.get("created-at", "")))
     for net in network.find_networks(api, project, cluster, owner):
         m = tags.marks(net.get("description"))
         out.resources.append(Resource("global", "network", str(net["name"]),
@@ -108,7 +120,9 @@ def teardown(api: Api, project: str, cluster: str, owner: str | None, *,
             api.wait(op, project=project, zone=r.region, what=f"deleting disk {r.id}")
         except NotFound:
             continue
+    compact.delete(api, project, [(r.region, r.id) for r in found.of("resource-policy")])
     network.delete_rules(api, project, [r.id for r in found.of("firewall")])
+    gpunics.delete_subnetworks(api, project, [(r.region, r.id) for r in found.of("subnetwork")])
     # the cluster's own network last: GCE refuses to delete one that rules or instances use
     network.delete_networks(api, project, [r.id for r in found.of("network")])
     left = find(api, project, cluster, owner).resources
