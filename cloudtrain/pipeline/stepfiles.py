@@ -1,0 +1,131 @@
+"""A scheduler's cluster (provider: slurm): ``file_mounts`` and ``outputs:`` on its shared
+filesystem, moved through the login node (never over SSH to a compute node).
+
+Before a job's step, its local ``file_mounts`` are rsynced to their targets and its bucket
+mounts fetched there by rclone on the login node (the provider does both: ``put_mounts``);
+its outputs are recorded (:func:`cloudtrain.pipeline.outputs.record`). After the step, however
+it ended (a failure, Ctrl-C), its outputs are pulled from the workdir on the shared
+filesystem with the same staging and checks as every provider's (``sync.pull``: nothing lands
+outside the outputs folder, links and special files are not copied). Every node writes into
+the same workdir, so the outputs come once, straight into the outputs folder, also with
+``outputs_from: all``. Nothing on the shared filesystem is ever deleted.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Mapping, Protocol, runtime_checkable
+
+from cloudtrain.context import Env
+from cloudtrain.errors import CloudtrainError, RemoteError
+from cloudtrain.pipeline import sync
+from cloudtrain.schema import NodeRow, OutputsRow
+
+if TYPE_CHECKING:
+    from cloudtrain.cluster import Handle
+    from cloudtrain.taskmodel import Task
+
+
+@runtime_checkable
+class SharesFiles(Protocol):
+    """A provider whose nodes share a filesystem with a login node that rsync reaches."""
+
+    def shared_source(self, cluster: str) -> tuple[Callable[[str], list[str]], str]: ...
+
+    def put_mounts(self, cluster: str, local: Mapping[str, Path], buckets: Mapping[str, str],
+                   program: str, say: Callable[[str], None]) -> None: ...
+
+
+def _store_program(envs: Mapping[str, str]) -> str:
+    """cloudtrain's storage agent (cloudtrain/node/store.py) with the job's environment set
+    first: the program the login node's python3 reads on stdin."""
+    agent = (Path(__file__).resolve().parent.parent / "node" / "store.py").read_text()
+    setting = json.dumps(json.dumps(dict(envs)))
+    return f"import os as _o, json as _j\n_o.environ.update(_j.loads({setting}))\n" + agent
+
+
+def before_step(env: Env, handle: Handle, task: Task, job_id: str,
+                overrides: Mapping[str, str]) -> None:
+    """The job's file_mounts on the shared filesystem, and its outputs recorded."""
+    from cloudtrain.pipeline import outputs
+
+    local = {t: (task.base_dir / s).resolve() for t, s in task.local_mounts().items()}
+    buckets = {t: str(u) for t, u in task.bucket_mounts().items()}
+    provider = handle.provider
+    if (local or buckets) and isinstance(provider, SharesFiles):
+        env.ui.step(f"file_mounts: {len(local)} local, {len(buckets)} bucket(s), through the "
+                    "login node")
+        provider.put_mounts(handle.name, local, buckets,
+                            _store_program({**task.envs, **overrides}) if buckets else "",
+                            env.ui.info)
+    outputs.record(env, handle.name, job_id, task)
+
+
+def after_step(env: Env, handle: Handle, task: Task, job_id: str) -> None:
+    """Pull the job's outputs once its step has ended, however it ended; a pull that fails
+    is said (``cloudtrain outputs`` and ``down`` pull them again)."""
+    from cloudtrain.pipeline import outputs
+
+    if not task.outputs:
+        return
+    try:
+        outputs.pull_ended(env, handle, job_id, task)
+    except CloudtrainError as exc:
+        env.ui.warn(f"job {job_id}'s outputs were not pulled: {exc.message} (run 'cloudtrain "
+                    f"outputs {handle.name}' to pull them; 'down' pulls them too)")
+
+
+def _anchor(handle: Handle) -> NodeRow:
+    """The node named in sync.pull's messages (the shared filesystem has no rank of its own;
+    an allocation that ended has no node left, and its files are still there)."""
+    if handle.nodes:
+        return handle.nodes[0]
+    return NodeRow(handle.name, 0, "", "", 0, "", "", "ended", "")
+
+
+def pull_row(env: Env, handle: Handle, row: OutputsRow) -> tuple[list[Path], bool]:
+    """``row``'s outputs from the workdir on the shared filesystem into its folder, once.
+    Returns what came back and whether the login node answered."""
+    provider = handle.provider
+    assert isinstance(provider, SharesFiles)
+    via, workdir = provider.shared_source(handle.name)
+    dest = Path(row.dest)
+    got: list[Path] = []
+    ok = True
+    if row.from_all:
+        env.ui.info("outputs_from: all: the nodes share the workdir, so its outputs come once")
+    for rel in row.paths:
+        try:
+            pulled = sync.pull(_anchor(handle), handle.keys, rel, dest, base=workdir, via=via)
+        except RemoteError as exc:
+            ok = False
+            env.ui.warn(str(exc).replace(" from node 0", " from the shared filesystem"))
+            continue
+        for what in pulled.skipped:
+            env.ui.warn(f"output '{rel}': not copied: {what}")
+        if pulled.found:
+            got.append(dest / rel.rstrip("/"))
+        elif not pulled.skipped:
+            env.ui.warn(f"output '{rel}' does not exist in the workdir {workdir}")
+    if got:
+        env.ui.ok("Outputs: " + ", ".join(str(p) for p in got))
+    return got, ok
+
+
+def pull_now(env: Env, handle: Handle, row: OutputsRow) -> tuple[OutputsRow, list[Path], bool]:
+    """``cloudtrain outputs`` on a scheduler's cluster: pull now; the job has ended when its
+    launch is recorded as ended (only then are its outputs marked pulled)."""
+    from cloudtrain.pipeline.outputs import settle
+
+    launch = next((x for x in env.state.launches(handle.name) if x.job_id == row.job_id), None)
+    ended = launch is None or launch.status != "RUNNING"
+    got, ok = pull_row(env, handle, row)
+    if not ok:
+        raise RemoteError(f"the outputs of job {row.job_id} could not all be pulled from "
+                          f"'{handle.name}' (above).",
+                          f"Check the login node, then run 'cloudtrain outputs {handle.name}' "
+                          "again.")
+    if ended:
+        settle(env, row)
+    return row, got, ended
