@@ -24,6 +24,7 @@ from cloudtrain.schema import NodeRow, OutputsRow
 
 if TYPE_CHECKING:
     from cloudtrain.cluster import Handle
+    from cloudtrain.provider import ClusterRequest
     from cloudtrain.taskmodel import Task
 
 
@@ -33,16 +34,31 @@ class SharesFiles(Protocol):
 
     def shared_source(self, cluster: str) -> tuple[Callable[[str], list[str]], str]: ...
 
+    def check_files(self, request: ClusterRequest, targets: list[str], buckets: bool
+                    ) -> None: ...
+
     def put_mounts(self, cluster: str, local: Mapping[str, Path], buckets: Mapping[str, str],
                    program: str, say: Callable[[str], None]) -> None: ...
 
 
 def _store_program(envs: Mapping[str, str]) -> str:
-    """cloudtrain's storage agent (cloudtrain/node/store.py) with the job's environment set
-    first: the program the login node's python3 reads on stdin."""
+    """The job's environment (one line of JSON), then cloudtrain's storage agent
+    (cloudtrain/node/store.py): what the login node's python3 reads on stdin."""
     agent = (Path(__file__).resolve().parent.parent / "node" / "store.py").read_text()
-    setting = json.dumps(json.dumps(dict(envs)))
-    return f"import os as _o, json as _j\n_o.environ.update(_j.loads({setting}))\n" + agent
+    return json.dumps(dict(envs)) + "\n" + agent
+
+
+def precheck(env: Env, task: Task, name: str) -> None:
+    """Before anything is created: the file_mounts targets can be written on the shared
+    filesystem, and the login node has rclone for bucket mounts (else exit 2)."""
+    from cloudtrain.pipeline.plan import cluster_request
+
+    if not task.file_mounts:
+        return
+    provider = env.provider(str(task.resources.provider))
+    if isinstance(provider, SharesFiles):
+        provider.check_files(cluster_request(task, name, public_key=""),
+                             list(task.local_mounts()), bool(task.bucket_mounts()))
 
 
 def before_step(env: Env, handle: Handle, task: Task, job_id: str,

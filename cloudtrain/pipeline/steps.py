@@ -81,6 +81,7 @@ def launch(env: Env, req: Launch) -> run.Outcome:
     cluster; --down ends the allocation after, whatever happened."""
     refuse_unbuilt(req)
     task, name = req.task, req.name
+    stepfiles.precheck(env, task, name)      # file_mounts' targets, before anything exists
     if env.state.get_cluster(name) is None:
         req.confirm(req.plan)
     try:

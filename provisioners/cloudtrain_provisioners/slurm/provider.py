@@ -187,6 +187,15 @@ class SlurmProvider:
         login, wd = self._shared(cluster)
         return files.rsync_source(login), wd
 
+    def check_files(self, request: ClusterRequest, targets: list[str], buckets: bool) -> None:
+        """Before ``up``: every file_mounts target writable on the shared filesystem, and
+        rclone on the login node for bucket mounts (files.py); nothing is created there."""
+        o = self._opts(request)
+        self.ctx.cluster_dir(request.name).mkdir(parents=True, exist_ok=True)
+        login = Login(o.login, o.identity_file,
+                      self.ctx.cluster_dir(request.name) / "slurm-login-known_hosts")
+        files.check(login, self._workdir(login, request.name, o.workdir), targets, buckets)
+
     def put_mounts(self, cluster: str, local: Mapping[str, Path], buckets: Mapping[str, str],
                    program: str, say: Callable[[str], None]) -> None:
         """file_mounts into the shared filesystem from the login node (files.py)."""
