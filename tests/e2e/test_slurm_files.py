@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -143,4 +145,46 @@ def test_no_rclone_on_the_login_node_exits_2(slurm: SlurmCluster, cli: CLI,
     r = cli.run("launch", str(f), "-y", PATH=str(bin_dir))
     assert r.returncode == 2, r.stderr
     assert "has no rclone" in r.stderr and "Traceback" not in r.stderr
+    assert slurm.jobs() == []
+
+
+def test_ctrl_c_pulls_what_the_job_wrote_so_far(slurm: SlurmCluster, cli: CLI,
+                                                tmp_path: Path) -> None:
+    f = task(tmp_path, 'mkdir -p out\necho "part $CLOUDTRAIN_NODE_RANK" > '
+             'out/part-$CLOUDTRAIN_NODE_RANK.txt\necho "started"\nsleep 300\n')
+    proc = cli.popen("launch", str(f), "-y")
+    try:
+        assert proc.stdout is not None
+        seen = ""
+        deadline = time.time() + 90
+        while seen.count("started") < 2 and time.time() < deadline:
+            seen += proc.stdout.readline()
+        assert seen.count("started") == 2, seen
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    got = tmp_path / "proj" / "cloudtrain-outputs" / "out"
+    assert sorted(p.read_text() for p in got.iterdir()) == ["part 0\n", "part 1\n"], err
+    assert cli.run("down", "files").returncode == 0
+    assert slurm.jobs() == []
+
+
+def test_down_pulls_the_outputs_a_launch_could_not_pull(slurm: SlurmCluster, cli: CLI,
+                                                        tmp_path: Path) -> None:
+    outs = tmp_path / "proj" / "cloudtrain-outputs"
+    # The job runs on this machine here: it blocks the local outputs folder with a file, as a
+    # full or unmounted disk would make the pull after the job fail.
+    f = task(tmp_path, f'mkdir -p out\necho kept > out/a.txt\nrm -rf {outs}\n'
+             f'echo blocker > {outs}\n')
+    r = cli.run("launch", str(f), "-y")
+    assert r.returncode == 0, r.stderr
+    assert "is not a plain directory" in r.stderr, r.stderr
+    outs.unlink()
+    down = cli.run("down", "files")
+    assert down.returncode == 0, down.stderr
+    assert "were never pulled: pulling them before the teardown" in down.stderr, down.stderr
+    assert (outs / "out" / "a.txt").read_text() == "kept\n"
     assert slurm.jobs() == []
