@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CLI
+from conftest import CLI, needs_sshd
 from slurmkit import SlurmCluster, needs_slurm, slurm, slurm_cluster  # noqa: F401
+from test_slurm_login_ssh import LoginNode
 
 pytestmark = [needs_slurm, pytest.mark.e2e]
 
@@ -188,3 +189,29 @@ def test_down_pulls_the_outputs_a_launch_could_not_pull(slurm: SlurmCluster, cli
     assert "were never pulled: pulling them before the teardown" in down.stderr, down.stderr
     assert (outs / "out" / "a.txt").read_text() == "kept\n"
     assert slurm.jobs() == []
+
+
+@needs_sshd
+def test_over_ssh_to_the_login_node_mounts_go_and_outputs_come_back(
+        slurm: SlurmCluster, cli: CLI, tmp_path: Path) -> None:
+    login = LoginNode(tmp_path / "login", slurm)
+    login.start()
+    try:
+        (tmp_path / "proj" / "data").mkdir(parents=True)
+        (tmp_path / "proj" / "data" / "x.txt").write_text("over ssh\n")
+        f = task(tmp_path, 'mkdir -p out\ncp inputs/x.txt out/x-$CLOUDTRAIN_NODE_RANK.txt\n'
+                 'ln -sfn / out/root\n', file_mounts={"inputs": "./data"})
+        doc = json.loads(f.read_text())
+        doc["resources"]["slurm"].update(login=f"root@127.0.0.1:{login.port}",
+                                         identity_file=str(login.key))
+        f.write_text(json.dumps(doc))
+        # Slurm is reached only through the login node: this process's SLURM_CONF is hidden
+        hidden = {"SLURM_CONF": str(tmp_path / "no-such-slurm.conf")}
+        r = cli.run("launch", str(f), "-y", "--down", **hidden)
+        assert r.returncode == 0, r.stderr
+        got = tmp_path / "proj" / "cloudtrain-outputs" / "out"
+        assert sorted(p.name for p in got.iterdir()) == ["x-0.txt", "x-1.txt"], r.stderr
+        assert (got / "x-1.txt").read_text() == "over ssh\n"
+        assert slurm.jobs() == []
+    finally:
+        login.stop()
