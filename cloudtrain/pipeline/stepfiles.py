@@ -15,30 +15,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Mapping, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Mapping
 
 from cloudtrain.context import Env
 from cloudtrain.errors import CloudtrainError, RemoteError
-from cloudtrain.pipeline import sync
-from cloudtrain.schema import NodeRow, OutputsRow
+from cloudtrain.pipeline import outputs
+from cloudtrain.pipeline.sharedfs import SharesFiles, pull_row
+from cloudtrain.schema import OutputsRow
 
 if TYPE_CHECKING:
     from cloudtrain.cluster import Handle
-    from cloudtrain.provider import ClusterRequest
     from cloudtrain.taskmodel import Task
-
-
-@runtime_checkable
-class SharesFiles(Protocol):
-    """A provider whose nodes share a filesystem with a login node that rsync reaches."""
-
-    def shared_source(self, cluster: str) -> tuple[Callable[[str], list[str]], str]: ...
-
-    def check_files(self, request: ClusterRequest, targets: list[str], buckets: bool
-                    ) -> None: ...
-
-    def put_mounts(self, cluster: str, local: Mapping[str, Path], buckets: Mapping[str, str],
-                   program: str, say: Callable[[str], None]) -> None: ...
 
 
 def _store_program(envs: Mapping[str, str]) -> str:
@@ -64,8 +51,6 @@ def precheck(env: Env, task: Task, name: str) -> None:
 def before_step(env: Env, handle: Handle, task: Task, job_id: str,
                 overrides: Mapping[str, str]) -> None:
     """The job's file_mounts on the shared filesystem, and its outputs recorded."""
-    from cloudtrain.pipeline import outputs
-
     local = {t: (task.base_dir / s).resolve() for t, s in task.local_mounts().items()}
     buckets = {t: str(u) for t, u in task.bucket_mounts().items()}
     provider = handle.provider
@@ -81,8 +66,6 @@ def before_step(env: Env, handle: Handle, task: Task, job_id: str,
 def after_step(env: Env, handle: Handle, task: Task, job_id: str) -> None:
     """Pull the job's outputs once its step has ended, however it ended; a pull that fails
     is said (``cloudtrain outputs`` and ``down`` pull them again)."""
-    from cloudtrain.pipeline import outputs
-
     if not task.outputs:
         return
     try:
@@ -92,48 +75,9 @@ def after_step(env: Env, handle: Handle, task: Task, job_id: str) -> None:
                     f"outputs {handle.name}' to pull them; 'down' pulls them too)")
 
 
-def _anchor(handle: Handle) -> NodeRow:
-    """The node named in sync.pull's messages (the shared filesystem has no rank of its own;
-    an allocation that ended has no node left, and its files are still there)."""
-    if handle.nodes:
-        return handle.nodes[0]
-    return NodeRow(handle.name, 0, "", "", 0, "", "", "ended", "")
-
-
-def pull_row(env: Env, handle: Handle, row: OutputsRow) -> tuple[list[Path], bool]:
-    """``row``'s outputs from the workdir on the shared filesystem into its folder, once.
-    Returns what came back and whether the login node answered."""
-    provider = handle.provider
-    assert isinstance(provider, SharesFiles)
-    via, workdir = provider.shared_source(handle.name)
-    dest = Path(row.dest)
-    got: list[Path] = []
-    ok = True
-    if row.from_all:
-        env.ui.info("outputs_from: all: the nodes share the workdir, so its outputs come once")
-    for rel in row.paths:
-        try:
-            pulled = sync.pull(_anchor(handle), handle.keys, rel, dest, base=workdir, via=via)
-        except RemoteError as exc:
-            ok = False
-            env.ui.warn(str(exc).replace(" from node 0", " from the shared filesystem"))
-            continue
-        for what in pulled.skipped:
-            env.ui.warn(f"output '{rel}': not copied: {what}")
-        if pulled.found:
-            got.append(dest / rel.rstrip("/"))
-        elif not pulled.skipped:
-            env.ui.warn(f"output '{rel}' does not exist in the workdir {workdir}")
-    if got:
-        env.ui.ok("Outputs: " + ", ".join(str(p) for p in got))
-    return got, ok
-
-
 def pull_now(env: Env, handle: Handle, row: OutputsRow) -> tuple[OutputsRow, list[Path], bool]:
     """``cloudtrain outputs`` on a scheduler's cluster: pull now; the job has ended when its
     launch is recorded as ended (only then are its outputs marked pulled)."""
-    from cloudtrain.pipeline.outputs import settle
-
     launch = next((x for x in env.state.launches(handle.name) if x.job_id == row.job_id), None)
     ended = launch is None or launch.status != "RUNNING"
     got, ok = pull_row(env, handle, row)
@@ -143,5 +87,5 @@ def pull_now(env: Env, handle: Handle, row: OutputsRow) -> tuple[OutputsRow, lis
                           f"Check the login node, then run 'cloudtrain outputs {handle.name}' "
                           "again.")
     if ended:
-        settle(env, row)
+        outputs.settle(env, row)
     return row, got, ended
