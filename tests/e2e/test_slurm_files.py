@@ -60,7 +60,14 @@ def test_outputs_of_both_nodes_arrive_also_when_the_job_fails_and_stay_after_dow
     assert (got / "from-1-n2.txt").exists()
     assert "Outputs: " in failed.stderr           # pulled although the job failed
 
-    # On demand: what the job (or anyone) wrote since comes back with `outputs`.
+    # On demand: what the job (or anyone) wrote since comes back with `outputs`, also once
+    # the allocation has ended behind cloudtrain's back (the files stay on the shared fs).
+    (alloc,) = [j["id"] for j in slurm.jobs()]
+    slurm.run("scancel", alloc)
+    deadline = time.time() + 30
+    while slurm.jobs() and time.time() < deadline:
+        time.sleep(0.5)
+    assert slurm.jobs() == []
     (tmp_path / "shared" / "files" / "out" / "late.txt").write_text("late\n")
     pulled = cli.run("outputs", "files")
     assert pulled.returncode == 0, pulled.stderr
