@@ -41,6 +41,9 @@ def record(env: Env, name: str, job_id: str, task: Task) -> None:
 def pull_row(env: Env, handle: Handle, row: OutputsRow) -> tuple[list[Path], bool]:
     """Pull ``row``'s outputs from the nodes into its folder. Returns what came back and
     whether every node answered (a path the node does not have is not a failure)."""
+    from cloudtrain.pipeline import sharedfs
+    if isinstance(handle.provider, sharedfs.SharesFiles):    # a scheduler's shared filesystem
+        return sharedfs.pull_row(env, handle, row)
     dest_root = Path(row.dest)
     got: list[Path] = []
     ok = True
@@ -122,9 +125,11 @@ def before_down(env: Env, name: str, how: Unpulled) -> None:
 
 def _pull_all(env: Env, name: str, rows: list[OutputsRow]) -> None:
     handle = get_handle(env, name)
-    if not handle.nodes:
-        raise RemoteError(f"'{name}' has no node running.", "")
-    connect(env, handle, timeout=15).close()   # every node answers, or this raises
+    from cloudtrain.pipeline.sharedfs import SharesFiles
+    if not isinstance(handle.provider, SharesFiles):     # (those are read through a login node)
+        if not handle.nodes:
+            raise RemoteError(f"'{name}' has no node running.", "")
+        connect(env, handle, timeout=15).close()   # every node answers, or this raises
     done: set[tuple[str, bool, tuple[str, ...]]] = set()
     for row in reversed(rows):
         key = (row.dest, row.from_all, tuple(row.paths))

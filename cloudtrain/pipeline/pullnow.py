@@ -62,6 +62,9 @@ def pull_job(env: Env, name: str, job_id: str | None) -> tuple[OutputsRow, list[
         done = sweepout.pull_now(env, name, row.job_id[6:])
         now = sweepout.row_of(env, name, row.job_id[6:])     # pulled: finished, all here
         return row, [done.folder] if done else [], bool(now and now.pulled_at is not None)
+    from cloudtrain.pipeline import sharedfs, stepfiles
+    if isinstance(handle.provider, sharedfs.SharesFiles):    # through the login node
+        return stepfiles.pull_now(env, handle, row)
     group = connect(env, handle, timeout=15)
     try:
         ended = _ended(group, handle, row)

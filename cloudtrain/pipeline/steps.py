@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from cloudtrain.context import Env
 from cloudtrain.errors import JobFailed, UserError
-from cloudtrain.pipeline import run, torchrun
+from cloudtrain.pipeline import run, stepfiles, torchrun
 from cloudtrain.pipeline.provision import provision
 from cloudtrain.pipeline.remote_job import new_job_id
 from cloudtrain.pipeline.request import Launch
@@ -28,9 +28,7 @@ if TYPE_CHECKING:
 def refuse_unbuilt(req: Launch) -> None:
     """What a step launch does not do yet: exit 2 before anything is created."""
     t = req.task
-    what = ("launch -d" if req.detach else "launch --recover" if req.recover else
-            "outputs:" if t.outputs else
-            "file_mounts:" if t.local_mounts() or t.bucket_mounts() else "")
+    what = ("launch -d" if req.detach else "launch --recover" if req.recover else "")
     if what:
         raise UserError(f"{what} is not built yet for provider '{t.resources.provider}'.",
                         "Run the job with run: (srun starts it once on every node of the "
@@ -83,6 +81,7 @@ def launch(env: Env, req: Launch) -> run.Outcome:
     cluster; --down ends the allocation after, whatever happened."""
     refuse_unbuilt(req)
     task, name = req.task, req.name
+    stepfiles.precheck(env, task, name)      # file_mounts' targets, before anything exists
     if env.state.get_cluster(name) is None:
         req.confirm(req.plan)
     try:
@@ -95,7 +94,11 @@ def launch(env: Env, req: Launch) -> run.Outcome:
                                      task.train is not None
                                      or "bootstrap" in task.model_fields_set, env.ui.info)
         job_id = new_job_id()
-        codes = _step(env, req, handle, provider, job_id)
+        stepfiles.before_step(env, handle, task, job_id, dict(req.overrides))   # file_mounts
+        try:
+            codes = _step(env, req, handle, provider, job_id)
+        finally:
+            stepfiles.after_step(env, handle, task, job_id)   # outputs, however it ended
     finally:
         if req.down_after:
             down_shielded(env, name, str(task.resources.provider))

@@ -27,7 +27,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Iterator
+from typing import Callable, Iterator
 
 from cloudtrain.errors import RemoteError, UserError
 from cloudtrain import sshmux
@@ -390,10 +390,12 @@ def _check_staging(staging: Path) -> None:
                                   "Check what the job writes into its outputs.")
 
 
-def pull(node: NodeRow, keys: ClusterKeys, rel: str, dest: Path, base: str | None = None) -> Pulled:
+def pull(node: NodeRow, keys: ClusterKeys, rel: str, dest: Path, base: str | None = None,
+         via: Callable[[str], list[str]] | None = None) -> Pulled:
     """Copy ``workdir/rel`` (``base/rel``: another folder on the node, a sweep trial's own
     workdir) from the node into ``dest/rel``, treating the node as untrusted: nothing can
-    land outside ``dest``."""
+    land outside ``dest``. ``via``: rsync's arguments naming the source another way (a
+    scheduler's shared filesystem through its login node) instead of over SSH to the node."""
     parts = [p for p in PurePosixPath(rel).parts if p not in ("", ".", "/")]
     if ".." in parts:
         raise RemoteError(f"output '{rel}' is not a path inside the workdir.",
@@ -414,8 +416,9 @@ def pull(node: NodeRow, keys: ClusterKeys, rel: str, dest: Path, base: str | Non
     try:
         into = staging.joinpath(*parts[:-1])
         into.mkdir(parents=True, exist_ok=True)
-        proc = subprocess.run([_rsync_bin(), *PULL_OPTIONS, "-e", _ssh_e(keys, node),
-                               _dest(node, src), str(into) + "/"], capture_output=True, text=True)
+        source = via(src) if via else ["-e", _ssh_e(keys, node), _dest(node, src)]
+        proc = subprocess.run([_rsync_bin(), *PULL_OPTIONS, *source, str(into) + "/"],
+                              capture_output=True, text=True)
         if proc.returncode == 23 and "No such file" in proc.stderr:
             return Pulled(False, [])
         if proc.returncode != 0:

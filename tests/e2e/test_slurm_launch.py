@@ -108,7 +108,6 @@ def test_train_is_one_torchrun_per_node_ranked_by_slurm(slurm: SlurmCluster, cli
 
 
 @pytest.mark.parametrize("extra, flags, words", [
-    (RUN + "outputs: [out/]", (), "outputs: is not built yet"),
     (RUN, ("-d",), "launch -d is not built yet"),
     (RUN, ("--recover",), "launch --recover is not built yet"),
 ])

@@ -28,7 +28,7 @@ from cloudtrain.provider import (ClusterRequest, NetworkRef, Node, Plan, Provide
                                  ProviderContext)
 from cloudtrain.provider.contract import NodeStatus
 
-from cloudtrain_provisioners.slurm import accounting, bootstrap, execs, sched, steps
+from cloudtrain_provisioners.slurm import accounting, bootstrap, execs, files, sched, steps
 from cloudtrain_provisioners.slurm.login import Login
 from cloudtrain_provisioners.slurm.options import SlurmOptions, login_host
 
@@ -172,6 +172,36 @@ class SlurmProvider:
         wd = self._workdir(login, cluster, rec.get("workdir"))
         return execs.run(login, alloc, job_id, wd, execs.script(job_id, wd, env, rec, command),
                          line, ranks)
+
+    def _shared(self, cluster: str) -> tuple[Login, str]:
+        rec = self._recorded(cluster)
+        login = self._login(cluster)
+        if login is None:
+            raise UserError(f"cluster '{cluster}' has no Slurm login node recorded here.",
+                            "Run 'cloudtrain up' for it first.")
+        return login, self._workdir(login, cluster, rec.get("workdir"))
+
+    def shared_source(self, cluster: str) -> tuple[Callable[[str], list[str]], str]:
+        """How rsync reads the shared filesystem (through the login node), and the workdir
+        there, where a job's outputs are (files.py)."""
+        login, wd = self._shared(cluster)
+        return files.rsync_source(login), wd
+
+    def check_files(self, request: ClusterRequest, targets: list[str], buckets: bool) -> None:
+        """Before ``up``: every file_mounts target writable on the shared filesystem, and
+        rclone on the login node for bucket mounts (files.py); nothing is created there."""
+        o = self._opts(request)
+        self.ctx.cluster_dir(request.name).mkdir(parents=True, exist_ok=True)
+        login = Login(o.login, o.identity_file,
+                      self.ctx.cluster_dir(request.name) / "slurm-login-known_hosts")
+        files.check(login, self._workdir(login, request.name, o.workdir), targets, buckets)
+
+    def put_mounts(self, cluster: str, local: Mapping[str, Path], buckets: Mapping[str, str],
+                   program: str, say: Callable[[str], None]) -> None:
+        """file_mounts into the shared filesystem from the login node (files.py)."""
+        login, wd = self._shared(cluster)
+        files.push_mounts(login, wd, local, say)
+        files.fetch_buckets(login, wd, buckets, program, say)
 
     def mark(self) -> str:
         """This home's mark on its allocations (two homes may name a cluster alike)."""
