@@ -38,6 +38,13 @@ def queue_(cluster_name: str, as_json: bool) -> None:
     import json
 
     env = open_env(quiet=True)
+    from cloudtrain.pipeline import stepjobs
+    if stepjobs.scheduled(env, cluster_name):    # Slurm: its steps, through the login node
+        found = stepjobs.views(env, cluster_name)
+        click.echo(json.dumps(stepjobs.rows(found), indent=2) if as_json else
+                   "\n".join(stepjobs.table(found)) if found else
+                   f"No jobs on '{cluster_name}'.")
+        return
     handle, group = _connected(env, cluster_name)
     try:
         recs = rows(_records(handle, group))
@@ -90,6 +97,9 @@ def cancel(cluster_name: str, job_id: str | None, all_jobs: bool) -> None:
         raise UserError(f"JOB_ID '{job_id}' is not a job id (like 20261124-101500-ab12cd).",
                         f"List the jobs: cloudtrain queue {cluster_name}")
     env = open_env()
+    from cloudtrain.pipeline import stepjobs
+    if stepjobs.scheduled(env, cluster_name):    # Slurm: scancel of the job's step
+        return stepjobs.cancel(env, cluster_name, job_id)
     handle, group = _connected(env, cluster_name)
     try:
         queue.cancel_jobs(env, handle, group, job_id)

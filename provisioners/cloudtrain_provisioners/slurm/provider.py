@@ -16,6 +16,7 @@ import hashlib
 import json
 import math
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -25,19 +26,13 @@ from pydantic import BaseModel
 
 from cloudtrain.errors import ProviderError, UserError
 from cloudtrain.provider import (ClusterRequest, NetworkRef, Node, Plan, ProviderCheck,
-                                 ProviderContext)
+                                 ProviderContext, SelfStop)
 from cloudtrain.provider.contract import NodeStatus
 
-from cloudtrain_provisioners.slurm import sched, steps
+from cloudtrain_provisioners.slurm import detached, sched, steps
 from cloudtrain_provisioners.slurm.login import Login
 from cloudtrain_provisioners.slurm.options import SlurmOptions, login_host
 
-# The allocation's batch script: it holds the nodes; jobs run in it as steps (srun).
-HOLD = """#!/bin/sh
-# cloudtrain: this job holds the allocation of cluster {cluster}; its jobs run in it as steps.
-# It ends with 'cloudtrain down {cluster}' (scancel) or at its time limit.
-exec sleep infinity
-"""
 _NODE_STATUS: dict[str, NodeStatus] = {"RUNNING": "running", "PENDING": "pending",
                                        "CONFIGURING": "pending", "COMPLETING": "stopped"}
 
@@ -118,6 +113,17 @@ class SlurmProvider:
         wd = self._workdir(login, cluster, rec.get("workdir"))
         if workdir is not None:
             steps.sync(login, workdir, wd, filters)
+        text, share = self._step_text(rec, job_id, wd, env, script, gpus_per_job)
+        detached.mark_attached(login, wd, job_id)     # the guard watches it (a --down job)
+        codes = steps.run(login, alloc.job_id, alloc.node_count, job_id, wd, text, line, share)
+        detached.mark_ended(login, wd, job_id, max(codes.values(), default=0))
+        return codes
+
+    @staticmethod
+    def _step_text(rec: dict[str, object], job_id: str, wd: str, env: Mapping[str, str],
+                   script: str, gpus_per_job: int | None) -> tuple[str, list[str]]:
+        """The step script, and srun's options for the step's share of each node ([]: whole
+        nodes; with ``gpus_per_job`` below a node's GPUs: its GPUs and part of the CPUs)."""
         modules = rec.get("modules")
         text = steps.step_script(job_id, wd, env, [str(m) for m in modules]
                                  if isinstance(modules, list) else [],
@@ -126,7 +132,45 @@ class SlurmProvider:
         share = (["--exact", f"--gres=gpu:{gpus_per_job}",
                   "-c", str(max(1, cpus * gpus_per_job // gpus))]
                  if gpus_per_job and gpus and gpus_per_job < gpus else [])
-        return steps.run(login, alloc.job_id, alloc.node_count, job_id, wd, text, line, share)
+        return text, share
+
+    def allocation_jobs(self, cluster: str) -> detached.AllocationJobs:
+        """The cluster's allocation as its jobs see it (detached.py): the login node, the
+        workdir, the running allocation (None: none runs now)."""
+        rec = self._recorded(cluster)
+        login = self._login(cluster)
+        assert login is not None
+        found = sched.find(login, cluster, self.mark())
+        alloc = next((a for a in found if a.state == "RUNNING"), None)
+        return detached.AllocationJobs(login, self._workdir(login, cluster, rec.get("workdir")),
+                                       alloc, rec, self._step_text)
+
+    def self_stop_command(self, cluster: str, node: Node) -> str:
+        """What the guard inside the allocation runs (allocguard.py): its own job, no more."""
+        return "scancel $SLURM_JOB_ID"
+
+    def self_stopped(self, cluster: str) -> list[SelfStop]:
+        """The allocation the guard ended (stopped.json), once squeue no longer lists it."""
+        words = self._guard_end(cluster)
+        return [] if words is None else [SelfStop(0, f"{words[0]}/guard", words[1], words[2])]
+
+    def _guard_end(self, cluster: str) -> tuple[str, float, str] | None:
+        """(job id, when, why) of the recorded allocation, when its guard ended it."""
+        try:
+            rec = self._recorded(cluster)
+        except UserError:
+            return None
+        login, job = self._login(cluster), rec.get("job_id")
+        if login is None or not job or any(a.job_id == job for a in
+                                           sched.find(login, cluster, self.mark())):
+            return None
+        data = detached.stopped(login, self._workdir(login, cluster, rec.get("workdir")),
+                                str(job))
+        if data is None:
+            return None
+        at = data.get("at")
+        return (str(job), float(at) if isinstance(at, (int, float)) else time.time(),
+                f"the guard ended Slurm job {job}: {detached.stop_words(data)}")
 
     def mark(self) -> str:
         """This home's mark on its allocations (two homes may name a cluster alike)."""
@@ -209,11 +253,16 @@ class SlurmProvider:
         login = Login(o.login, o.identity_file,
                       self.ctx.cluster_dir(request.name) / "slurm-login-known_hosts")
         found = sched.find(login, request.name, self.mark())
+        wd = self._workdir(login, request.name, o.workdir)
+        o = o.model_copy(update={"workdir": wd})
         if found:
             job = found[0].job_id
         else:
             self._record(request.name, login, None, o, gpus)
-            job = sched.submit(login, self.sbatch_args(request), HOLD.format(cluster=request.name))
+            detached.ship_guard(login, wd)    # the batch script runs it (allocguard.py)
+            job = sched.submit(login, self.sbatch_args(request), detached.BATCH.format(
+                cluster=request.name, ct=shlex.quote(detached.ct_dir(wd)),
+                python=shlex.quote(o.python or "python3")))
         self._record(request.name, login, job, o, gpus)
         try:
             alloc = self._wait_running(login, request.name, job)
@@ -272,6 +321,8 @@ class SlurmProvider:
         """``status``: the allocation's job id, state and time left, from squeue."""
         login = self._login(cluster)
         found = sched.find(login, cluster, self.mark()) if login is not None else []
+        if not found and (end := self._guard_end(cluster)) is not None:
+            return f"no allocation in the scheduler: {end[2]}"
         return "; ".join(a.words() for a in found) or None
 
     def terminate(self, cluster: str, wait_seconds: float = 120) -> None:
