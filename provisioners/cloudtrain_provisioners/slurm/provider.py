@@ -149,6 +149,10 @@ class SlurmProvider:
         """What the guard inside the allocation runs (allocguard.py): its own job, no more."""
         return "scancel $SLURM_JOB_ID"
 
+    def what_still_bills(self) -> str:
+        return ("nothing: the guard's scancel ends the allocation and every step in it; the "
+                "ledger closes at the next CLI contact")
+
     def self_stopped(self, cluster: str) -> list[SelfStop]:
         """The allocation the guard ended (stopped.json), once squeue no longer lists it."""
         words = self._guard_end(cluster)
