@@ -38,18 +38,9 @@ def queue_(cluster_name: str, as_json: bool) -> None:
     import json
 
     env = open_env(quiet=True)
-    from cloudtrain.pipeline import stepjobs
-    if stepjobs.scheduled(env, cluster_name):    # Slurm: its steps, through the login node
-        found = stepjobs.views(env, cluster_name)
-        click.echo(json.dumps(stepjobs.rows(found), indent=2) if as_json else
-                   "\n".join(stepjobs.table(found)) if found else
-                   f"No jobs on '{cluster_name}'.")
+    recs = _node_rows(env, cluster_name, as_json)
+    if recs is None:          # Slurm: shown from its steps (pipeline/stepjobs.py)
         return
-    handle, group = _connected(env, cluster_name)
-    try:
-        recs = rows(_records(handle, group))
-    finally:
-        group.close()
     if as_json:
         click.echo(json.dumps(recs, indent=2))
         return
@@ -103,6 +94,21 @@ def cancel(cluster_name: str, job_id: str | None, all_jobs: bool) -> None:
     handle, group = _connected(env, cluster_name)
     try:
         queue.cancel_jobs(env, handle, group, job_id)
+    finally:
+        group.close()
+
+
+def _node_rows(env: Env, name: str, as_json: bool) -> list[dict[str, Any]] | None:
+    """The queue's records from the nodes; None when the cluster is a Slurm allocation,
+    whose jobs were shown from its steps (through the login node)."""
+    from cloudtrain.pipeline import stepjobs
+
+    if stepjobs.scheduled(env, name):
+        stepjobs.show_queue(env, name, as_json)
+        return None
+    handle, group = _connected(env, name)
+    try:
+        return rows(_records(handle, group))
     finally:
         group.close()
 

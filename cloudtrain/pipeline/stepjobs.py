@@ -235,6 +235,31 @@ def rows(found: list[JobView]) -> list[dict[str, Any]]:
             for v in found]
 
 
+def show_queue(env: Env, name: str, as_json: bool) -> None:
+    """``queue NAME``: the cluster's jobs and their Slurm step state (a table, or JSON)."""
+    import json
+
+    found = views(env, name)
+    print(json.dumps(rows(found), indent=2) if as_json else
+          "\n".join(table(found)) if found else f"No jobs on '{name}'.", flush=True)
+
+
+def check_budget(env: Env, name: str, planned: Any, limit: Any) -> None:
+    """Refuse the launch (exit 2) when what the cluster has cost plus its price for the
+    budget's hours exceeds the budget; else say how much of it the estimate takes."""
+    from cloudtrain import budget
+    from cloudtrain.ledger import cluster_spend
+
+    row = env.state.get_cluster(name)
+    estimate = budget.check_before_launch(
+        limit, cluster=name,
+        price_per_node=row.hourly_price if row else planned.hourly_price_per_node,
+        num_nodes=row.num_nodes if row else planned.num_nodes,
+        spent=cluster_spend(env.state, name) if row else 0.0)
+    env.ui.info(f"Estimate for {limit.hours:g} h: ${estimate:.4f} of the "
+                f"${limit.max_cost_usd:.4f} budget.")
+
+
 def table(found: list[JobView]) -> list[str]:
     head = ("JOB", "STATE", "STEP", "EXIT", "NODES' EXIT", "LAUNCHED", "TASK")
     cells = [head] + [(r["id"], r["state"], r["step"] or "-",

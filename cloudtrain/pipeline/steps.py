@@ -87,14 +87,13 @@ def launch(env: Env, req: Launch) -> run.Outcome:
     recorded as a launch of the cluster. --down ends the allocation after, whatever happened;
     with -d the guard does, once the job ended."""
     from cloudtrain.pipeline import guard as node_guard
-    from cloudtrain.pipeline.job import check_estimate
 
     refuse_unbuilt(req)
     task, name = req.task, req.name
     node_guard.reconcile(env, name)     # an allocation its guard ended: closed, with why
     limit = rules.in_force(saved(env, name), req.budget, req.no_budget)
     if req.budget is not None and limit is not None:
-        check_estimate(env, name, req.plan, limit)
+        stepjobs.check_budget(env, name, req.plan, limit)
     if env.state.get_cluster(name) is None:
         req.confirm(req.plan)
     handed = False

@@ -63,8 +63,7 @@ def test_job_runs_as_a_step_on_every_node_then_down(slurm: SlurmCluster, cli: CL
     assert "(node-1) rank 1 breaks" in failed.stdout
     assert [j["id"] for j in slurm.jobs()] == [alloc["id"]]      # the allocation stays
 
-    for cmd in (("exec", "steps", "--", "hostname"), ("logs", "steps"),   # not built yet
-                ("ssh", "steps")):
+    for cmd in (("exec", "steps", "--", "hostname"), ("ssh", "steps")):   # not built yet
         r = cli.run(*cmd)
         assert r.returncode == 2 and "reached through the scheduler, not over SSH" in r.stderr, \
             (cmd, r.stderr)
@@ -110,7 +109,6 @@ def test_train_is_one_torchrun_per_node_ranked_by_slurm(slurm: SlurmCluster, cli
 
 @pytest.mark.parametrize("extra, flags, words", [
     (RUN + "outputs: [out/]", (), "outputs: is not built yet"),
-    (RUN, ("-d",), "launch -d is not built yet"),
     (RUN, ("--recover",), "launch --recover is not built yet"),
 ])
 def test_what_is_not_built_exits_2_creating_nothing(slurm: SlurmCluster, cli: CLI,
