@@ -178,7 +178,7 @@ def _state(row: Any, f: Any, step: str | None, alloc_runs: bool) -> tuple[str, i
         return row.status.lower(), row.exit_code
     if not alloc_runs or (not row.detached and f is None):
         return "ended", None
-    if row.detached and not f.started:
+    if row.detached and (f is None or not f.started):
         return "submitted", None
     return "waiting for resources", None
 

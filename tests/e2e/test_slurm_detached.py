@@ -112,25 +112,38 @@ run: |
 
 def test_cancel_stops_one_step_and_the_other_keeps_running(slurm: SlurmCluster, cli: CLI,
                                                            tmp_path: Path) -> None:
+    """Two 1-GPU jobs run at once on a 2-GPU allocation and a third waits for resources;
+    cancelling the waiting one means it never starts, cancelling a running one scancels its
+    step while the other runs on."""
     f = tmp_path / "pk.yaml"
     f.write_text(PACKED.format(shared=tmp_path / "shared"))
     ids = []
-    for k in "ab":
+    for k in "abc":
         r = cli.run("launch", str(f), "-y", "-d", "--env", f"RELEASE={tmp_path / k}")
         assert r.returncode == 0, r.stdout + r.stderr
         ids.append(_job_id(r.stdout + r.stderr))
-    a, b = ids
-    _until(lambda: all(j["state"] == "running" for j in _queue(cli, "pk").values()), 40,
-           "both steps run at once")
+    a, b, c = ids
+    _until(lambda: [j["state"] for j in _queue(cli, "pk").values()].count("running") == 2, 40,
+           "two steps run at once")
     (alloc,) = [j["id"] for j in slurm.jobs()]
+    waiting = [i for i, j in _queue(cli, "pk").items() if j["state"] != "running"]
+    assert waiting == [c] and _queue(cli, "pk")[c]["state"] == "waiting for resources"
 
+    r = cli.run("cancel", "pk", c)
+    assert r.returncode == 0 and f"Job {c} cancelled before its step started" in r.stderr, \
+        r.stderr
     r = cli.run("cancel", "pk", a)
     assert r.returncode == 0, r.stderr
     assert f"Job {a} cancelled (Slurm step {alloc}." in r.stderr, r.stderr
     _until(lambda: f"ct-job-{a}" not in slurm.run("squeue", "-h", "-s", "-o", "%j").stdout,
            30, "the cancelled step is gone")
+    time.sleep(4)                         # a's GPU is free: the cancelled c must not take it
+    steps = slurm.run("squeue", "-h", "-s", "-o", "%j").stdout.split()
+    assert [s for s in steps if s.startswith("ct-job-")] == [f"ct-job-{b}"], steps
     q = _queue(cli, "pk")
-    assert q[a]["state"] == "cancelled" and q[b]["state"] == "running", q
+    assert (q[a]["state"], q[b]["state"], q[c]["state"]) == ("cancelled", "running",
+                                                             "cancelled"), q
+    assert "start" not in cli.run("logs", "pk", "--job", c).stdout
     again = cli.run("cancel", "pk", a)
     assert again.returncode == 2 and "has already ended" in again.stderr
 
