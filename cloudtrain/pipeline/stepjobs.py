@@ -30,7 +30,7 @@ class AllocationJobs(Protocol):
 
     allocation: Any
 
-    def write_policy(self, policy: dict[str, object]) -> None: ...
+    def write_policy(self, policy: dict[str, object], attached: str | None = None) -> None: ...
 
     def submit(self, job_id: str, local: Path | None, filters: list[str], script: str,
                env: Mapping[str, str], gpus_per_job: int | None) -> bool: ...
@@ -71,13 +71,14 @@ def jobs_of(env: Env, name: str) -> AllocationJobs:
 # --- the guard's rules ------------------------------------------------------------------------
 
 def write_rules(env: Env, handle: Handle, task: Task | None, jobs: AllocationJobs,
-                **changes: Any) -> Policy:
+                attached: str | None = None, **changes: Any) -> Policy:
     """The cluster's policy (pipeline/guard.py ``desired``: the task's idle stop, the rules
     composed across launches, the price) written where the allocation's guard reads it, and
-    kept here. The lifetime is Slurm's time limit, not the guard's."""
+    kept here; ``attached``: the attached job about to run, whose step the guard watches. The
+    lifetime is Slurm's time limit, not the guard's."""
     pol = node_guard.desired(env, handle, task, **changes)
     jobs.write_policy(dict(pol.as_dict(), max_hours=None, rank=0,
-                           self_stop="scancel $SLURM_JOB_ID"))
+                           self_stop="scancel $SLURM_JOB_ID"), attached)
     node_guard.save(env, handle.name, pol)
     env.state.set_budget(handle.name, pol.max_cost_usd)
     return pol
@@ -90,7 +91,8 @@ def launch_rules(env: Env, handle: Handle, req: Launch, job_id: str,
     asked = rules.LaunchRules(
         job_id, own, "max_cost_usd" if own is not None and own == req.task.max_cost_usd
         else "--max-cost", req.no_budget, req.down_after, None if req.detach else 0.0)
-    pol = write_rules(env, handle, req.task, jobs, **rules.compose(saved(env, handle.name), asked))
+    pol = write_rules(env, handle, req.task, jobs, None if req.detach else job_id,
+                      **rules.compose(saved(env, handle.name), asked))
     env.ui.info(f"Budget in force on '{handle.name}': {rules.budget_words(pol.as_dict())}")
 
 
@@ -169,6 +171,8 @@ class JobView:
 def _state(row: Any, f: Any, step: str | None, alloc_runs: bool) -> tuple[str, int | None]:
     if step is not None:
         return "running", None
+    if not row.detached and row.status != "RUNNING":   # as the attached launch recorded it
+        return row.status.lower(), row.exit_code
     if f is not None and f.cancelled:
         return "cancelled", f.rc
     if f is not None and f.ended:

@@ -66,21 +66,23 @@ def ship_guard(login: Login, workdir: str) -> None:
         _write(login, f"{ct_dir(workdir)}/slurm/{name}", src.read_text())
 
 
-def write_policy(login: Login, workdir: str, allocation: str, policy: dict[str, object]) -> None:
-    _write(login, f"{ct_dir(workdir)}/slurm/{allocation}/policy.json", json.dumps(policy))
+def write_policy(login: Login, workdir: str, allocation: str, policy: dict[str, object],
+                 attached: str | None = None) -> None:
+    """The guard's policy; with ``attached`` (a job id), that job is marked as an attached one
+    whose step the guard watches (its end counts for a --down job). One round trip."""
+    path = f"{ct_dir(workdir)}/slurm/{allocation}/policy.json"
+    mark = f"{job_dir(workdir, attached)}/attached" if attached else ""
+    r = login.run(["sh", "-c", 'mkdir -p "$(dirname "$1")" && cat > "$1.tmp" && mv "$1.tmp" "$1" '
+                   '&& { [ -z "$2" ] || { mkdir -p "$(dirname "$2")" && : > "$2"; }; }',
+                   "sh", path, mark], stdin=json.dumps(policy))
+    if not r.ok:
+        raise ProviderError(f"cannot write {path} on the login node: {r.words()}",
+                            "Check the workdir on the shared filesystem (resources.slurm."
+                            "workdir: writable, with space), then run again.")
 
 
 def job_dir(workdir: str, job_id: str) -> str:
     return f"{ct_dir(workdir)}/jobs/{job_id}"
-
-
-def mark_attached(login: Login, workdir: str, job_id: str) -> None:
-    """An attached job: the guard watches its step (its end counts for a --down job)."""
-    _write(login, f"{job_dir(workdir, job_id)}/attached", "")
-
-
-def mark_ended(login: Login, workdir: str, job_id: str, code: int) -> None:
-    _write(login, f"{job_dir(workdir, job_id)}/rc", f"{code}\n")
 
 
 def submit(login: Login, workdir: str, allocation: str, job_id: str, script: str,
@@ -264,8 +266,8 @@ class AllocationJobs:
                             "shows what Slurm says).")
         return self.allocation
 
-    def write_policy(self, policy: dict[str, object]) -> None:
-        write_policy(self.login, self.workdir, self.running().job_id, policy)
+    def write_policy(self, policy: dict[str, object], attached: str | None = None) -> None:
+        write_policy(self.login, self.workdir, self.running().job_id, policy, attached)
 
     def submit(self, job_id: str, local: Path | None, filters: list[str], script: str,
                env: Mapping[str, str], gpus_per_job: int | None) -> bool:

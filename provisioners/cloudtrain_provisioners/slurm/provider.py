@@ -114,10 +114,7 @@ class SlurmProvider:
         if workdir is not None:
             steps.sync(login, workdir, wd, filters)
         text, share = self._step_text(rec, job_id, wd, env, script, gpus_per_job)
-        detached.mark_attached(login, wd, job_id)     # the guard watches it (a --down job)
-        codes = steps.run(login, alloc.job_id, alloc.node_count, job_id, wd, text, line, share)
-        detached.mark_ended(login, wd, job_id, max(codes.values(), default=0))
-        return codes
+        return steps.run(login, alloc.job_id, alloc.node_count, job_id, wd, text, line, share)
 
     @staticmethod
     def _step_text(rec: dict[str, object], job_id: str, wd: str, env: Mapping[str, str],
