@@ -1,7 +1,7 @@
 """The guard inside the Slurm allocation, through the real CLI against the test cluster: it
 ends its own allocation (scancel of its own job: sacct shows CANCELLED) after a --down job
 even when the CLI was SIGKILLed, when no step of ours ran for the idle minutes, and when the
-budget is spent; ``status --refresh`` then says why."""
+budget is spent; ``status --refresh`` (or ``down``) then says why."""
 
 from __future__ import annotations
 
@@ -40,9 +40,10 @@ def task(tmp_path: Path, name: str, run: str, *, nodes: int = 1, autostop: str =
     return f
 
 
-def ended_by_guard(slurm: SlurmCluster, cli: CLI, alloc: str, name: str, timeout: float) -> str:
-    """Wait until the allocation is gone; check sacct says CANCELLED; status --refresh's
-    words."""
+def ended_by_guard(slurm: SlurmCluster, cli: CLI, alloc: str, name: str, timeout: float,
+                   via: str = "status") -> str:
+    """Wait until the allocation is gone; check sacct says CANCELLED; what status --refresh
+    (or down, with ``via="down"``) says."""
     deadline = time.time() + timeout
     while any(j["id"] == alloc for j in slurm.jobs()):
         assert time.time() < deadline, f"allocation {alloc} still runs after {timeout} s"
@@ -54,7 +55,7 @@ def ended_by_guard(slurm: SlurmCluster, cli: CLI, alloc: str, name: str, timeout
             break
         time.sleep(0.5)
     assert state.startswith("CANCELLED"), state
-    r = cli.run("status", "--refresh")
+    r = cli.run("status", "--refresh") if via == "status" else cli.run("down", name, "-y")
     assert r.returncode == 0, r.stderr
     assert f"the guard ended Slurm job {alloc}" in r.stdout + r.stderr, r.stdout + r.stderr
     assert cli.run("status").stdout.strip() == "No clusters.", r.stdout + r.stderr
@@ -154,6 +155,6 @@ def test_budget_spent_ends_the_allocation(slurm: SlurmCluster, cli: CLI, tmp_pat
     assert "Budget in force on 'budget': budget $0.0800" in r.stderr, r.stderr
     (alloc,) = [j["id"] for j in slurm.jobs()]
     started = time.time()
-    said = ended_by_guard(slurm, cli, alloc, "budget", 60)
+    said = ended_by_guard(slurm, cli, alloc, "budget", 60, via="down")
     assert time.time() - started < 40
     assert "budget ($0.0" in said, said

@@ -333,6 +333,8 @@ class SlurmProvider:
         if login is None:          # never submitted from this home: nothing to cancel
             return
         found = sched.find(login, cluster, self.mark())
+        if not found and (end := self._guard_end(cluster)) is not None:
+            _say(f"Slurm job {end[0]} had already ended: {end[2]}", end=True)
         ids = [a.job_id for a in found]
         sched.cancel(login, ids)
         deadline = time.time() + wait_seconds
