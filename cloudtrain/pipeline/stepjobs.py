@@ -76,7 +76,8 @@ def write_rules(env: Env, handle: Handle, task: Task | None, jobs: AllocationJob
     composed across launches, the price) written where the allocation's guard reads it, and
     kept here; ``attached``: the attached job about to run, whose step the guard watches. The
     lifetime is Slurm's time limit, not the guard's."""
-    pol = node_guard.desired(env, handle, task, **changes)
+    # a stop on Slurm always ends the allocation (there is no stopped allocation to restart)
+    pol = node_guard.desired(env, handle, task, **changes).changed(down=True)
     jobs.write_policy(dict(pol.as_dict(), max_hours=None, rank=0,
                            self_stop="scancel $SLURM_JOB_ID"), attached)
     node_guard.save(env, handle.name, pol)

@@ -141,6 +141,8 @@ def test_a_running_job_keeps_an_idle_allocation(slurm: SlurmCluster, cli: CLI,
     (alloc,) = [j["id"] for j in slurm.jobs()]
     time.sleep(12)                                # twice the idle minutes, with the job on
     assert [j["id"] for j in slurm.jobs()] == [alloc]
+    log = cli.run("logs", "busy", "--guard").stdout        # the guard's own log, via login
+    assert "guard started on n1" in log and '"idle_minutes": 0.1' in log, log
     go.touch()
     said = ended_by_guard(slurm, cli, alloc, "busy", 45)
     assert "idle" in said, said
