@@ -143,7 +143,7 @@ def test_cancel_stops_one_step_and_the_other_keeps_running(slurm: SlurmCluster, 
     q = _queue(cli, "pk")
     assert (q[a]["state"], q[b]["state"], q[c]["state"]) == ("cancelled", "running",
                                                              "cancelled"), q
-    assert "start" not in cli.run("logs", "pk", "--job", c).stdout
+    assert "start cvd" not in cli.run("logs", "pk", "--job", c).stdout
     again = cli.run("cancel", "pk", a)
     assert again.returncode == 2 and "has already ended" in again.stderr
 

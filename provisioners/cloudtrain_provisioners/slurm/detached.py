@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import shlex
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -89,8 +90,11 @@ def submit(login: Login, workdir: str, allocation: str, job_id: str, script: str
            nodes: int, share: list[str]) -> None:
     """Drop the detached job's step script and request; the guard srun's it."""
     jd = job_dir(workdir, job_id)
-    body = ("(\n" + script + "\n)\nct_rc=$?\n"
-            f'echo "$ct_rc" > {jd}/rc-"$SLURM_NODEID"\nexit "$ct_rc"\n')
+    q = shlex.quote(jd)
+    body = (f'[ -e {q}/cancelled ] && {{ echo "cloudtrain: job {job_id} was cancelled: not run"'
+            ' >&2; exit 130; }\n'       # the guard's kill of a waiting srun may come late
+            "(\n" + script + "\n)\nct_rc=$?\n"
+            f'echo "$ct_rc" > {q}/rc-"$SLURM_NODEID"\nexit "$ct_rc"\n')
     _write(login, f"{jd}/step.sh", body)
     _write(login, f"{jd}/request.json", json.dumps({"allocation": allocation, "nodes": nodes,
                                                     "share": share, "at": time.time()}))
@@ -229,7 +233,14 @@ def cancel(login: Login, workdir: str, allocation: str, job_id: str) -> str | No
         if not c.ok and "Invalid job id" not in c.err:
             raise ProviderError(f"scancel {' '.join(steps)}: {c.words()}",
                                 "Run the cancel again.")
-    return steps[0] if steps else None
+        return steps[0]
+    # a started srun that waits for resources: the guard stops it (it looks every 2 s)
+    jd = job_dir(workdir, job_id)
+    deadline = time.time() + 15
+    while login.run(["test", "-e", f"{jd}/started"]).ok and \
+            not login.run(["test", "-e", f"{jd}/rc"]).ok and time.time() < deadline:
+        time.sleep(0.5)
+    return None
 
 
 def step_states(login: Login, allocation: str) -> dict[str, str]:
