@@ -254,6 +254,10 @@ def logs(cluster_name: str, node: int | None, follow: bool, job_id: str | None,
     stop_signals_as_interrupt()
     check_name(cluster_name)
     env = open_env()
+    from cloudtrain.pipeline import stepjobs
+    if stepjobs.scheduled(env, cluster_name):    # Slurm: through the login node (no SSH)
+        return (stepjobs.show_guard_log(env, cluster_name) if guard_log else
+                stepjobs.show_logs(env, cluster_name, job_id, follow, node))
     if guard_log:
         node_guard.show_log(env, cluster_name, node)
         return

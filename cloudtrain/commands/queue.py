@@ -38,11 +38,9 @@ def queue_(cluster_name: str, as_json: bool) -> None:
     import json
 
     env = open_env(quiet=True)
-    handle, group = _connected(env, cluster_name)
-    try:
-        recs = rows(_records(handle, group))
-    finally:
-        group.close()
+    recs = _node_rows(env, cluster_name, as_json)
+    if recs is None:          # Slurm: shown from its steps (pipeline/stepjobs.py)
+        return
     if as_json:
         click.echo(json.dumps(recs, indent=2))
         return
@@ -90,9 +88,27 @@ def cancel(cluster_name: str, job_id: str | None, all_jobs: bool) -> None:
         raise UserError(f"JOB_ID '{job_id}' is not a job id (like 20261124-101500-ab12cd).",
                         f"List the jobs: cloudtrain queue {cluster_name}")
     env = open_env()
+    from cloudtrain.pipeline import stepjobs
+    if stepjobs.scheduled(env, cluster_name):    # Slurm: scancel of the job's step
+        return stepjobs.cancel(env, cluster_name, job_id)
     handle, group = _connected(env, cluster_name)
     try:
         queue.cancel_jobs(env, handle, group, job_id)
+    finally:
+        group.close()
+
+
+def _node_rows(env: Env, name: str, as_json: bool) -> list[dict[str, Any]] | None:
+    """The queue's records from the nodes; None when the cluster is a Slurm allocation,
+    whose jobs were shown from its steps (through the login node)."""
+    from cloudtrain.pipeline import stepjobs
+
+    if stepjobs.scheduled(env, name):
+        stepjobs.show_queue(env, name, as_json)
+        return None
+    handle, group = _connected(env, name)
+    try:
+        return rows(_records(handle, group))
     finally:
         group.close()
 

@@ -34,7 +34,11 @@ def up(env: Env, task: Task, name: str, *, bootstrap: bool = True,
     whose nodes stopped themselves is reconciled first (ledger closed when they stopped)."""
     node_guard.reconcile(env, name)
     if allocates(env, task):   # a scheduler's allocation: up ends once it runs (no SSH)
-        return provision(env, task, name, keep_on_failure=keep_on_failure, planned=planned)[0]
+        from cloudtrain.pipeline.stepjobs import guard_up
+
+        handle = provision(env, task, name, keep_on_failure=keep_on_failure, planned=planned)[0]
+        guard_up(env, handle, task)    # the task's idle stop, to the allocation's guard
+        return handle
     with opened(env, task, name, keep_on_failure=keep_on_failure, planned=planned) as (
             handle, group, fresh):
         env.ui.ok(f"SSH up on {len(handle.nodes)} node(s)")

@@ -63,7 +63,7 @@ def test_job_runs_as_a_step_on_every_node_then_down(slurm: SlurmCluster, cli: CL
     assert "(node-1) rank 1 breaks" in failed.stdout
     assert [j["id"] for j in slurm.jobs()] == [alloc["id"]]      # the allocation stays
 
-    for cmd in (("logs", "steps"), ("ssh", "steps")):   # not built yet (exec: test_slurm_exec)
+    for cmd in (("ssh", "steps"),):   # nodes are reached through Slurm, not over SSH
         r = cli.run(*cmd)
         assert r.returncode == 2 and "reached through the scheduler, not over SSH" in r.stderr, \
             (cmd, r.stderr)
@@ -78,12 +78,15 @@ def test_job_runs_as_a_step_on_every_node_then_down(slurm: SlurmCluster, cli: CL
         (f"{alloc['id']}.2", "FAILED", "3:0"), (f"{alloc['id']}.3", "COMPLETED", "0:0")], acct
 
 
-DDP = """import os, torch, torch.distributed as dist
+DDP = """import os, sys, torch, torch.distributed as dist
 dist.init_process_group("gloo")
 t = torch.tensor([float(dist.get_rank())])
 dist.all_reduce(t)
-print(f"rank {dist.get_rank()}/{dist.get_world_size()} node {os.environ['CLOUDTRAIN_NODE_RANK']}"
-      f" local {os.environ['LOCAL_RANK']} sum {t.item():g}", flush=True)
+# One write per line: two workers of a node share srun's output, and python -u's print
+# writes its text and its newline apart (docs/slurm.md).
+sys.stdout.write(f"rank {dist.get_rank()}/{dist.get_world_size()} node "
+                 f"{os.environ['CLOUDTRAIN_NODE_RANK']} local {os.environ['LOCAL_RANK']} "
+                 f"sum {t.item():g}\\n")
 dist.destroy_process_group()
 """
 
@@ -108,7 +111,6 @@ def test_train_is_one_torchrun_per_node_ranked_by_slurm(slurm: SlurmCluster, cli
 
 
 @pytest.mark.parametrize("extra, flags, words", [
-    (RUN, ("-d",), "launch -d is not built yet"),
     (RUN, ("--recover",), "launch --recover is not built yet"),
 ])
 def test_what_is_not_built_exits_2_creating_nothing(slurm: SlurmCluster, cli: CLI,

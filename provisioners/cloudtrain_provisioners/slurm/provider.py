@@ -11,11 +11,13 @@ runs on the login node (``resources.slurm.login``).
 
 from __future__ import annotations
 
+import functools
 import getpass
 import hashlib
 import json
 import math
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -25,19 +27,14 @@ from pydantic import BaseModel
 
 from cloudtrain.errors import ProviderError, UserError
 from cloudtrain.provider import (ClusterRequest, NetworkRef, Node, Plan, ProviderCheck,
-                                 ProviderContext)
+                                 ProviderContext, SelfStop)
 from cloudtrain.provider.contract import NodeStatus
 
-from cloudtrain_provisioners.slurm import accounting, bootstrap, execs, files, sched, steps
+from cloudtrain_provisioners.slurm import (accounting, bootstrap, detached, execs, files, sched,
+                                           steps)
 from cloudtrain_provisioners.slurm.login import Login
 from cloudtrain_provisioners.slurm.options import SlurmOptions, login_host
 
-# The allocation's batch script: it holds the nodes; jobs run in it as steps (srun).
-HOLD = """#!/bin/sh
-# cloudtrain: this job holds the allocation of cluster {cluster}; its jobs run in it as steps.
-# It ends with 'cloudtrain down {cluster}' (scancel) or at its time limit.
-exec sleep infinity
-"""
 _NODE_STATUS: dict[str, NodeStatus] = {"RUNNING": "running", "PENDING": "pending",
                                        "CONFIGURING": "pending", "COMPLETING": "stopped"}
 
@@ -127,6 +124,14 @@ class SlurmProvider:
         wd = self._workdir(login, cluster, rec.get("workdir"))
         if workdir is not None:
             steps.sync(login, workdir, wd, filters)
+        text, share = self._step_text(cluster, rec, job_id, wd, env, script, gpus_per_job)
+        return steps.run(login, alloc.job_id, alloc.node_count, job_id, wd, text, line, share)
+
+    def _step_text(self, cluster: str, rec: dict[str, object], job_id: str, wd: str,
+                   env: Mapping[str, str], script: str, gpus_per_job: int | None
+                   ) -> tuple[str, list[str]]:
+        """The step script, and srun's options for the step's share of each node ([]: whole
+        nodes; with ``gpus_per_job`` below a node's GPUs: its GPUs and part of the CPUs)."""
         modules = rec.get("modules")
         text = steps.step_script(job_id, wd, env, [str(m) for m in modules]
                                  if isinstance(modules, list) else [],
@@ -136,7 +141,49 @@ class SlurmProvider:
                                               gpus_per_job),
                   "-c", str(max(1, cpus * gpus_per_job // gpus))]
                  if gpus_per_job and gpus and gpus_per_job < gpus else [])
-        return steps.run(login, alloc.job_id, alloc.node_count, job_id, wd, text, line, share)
+        return text, share
+
+    def allocation_jobs(self, cluster: str) -> detached.AllocationJobs:
+        """The cluster's allocation as its jobs see it (detached.py): the login node, the
+        workdir, the running allocation (None: none runs now)."""
+        rec = self._recorded(cluster)
+        login = self._login(cluster)
+        assert login is not None
+        found = sched.find(login, cluster, self.mark())
+        alloc = next((a for a in found if a.state == "RUNNING"), None)
+        return detached.AllocationJobs(login, self._workdir(login, cluster, rec.get("workdir")),
+                                       alloc, rec, functools.partial(self._step_text, cluster))
+
+    def self_stop_command(self, cluster: str, node: Node) -> str:
+        """What the guard inside the allocation runs (allocguard.py): its own job, no more."""
+        return "scancel $SLURM_JOB_ID"
+
+    def what_still_bills(self) -> str:
+        return ("nothing: the guard's scancel ends the allocation and every step in it; the "
+                "ledger closes at the next CLI contact")
+
+    def self_stopped(self, cluster: str) -> list[SelfStop]:
+        """The allocation the guard ended (stopped.json), once squeue no longer lists it."""
+        words = self._guard_end(cluster)
+        return [] if words is None else [SelfStop(0, f"{words[0]}/guard", words[1], words[2])]
+
+    def _guard_end(self, cluster: str) -> tuple[str, float, str] | None:
+        """(job id, when, why) of the recorded allocation, when its guard ended it."""
+        try:
+            rec = self._recorded(cluster)
+        except UserError:
+            return None
+        login, job = self._login(cluster), rec.get("job_id")
+        if login is None or not job or any(a.job_id == job for a in
+                                           sched.find(login, cluster, self.mark())):
+            return None
+        data = detached.stopped(login, self._workdir(login, cluster, rec.get("workdir")),
+                                str(job))
+        if data is None:
+            return None
+        at = data.get("at")
+        return (str(job), float(at) if isinstance(at, (int, float)) else time.time(),
+                f"the guard ended Slurm job {job}: {detached.stop_words(data)}")
 
     def _python(self, cluster: str, rec: Mapping[str, object]) -> str | None:
         """The Python the steps use: the venv bootstrap built, else resources.slurm.python."""
@@ -283,13 +330,19 @@ class SlurmProvider:
         login = Login(o.login, o.identity_file,
                       self.ctx.cluster_dir(request.name) / "slurm-login-known_hosts")
         found = sched.find(login, request.name, self.mark())
+        wd = self._workdir(login, request.name, o.workdir)
+        o = o.model_copy(update={"workdir": wd})
         if found:
             job = found[0].job_id
             o = o.model_copy(update={"gpu_flag": self._flag(request.name, o.gpu_flag)})
         else:
             self._record(request.name, login, None, o, gpus)
+            detached.ship_guard(login, wd)    # the batch script runs it (allocguard.py)
             job, flag = sched.submit_gpus(login, self.sbatch_args(request), o.gpu_flag,
-                                          HOLD.format(cluster=request.name))
+                                          detached.BATCH.format(
+                                              cluster=request.name,
+                                              ct=shlex.quote(detached.ct_dir(wd)),
+                                              python=shlex.quote(o.python or "python3")))
             o = o.model_copy(update={"gpu_flag": flag})
         self._record(request.name, login, job, o, gpus)
         try:
@@ -354,6 +407,8 @@ class SlurmProvider:
                 self.account(cluster, login, [a.job_id for a in found if a.state != "PENDING"])
             except ProviderError:
                 pass
+        if not found and (end := self._guard_end(cluster)) is not None:
+            return f"no allocation in the scheduler: {end[2]}"
         return "; ".join(a.words() for a in found) or None
 
     def account(self, cluster: str, login: Login | None = None, jobs: list[str] | None = None,
@@ -375,6 +430,8 @@ class SlurmProvider:
         if login is None:          # never submitted from this home: nothing to cancel
             return
         found = sched.find(login, cluster, self.mark())
+        if not found and (end := self._guard_end(cluster)) is not None:
+            _say(f"Slurm job {end[0]} had already ended: {end[2]}", end=True)
         ids = [a.job_id for a in found]
         sched.cancel(login, ids)
         deadline = time.time() + wait_seconds

@@ -1,0 +1,162 @@
+"""The guard inside the Slurm allocation, through the real CLI against the test cluster: it
+ends its own allocation (scancel of its own job: sacct shows CANCELLED) after a --down job
+even when the CLI was SIGKILLed, when no step of ours ran for the idle minutes, and when the
+budget is spent; ``status --refresh`` (or ``down``) then says why."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import CLI
+from slurmkit import SlurmCluster, needs_slurm, slurm, slurm_cluster  # noqa: F401
+
+pytestmark = [needs_slurm, pytest.mark.e2e]
+
+TASK = """name: {name}
+num_nodes: {nodes}
+max_hours: 0.25
+{autostop}
+resources:
+  provider: slurm
+  accelerators: H100:1
+  slurm:
+    workdir: {shared}
+    price_per_gpu_hour: {price}
+run: |
+{run}
+"""
+
+
+def task(tmp_path: Path, name: str, run: str, *, nodes: int = 1, autostop: str = "autostop: false",
+         price: float = 0.0) -> Path:
+    f = tmp_path / f"{name}.yaml"
+    f.write_text(TASK.format(name=name, nodes=nodes, autostop=autostop, price=price,
+                             shared=tmp_path / "shared" / name,
+                             run="\n".join("  " + ln for ln in run.splitlines())))
+    return f
+
+
+def ended_by_guard(slurm: SlurmCluster, cli: CLI, alloc: str, name: str, timeout: float,
+                   via: str = "status") -> str:
+    """Wait until the allocation is gone; check sacct says CANCELLED; what status --refresh
+    (or down, with ``via="down"``) says."""
+    deadline = time.time() + timeout
+    while any(j["id"] == alloc for j in slurm.jobs()):
+        assert time.time() < deadline, f"allocation {alloc} still runs after {timeout} s"
+        time.sleep(0.5)
+    state = ""
+    for _ in range(20):            # sacct has the end a moment after squeue lost the job
+        state = slurm.run("sacct", "-X", "-n", "-P", "-j", alloc, "-o", "State").stdout.strip()
+        if state and not state.startswith(("RUNNING", "PENDING")):
+            break
+        time.sleep(0.5)
+    assert state.startswith("CANCELLED"), state
+    r = cli.run("status", "--refresh") if via == "status" else cli.run("down", name, "-y")
+    assert r.returncode == 0, r.stderr
+    assert f"the guard ended Slurm job {alloc}" in r.stdout + r.stderr, r.stdout + r.stderr
+    assert cli.run("status").stdout.strip() == "No clusters.", r.stdout + r.stderr
+    return r.stdout + r.stderr
+
+
+def test_down_job_ends_the_allocation_with_the_cli_sigkilled(slurm: SlurmCluster, cli: CLI,
+                                                             tmp_path: Path) -> None:
+    go = tmp_path / "go"
+    f = task(tmp_path, "jobend", f'echo "job on $CLOUDTRAIN_NODE_RANK"\n'
+                                 f"while [ ! -e {go} ]; do sleep 0.2; done\necho finished",
+             nodes=2)
+    proc = cli.popen("launch", str(f), "-y", "-d", "--down")
+    try:
+        deadline = time.time() + 60
+        while not any(j["name"] == "ct-jobend" and j["state"] == "RUNNING"
+                      for j in slurm.jobs()):
+            assert time.time() < deadline and proc.poll() in (None, 0), "no allocation"
+            time.sleep(0.3)
+        (alloc,) = [j["id"] for j in slurm.jobs()]
+        deadline = time.time() + 60
+        while "ct-job-" not in slurm.run("squeue", "-h", "-s", "-o", "%j").stdout:
+            assert time.time() < deadline, "the guard did not start the job"
+            time.sleep(0.3)
+        proc.send_signal(signal.SIGKILL)        # the laptop is gone, mid-launch or after it
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    time.sleep(3)
+    assert [j["id"] for j in slurm.jobs()] == [alloc]     # the job still runs: no stop yet
+    go.touch()
+    said = ended_by_guard(slurm, cli, alloc, "jobend", 40)
+    assert "job-end" in said, said
+
+
+def test_attached_down_job_ends_the_allocation_when_its_cli_was_sigkilled(
+        slurm: SlurmCluster, cli: CLI, tmp_path: Path) -> None:
+    """An attached launch --down killed with SIGKILL mid-job: its step runs on to its end
+    (Slurm's, not the CLI's), and the guard, which saw it run, then ends the allocation."""
+    go = tmp_path / "go"
+    f = task(tmp_path, "attached", 'echo "started $CLOUDTRAIN_NODE_RANK"\n'
+                                   f"while [ ! -e {go} ]; do sleep 0.2; done")
+    proc = cli.popen("launch", str(f), "-y", "--down")
+    try:
+        assert proc.stdout is not None
+        deadline = time.time() + 60
+        while "started 0" not in proc.stdout.readline():
+            assert time.time() < deadline, "the job did not start"
+        (alloc,) = [j["id"] for j in slurm.jobs()]
+        time.sleep(3)                             # the guard sees the step (poll 2 s)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    time.sleep(3)
+    assert [j["id"] for j in slurm.jobs()] == [alloc]     # the job runs on: no stop yet
+    go.touch()
+    said = ended_by_guard(slurm, cli, alloc, "attached", 40)
+    assert "job-end" in said, said
+
+
+def test_idle_allocation_is_ended_by_its_guard(slurm: SlurmCluster, cli: CLI,
+                                               tmp_path: Path) -> None:
+    f = task(tmp_path, "idle", "true", autostop="autostop:\n  idle_minutes: 0.1")
+    r = cli.run("up", str(f), "-y")
+    assert r.returncode == 0, r.stderr
+    (alloc,) = [j["id"] for j in slurm.jobs()]
+    said = ended_by_guard(slurm, cli, alloc, "idle", 45)
+    assert "idle (no job step for" in said, said
+
+
+def test_a_running_job_keeps_an_idle_allocation(slurm: SlurmCluster, cli: CLI,
+                                                tmp_path: Path) -> None:
+    """Idle counts from the last step of ours: a detached job running longer than the idle
+    minutes keeps the allocation; once it ended, the idle stop comes."""
+    go = tmp_path / "go"
+    f = task(tmp_path, "busy", f"while [ ! -e {go} ]; do sleep 0.2; done",
+             autostop="autostop:\n  idle_minutes: 0.1")
+    r = cli.run("launch", str(f), "-y", "-d")
+    assert r.returncode == 0, r.stderr
+    (alloc,) = [j["id"] for j in slurm.jobs()]
+    time.sleep(12)                                # twice the idle minutes, with the job on
+    assert [j["id"] for j in slurm.jobs()] == [alloc]
+    log = cli.run("logs", "busy", "--guard").stdout        # the guard's own log, via login
+    assert "guard started on n1" in log and '"idle_minutes": 0.1' in log, log
+    go.touch()
+    said = ended_by_guard(slurm, cli, alloc, "busy", 45)
+    assert "idle" in said, said
+
+
+def test_budget_spent_ends_the_allocation(slurm: SlurmCluster, cli: CLI, tmp_path: Path) -> None:
+    """$36 per GPU-hour x 1 GPU x 1 node is $0.01 a second: a $0.08 budget is spent in about
+    8 s, and the guard scancels the allocation under the running job."""
+    f = task(tmp_path, "budget", "sleep 300", price=36.0)
+    r = cli.run("launch", str(f), "-y", "-d", "--max-cost", "0.08", "--hours", "0.001")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "Budget in force on 'budget': budget $0.0800" in r.stderr, r.stderr
+    (alloc,) = [j["id"] for j in slurm.jobs()]
+    started = time.time()
+    said = ended_by_guard(slurm, cli, alloc, "budget", 60, via="down")
+    assert time.time() - started < 40
+    assert "budget ($0.0" in said, said
