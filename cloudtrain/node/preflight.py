@@ -10,18 +10,20 @@ cloudtrain's own dependencies; ``python3 preflight.py ...`` works wherever torch
         under torchrun (the launch chain's own torchrun line and rendezvous): every rank
         does its device's matmul, the first rank of each node its node's checks, then all
         ranks an all-reduce sweep (NCCL on GPUs, gloo on CPUs) over sizes doubling from
-        64 KiB to --max-size, and a ping-pong between rank 0 and the first rank of every
-        other node. Global rank 0 writes one JSON object to FILE and prints it on one line
+        64 KiB to --max-size, and a ping-pong between the first ranks of neighbouring
+        nodes. Global rank 0 writes one JSON object to FILE and prints it on one line
         after the marker ``CT-PREFLIGHT``.
 
 Figures, as nccl-tests' PERFORMANCE.md defines them: algbw = bytes / time; for an
 all-reduce busbw = algbw * 2(n-1)/n, n the number of ranks. The time of a size is the
 slowest rank's mean over the timed iterations (after warm-up iterations).
 
-Why a ping-pong per node besides the all-reduce: a ring all-reduce runs at the speed of its
-slowest link, so its time says that something is slow but not what. Rank 0 exchanging a
-buffer with each other node's first rank in turn, one node at a time, gives each node's own
-link figure (both directions: a link slowed either way shows), so a slow node can be named.
+Why a link check besides the all-reduce: a ring all-reduce runs at the speed of its slowest
+link, so its time says that something is slow but not what. The first ranks of neighbouring
+nodes (0-1, 1-2, ..., n-1 - 0) exchange a buffer back and forth, one pair at a time, so each
+pair has the wire to itself: a slow node is the one in two slow pairs (any node, rank 0's
+too, which a star of pairs from rank 0 could not single out), and a round trip shows a link
+slowed in either direction.
 
 The transport: NCCL is started with NCCL_DEBUG=INFO written to a file per process
 (NCCL_DEBUG_FILE), whose "via ..." and "Using network ..." lines say what it chose
@@ -226,31 +228,44 @@ def _sync(torch, device: str) -> None:
         torch.cuda.synchronize(device)
 
 
+def pairs_of(leaders: list[int]) -> list[tuple[int, int]]:
+    """The node pairs the link check measures: each node with the next one, in a ring (two
+    nodes: one pair). A slow node is in two slow pairs; the others are not."""
+    n = len(leaders)
+    if n < 2:
+        return []
+    if n == 2:
+        return [(leaders[0], leaders[1])]
+    return [(leaders[i], leaders[(i + 1) % n]) for i in range(n)]
+
+
 def links(dist, torch, device: str, leaders: list[int], size: int, iters: int) -> list[dict]:
-    """Rank 0 and each other node's first rank exchange ``size`` bytes, one node at a time:
-    the best of ``iters`` round trips gives 2*size/time per node (GB/s)."""
+    """Each pair of node-first ranks exchanges ``size`` bytes back and forth, one pair at a
+    time (nothing else on the wire): the best of ``iters`` round trips gives 2*size/time,
+    in GB/s, for the pair."""
     rank = dist.get_rank()
     x = torch.ones(max(1, size // 4), dtype=torch.float32, device=device)
-    out = []
-    for peer in leaders:
-        if peer == 0:
-            continue
-        best = float("inf")
+    pairs = pairs_of(leaders)
+    best = torch.zeros(max(1, len(pairs)), dtype=torch.float64, device=device)
+    for k, (a, b) in enumerate(pairs):
+        fastest = float("inf")
         for i in range(iters + 1):
             dist.barrier()
             t0 = time.perf_counter()
-            if rank == 0:
-                dist.send(x, peer)
-                dist.recv(x, peer)
-            elif rank == peer:
-                dist.recv(x, 0)
-                dist.send(x, 0)
+            if rank == a:
+                dist.send(x, b)
+                dist.recv(x, b)
+            elif rank == b:
+                dist.recv(x, a)
+                dist.send(x, a)
             _sync(torch, device)
             if i:   # the first is a warm-up (connection set-up)
-                best = min(best, time.perf_counter() - t0)
-        out.append({"rank": peer, "bytes": size,
-                    "gbps": round(2 * size / best / 1e9, 4) if rank == 0 else None})
-    return out
+                fastest = min(fastest, time.perf_counter() - t0)
+        if rank == a:
+            best[k] = fastest
+    dist.all_reduce(best)     # each pair's figure comes from its first rank; the rest add 0
+    return [{"ranks": [a, b], "bytes": size, "time_us": round(float(best[k]) * 1e6, 1),
+             "gbps": round(2 * size / float(best[k]) / 1e9, 4)} for k, (a, b) in enumerate(pairs)]
 
 
 def cmd_run(args: argparse.Namespace) -> int:
