@@ -56,7 +56,8 @@ SMI_QUERY = "index,name,memory.total,driver_version,ecc.errors.uncorrected.volat
 MIN_SIZE = 64 * 1024
 DEFAULT_MAX_GPU = 1 << 30      # 1 GiB with NCCL
 DEFAULT_MAX_CPU = 64 << 20     # 64 MiB with gloo: the CPU copies cost seconds beyond that
-LINK_SIZE = 4 << 20            # the ping-pong's buffer (capped by --max-size)
+LINK_SIZE = 1 << 20            # the node pairs' buffer
+LINK_ITERS = 8                 # at least this many round trips per pair (the best counts)
 
 
 def nvidia_smi() -> dict:
@@ -299,7 +300,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     rows = sweep(dist, torch, device, max_size, args.iters)
     sweep_s = time.perf_counter() - t0
     leaders = sorted({r["node_rank"]: r["rank"] for r in everyone if r["local_rank"] == 0}.values())
-    link_rows = links(dist, torch, device, leaders, min(LINK_SIZE, max_size), args.iters)
+    link_rows = links(dist, torch, device, leaders, LINK_SIZE, max(LINK_ITERS, args.iters))
     seen = transports(_debug_files()) if gpu else \
         {"via": ["gloo/tcp"] if world > 1 else [], "network": []}
     seen_all: list = [None] * world

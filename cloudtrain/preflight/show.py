@@ -87,7 +87,7 @@ def record(r: Result) -> str:
     """What the launch's ledger row keeps (JSON): the verdict and the headline figures."""
     big = r.measured.largest
     return json.dumps({
-        "ok": r.verdict.ok, "at": time.time(), "job_id": r.job_id,
+        "ok": r.verdict.ok, "at": time.time(), "preflight_job": r.job_id,
         "paragraph": r.verdict.paragraph, "transport": r.measured.transport(),
         "busbw_gbps": None if big is None else big.busbw_gbps,
         "bytes": None if big is None else big.bytes,
