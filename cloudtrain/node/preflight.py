@@ -57,7 +57,7 @@ MIN_SIZE = 64 * 1024
 DEFAULT_MAX_GPU = 1 << 30      # 1 GiB with NCCL
 DEFAULT_MAX_CPU = 64 << 20     # 64 MiB with gloo: the CPU copies cost seconds beyond that
 LINK_SIZE = 1 << 20            # the node pairs' buffer
-LINK_ITERS = 8                 # at least this many round trips per pair (the best counts)
+LINK_ROUNDS = 10               # at least this many round trips per pair (the best counts)
 
 
 def nvidia_smi() -> dict:
@@ -240,17 +240,17 @@ def pairs_of(leaders: list[int]) -> list[tuple[int, int]]:
     return [(leaders[i], leaders[(i + 1) % n]) for i in range(n)]
 
 
-def links(dist, torch, device: str, leaders: list[int], size: int, iters: int) -> list[dict]:
+def links(dist, torch, device: str, leaders: list[int], size: int, rounds: int) -> list[dict]:
     """Each pair of node-first ranks exchanges ``size`` bytes back and forth, one pair at a
-    time (nothing else on the wire): the best of ``iters`` round trips gives 2*size/time,
-    in GB/s, for the pair."""
+    time (nothing else on the wire), in ``rounds`` rounds over all the pairs (a busy moment
+    on a host then touches every pair, not one pair's whole series): a pair's best round
+    trip gives 2*size/time, in GB/s."""
     rank = dist.get_rank()
     x = torch.ones(max(1, size // 4), dtype=torch.float32, device=device)
     pairs = pairs_of(leaders)
-    best = torch.zeros(max(1, len(pairs)), dtype=torch.float64, device=device)
-    for k, (a, b) in enumerate(pairs):
-        fastest = float("inf")
-        for i in range(iters + 1):
+    best = torch.full((max(1, len(pairs)),), float("inf"), dtype=torch.float64, device=device)
+    for i in range(rounds + 1):
+        for k, (a, b) in enumerate(pairs):
             dist.barrier()
             t0 = time.perf_counter()
             if rank == a:
@@ -260,10 +260,9 @@ def links(dist, torch, device: str, leaders: list[int], size: int, iters: int) -
                 dist.recv(x, a)
                 dist.send(x, a)
             _sync(torch, device)
-            if i:   # the first is a warm-up (connection set-up)
-                fastest = min(fastest, time.perf_counter() - t0)
-        if rank == a:
-            best[k] = fastest
+            if i and rank == a:   # round 0 is a warm-up (connection set-up)
+                best[k] = min(float(best[k]), time.perf_counter() - t0)
+    best[torch.isinf(best)] = 0.0
     dist.all_reduce(best)     # each pair's figure comes from its first rank; the rest add 0
     return [{"ranks": [a, b], "bytes": size, "time_us": round(float(best[k]) * 1e6, 1),
              "gbps": round(2 * size / float(best[k]) / 1e9, 4)} for k, (a, b) in enumerate(pairs)]
@@ -300,7 +299,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     rows = sweep(dist, torch, device, max_size, args.iters)
     sweep_s = time.perf_counter() - t0
     leaders = sorted({r["node_rank"]: r["rank"] for r in everyone if r["local_rank"] == 0}.values())
-    link_rows = links(dist, torch, device, leaders, LINK_SIZE, max(LINK_ITERS, args.iters))
+    link_rows = links(dist, torch, device, leaders, LINK_SIZE, max(LINK_ROUNDS, args.iters))
     seen = transports(_debug_files()) if gpu else \
         {"via": ["gloo/tcp"] if world > 1 else [], "network": []}
     seen_all: list = [None] * world
