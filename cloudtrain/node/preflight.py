@@ -184,9 +184,13 @@ def transports(paths: list[str]) -> dict:
                     m = re.search(r"\bvia (\S+)", line)
                     if m:
                         via.add("/".join(m.group(1).split("/")[:2]))
-                    m = re.search(r"Using network (.+?)\s*$", line)
+                    m = re.search(r"Using network (.+?)\s*$", line) or \
+                        re.search(r"\bNET/(\w+) ?: Using", line)
                     if m:
                         networks.add(m.group(1))
+                    m = re.search(r"NET/OFI Selected [Pp]rovider is (\S+)", line)
+                    if m:
+                        networks.add("OFI/" + m.group(1))
                     if re.search(r"NVLS comm|Connected NVLS", line):
                         via.add("NVLS")
         except OSError:

@@ -76,8 +76,12 @@ class Measured:
         return "NCCL: " + (", ".join(seen) if seen else "none reported (one rank?)")
 
     def socket_fallback(self) -> bool:
-        """NCCL moved data between nodes over plain TCP sockets."""
-        return any(v.startswith("NET/Socket") for v in self.via) or "Socket" in self.network
+        """NCCL moved data between nodes over plain TCP sockets: a channel through
+        NET/Socket, or (no NET channel line seen) Socket the only network it set up."""
+        if any(v.startswith("NET/Socket") for v in self.via):
+            return True
+        nets = set(self.network)
+        return not any(v.startswith("NET/") for v in self.via) and nets == {"Socket"}
 
 
 def parse(obj: Mapping[str, Any]) -> Measured:
