@@ -228,3 +228,17 @@ def test_the_first_multi_node_launch_runs_it_and_the_second_does_not(cli: CLI,
     assert "Preflight" not in r.stderr
     rows = _launches(cli, "auto")
     assert len(rows) == 2 and rows[1]["preflight"] is None
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["nosuch"], "nosuch"),
+    (["nosuch", "--max-size", "12 parsecs"], "--max-size"),
+    (["nosuch", "--max-size", "64GiB"], "--max-size"),
+    (["nosuch", "--threshold", "0"], "--threshold"),
+    (["nosuch", "--iters", "0"], "--iters"),
+])
+def test_bad_input_is_exit_2_naming_it(cli: CLI, args: list[str], needle: str) -> None:
+    r = cli.run("preflight", *args)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert needle in r.stderr and "Traceback" not in r.stderr
+    assert not (cli.home / "clusters").exists()
