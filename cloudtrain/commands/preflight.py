@@ -55,9 +55,7 @@ def preflight(cluster_name: str, threshold: float, max_size: int | None, iters: 
 
     Exits 0 when every check passes, 4 when one fails (the verdict names the node, GPU or
     link), 1 when it could not reach the nodes, 2 on bad input."""
-    from cloudtrain.cluster import connect, get_handle
     from cloudtrain.commands.jobs import not_stopped
-    from cloudtrain.pipeline import queue
     from cloudtrain.pipeline.signals import stop_signals_as_interrupt
     from cloudtrain.preflight import flow, show
     from cloudtrain.preflight.runner import EXIT_FAILED, Options
@@ -67,22 +65,8 @@ def preflight(cluster_name: str, threshold: float, max_size: int | None, iters: 
     env = open_env(quiet=as_json)
     env.ui.verbose = verbose
     not_stopped(env, cluster_name)
-    handle = get_handle(env, cluster_name)
-    group = connect(env, handle, timeout=30)
-    try:
-        busy = queue.active(queue.records(handle, group))
-        if busy:
-            from cloudtrain.errors import UserError
-
-            raise UserError(f"Cluster '{cluster_name}' is busy: job {busy[0]['id']} is "
-                            f"{busy[0].get('state')}; a preflight beside it would measure "
-                            "both the wrong way.",
-                            f"Wait for it to end, or stop it: cloudtrain cancel {cluster_name} "
-                            f"{busy[0]['id']}")
-        result = flow.check(env, handle, group, Options(max_size=max_size, iters=iters),
-                            threshold / 100)
-    finally:
-        group.close()
+    result = flow.on_cluster(env, cluster_name, Options(max_size=max_size, iters=iters),
+                             threshold / 100)
     if as_json:
         click.echo(json.dumps(show.as_json(result), indent=2))
     else:

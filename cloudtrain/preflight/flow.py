@@ -32,6 +32,28 @@ def check(env: Env, handle: Handle, group: Group, opts: Options,
     return show.Result(ran.job_id, ran.measured, judge(ran.measured, ctx), ctx, ran.took_s)
 
 
+def on_cluster(env: Env, name: str, opts: Options, threshold: float) -> show.Result:
+    """``cloudtrain preflight NAME``: connect, refuse a busy cluster (exit 2: a preflight
+    beside a running job would measure both the wrong way), check."""
+    from cloudtrain.cluster import connect, get_handle
+    from cloudtrain.errors import UserError
+    from cloudtrain.pipeline import queue
+
+    handle = get_handle(env, name)
+    group = connect(env, handle, timeout=30)
+    try:
+        busy = queue.active(queue.records(handle, group))
+        if busy:
+            raise UserError(f"Cluster '{name}' is busy: job {busy[0]['id']} is "
+                            f"{busy[0].get('state')}; a preflight beside it would measure "
+                            "both the wrong way.",
+                            f"Wait for it to end, or stop it: cloudtrain cancel {name} "
+                            f"{busy[0]['id']}")
+        return check(env, handle, group, opts, threshold)
+    finally:
+        group.close()
+
+
 def why_run(env: Env, handle: Handle, req: Launch) -> str | None:
     """Why this launch runs a preflight first, None when it does not: asked (--preflight),
     or the first multi-node launch on this cluster (unless --no-preflight)."""
