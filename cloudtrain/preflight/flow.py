@@ -63,8 +63,9 @@ def why_run(env: Env, handle: Handle, req: Launch) -> str | None:
         return "--preflight"
     if len(handle.nodes) < 2 or req.task.container is not None:
         return None     # one node: nothing to prove between nodes; a container: the image's torch
-    if any(not n.python_bin for n in handle.nodes):
-        return None
+    if any(not n.python_bin or n.bootstrap.get("torch", "missing") in ("", "missing")
+           for n in handle.nodes):
+        return None     # not bootstrapped, or no PyTorch: a run: task may not need any
     earlier = [r for r in env.state.launches(handle.name) if not r.job_id.startswith("exec-")]
     return None if earlier else "the first multi-node launch on this cluster"
 
