@@ -126,9 +126,13 @@ def matmul(device: str, seconds: float = 0.5) -> dict:
         if gpu:
             torch.cuda.synchronize(device)
 
-    for _ in range(3):
-        a @ b
-    sync()
+    warm = time.perf_counter()     # a quarter second first: library set-up, clocks up
+    while True:
+        for _ in range(3):
+            a @ b
+        sync()
+        if time.perf_counter() - warm >= seconds / 2:
+            break
     iters, t0 = 0, time.perf_counter()
     while True:
         for _ in range(5):
