@@ -7,6 +7,7 @@
 #   (a) node checks: cloudtrain/node/preflight.py node  (real nvidia-smi, bf16 matmul TFLOPS)
 #   (b) NCCL all-reduce, one process per GPU under torchrun, 64 KiB .. 1 GiB: algbw, busbw,
 #       the transport NCCL chose (NCCL_DEBUG=INFO files kept in $OUT)
+#   (b2) the CLI's verdict on (b)'s figures: each GPU against its datasheet peak and the median
 #   (c) templates/train/train.py under torchrun, --precision bf16, NCCL: samples/s, peak memory
 #   (d) bootstrap/node.sh with CLOUDTRAIN_CHECK_ONLY=1: its GPU, driver, Python and torch steps
 #       against the real nvidia-smi, installing nothing
@@ -93,6 +94,26 @@ for r in d["ranks"]:
     m = r["matmul"]
     fig = f"{m['tflops']} TFLOPS" if "tflops" in m else f"{m['gflops']} GFLOPS"
     print(f"    rank {r['rank']} matmul {m['device']} {m['dtype']}: {fig}")
+EOF
+
+# (b2) the CLI's own judgement of (b)'s figures (cloudtrain/preflight: standard library only):
+# each GPU's matmul against the datasheet's dense bf16 peak (reference.py) and the median GPU.
+PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} "$PY" - "$OUT/allreduce.json" "$OUT/verdict.json" <<'EOF' | tee -a "$OUT/summary.txt"
+import json, sys
+from cloudtrain.preflight.report import parse
+from cloudtrain.preflight.verdict import Context, judge
+from cloudtrain.preflight import reference
+try:
+    m = parse(json.load(open(sys.argv[1])))
+except (OSError, ValueError, KeyError) as e:
+    sys.exit(f"    (b2) no verdict: {e}")
+v = judge(m, Context("this machine", "local", None))
+json.dump(v.to_dict(), open(sys.argv[2], "w"), indent=2)
+for n in m.nodes:
+    for g in n.gpus[:1]:
+        ref = reference.gpu(g.name)
+        print(f"    (b2) reference for {g.name}: " + (f"{ref.model} {ref.bf16_tflops:g} TFLOPS dense bf16 ({ref.source})" if ref else "none in the table"))
+print(f"    (b2) verdict: {v.paragraph}")
 EOF
 
 # (c) ------------------------------------------------------------------------------------------

@@ -28,6 +28,8 @@ def test_the_cpu_path_writes_every_part(tmp_path: Path) -> None:
                  "(c) train.py bf16, 2 process(es)", "(d) bootstrap/node.sh check-only: exit 0"):
         assert part in summary, summary
     assert "nvidia-smi: not found: the CPU path" in summary
+    assert "(b2) verdict: Preflight of 'this machine' passed: 1 CPU node(s), 2 rank(s)" in summary
+    assert json.loads((out / "verdict.json").read_text())["ok"] is True
     node = json.loads((out / "node.json").read_text())
     assert node["nvidia_smi"]["gpus"] == [] and node["matmul"][0]["gflops"] > 0
     ar = json.loads((out / "allreduce.json").read_text())
