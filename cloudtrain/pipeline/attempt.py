@@ -98,8 +98,8 @@ def attempt(env: Env, req: Launch, limit: budget.Budget | None,
         start = run.JobStart(contact.job_id, req.overrides, req.detach, req.now,
                              None if stale else contact.facts)
         try:   # launch --preflight, or the first multi-node launch: stopped when it fails
-            proven = None if again is not None else preflight.before_job(
-                env, handle, group, req, contact.job_id)
+            proven = preflight.not_under_recovery(env, req) if again is not None else \
+                preflight.before_job(env, handle, group, req, contact.job_id)
         except preflight.PreflightFailed as exc:   # the cluster stays up, --down or not
             return Tried(None, exc, rules_back(env, handle, group, before))
         with follower.Heartbeat(handle, group, contact.job_id, req.down_after and not req.detach):

@@ -91,6 +91,15 @@ def before_job(env: Env, handle: Handle, group: Group, req: Launch,
                           "is still up.", _next_steps(handle.name))
 
 
+def not_under_recovery(env: Env, req: Launch) -> show.Result | None:
+    """The recovery controller's attempts run none (a replacement's nodes are new, and its
+    job must resume at once): --preflight says so instead of being ignored."""
+    if req.preflight:
+        env.ui.warn("--preflight does not run under --recover: run 'cloudtrain preflight "
+                    f"{req.name}' before the launch instead.")
+    return None
+
+
 def _next_steps(name: str) -> str:
     return (f"Look closer with 'cloudtrain preflight {name}'; launch anyway with "
             f"--no-preflight; or replace the nodes: 'cloudtrain down {name}' and launch (or "
