@@ -95,7 +95,7 @@ def launch(task_file: str | None, cluster_name: str | None, yes: bool, envs: tup
     the budget and --down too, so they hold with -d and when this CLI is gone (docs/guard.md).
 
     Exits with the job's exit code (the first failing node's), 3 when the budget was
-    reached, 130 on Ctrl-C."""
+    reached, 4 when its preflight failed (docs/preflight.md), 130 on Ctrl-C."""
     from cloudtrain.pipeline import job
     from cloudtrain.pipeline.signals import stop_signals_as_interrupt
 
