@@ -7,6 +7,7 @@ the verdict (status shows it)."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from typing import TYPE_CHECKING
 
@@ -14,13 +15,16 @@ from cloudtrain.cluster import Handle
 from cloudtrain.context import Env
 from cloudtrain.preflight import runner, show
 from cloudtrain.preflight.runner import Options, PreflightFailed
-
-__all__ = ["PreflightFailed", "before_job", "check", "record"]
 from cloudtrain.preflight.verdict import Context, judge
 from cloudtrain.remote import Group
 
 if TYPE_CHECKING:
     from cloudtrain.pipeline.request import Launch
+
+AUTO_VAR = "CLOUDTRAIN_AUTO_PREFLIGHT"
+"""0 (or off/no/false): no automatic preflight before a first multi-node launch."""
+
+__all__ = ["PreflightFailed", "before_job", "check", "record"]
 
 
 def check(env: Env, handle: Handle, group: Group, opts: Options,
@@ -61,12 +65,16 @@ def why_run(env: Env, handle: Handle, req: Launch) -> str | None:
         return None
     if req.preflight:
         return "--preflight"
+    if os.environ.get(AUTO_VAR, "1").strip().lower() in ("0", "off", "no", "false"):
+        return None     # the automatic run turned off for every launch (CI, the test suite)
     if len(handle.nodes) < 2 or req.task.container is not None:
         return None     # one node: nothing to prove between nodes; a container: the image's torch
     if any(not n.python_bin or n.bootstrap.get("torch", "missing") in ("", "missing")
            for n in handle.nodes):
         return None     # not bootstrapped, or no PyTorch: a run: task may not need any
-    earlier = [r for r in env.state.launches(handle.name) if not r.job_id.startswith("exec-")]
+    born = handle.row.created_at or 0.0    # a cluster of the same name before: not this one
+    earlier = [r for r in env.state.launches(handle.name)
+               if not r.job_id.startswith("exec-") and r.started_at >= born]
     return None if earlier else "the first multi-node launch on this cluster"
 
 

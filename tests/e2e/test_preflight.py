@@ -213,20 +213,23 @@ def test_launch_preflight_failing_stops_the_launch(odd_nodes) -> None:  # type: 
 def test_the_first_multi_node_launch_runs_it_and_the_second_does_not(cli: CLI,
                                                                       tmp_path: Path) -> None:
     task = _task(tmp_path, "auto", 2)
-    r = cli.run("launch", str(task), "-y")
+    off = cli.run("launch", str(task), "-y")          # the suite's default: turned off
+    assert off.returncode == 0 and "Preflight" not in off.stderr, off.stderr
+    cli.run("down", "auto", "-y")
+    r = cli.run("launch", str(task), "-y", CLOUDTRAIN_AUTO_PREFLIGHT="1")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "Preflight (the first multi-node launch on this cluster" in r.stderr
     assert "Preflight of 'auto' passed: 2 CPU node(s)" in r.stderr
-    rows = _launches(cli, "auto")
+    rows = _launches(cli, "auto")[1:]      # the ledger keeps the first cluster's launch
     assert len(rows) == 1 and rows[0]["status"] == "SUCCEEDED"
     kept = json.loads(rows[0]["preflight"])
     assert kept["ok"] is True and kept["transport"] == "gloo/tcp" and kept["busbw_gbps"] > 0
     st = cli.status()[0]["preflight"]
     assert st["job_id"] == rows[0]["job_id"] and st["ok"] is True
-    r = cli.run("launch", str(task))
+    r = cli.run("launch", str(task), CLOUDTRAIN_AUTO_PREFLIGHT="1")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "Preflight" not in r.stderr
-    rows = _launches(cli, "auto")
+    rows = _launches(cli, "auto")[1:]
     assert len(rows) == 2 and rows[1]["preflight"] is None
 
 
