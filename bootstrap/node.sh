@@ -27,6 +27,9 @@
 #                             driver, Docker Engine and the NVIDIA Container Toolkit (with a
 #                             GPU) and a Python for cloudtrain's own node scripts; no venv, no
 #                             PyTorch, no CUDA toolkit (the image brings its own)
+#   CLOUDTRAIN_CHECK_ONLY     1: find and report only, install nothing: a step that would
+#                             install (a package, a driver, a virtualenv, PyTorch) fails with
+#                             exit 7 saying what it would have installed (bench/gpu_preflight.sh)
 # shellcheck source-path=SCRIPTDIR
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -37,6 +40,15 @@ TABLES=$PWD
 . ./runtime.sh
 # shellcheck source=fabric.sh
 . ./fabric.sh
+if [ "${CLOUDTRAIN_CHECK_ONLY:-0}" = 1 ]; then
+    # Every install goes through one of these: refuse them all (lib.sh defines them).
+    pkg_install() { FAIL_CODE=7 fail "check-only: would install $* (CLOUDTRAIN_CHECK_ONLY=1)"; }
+    as_root() { FAIL_CODE=7 fail "check-only: would run as root: $* (CLOUDTRAIN_CHECK_ONLY=1)"; }
+    download() { FAIL_CODE=7 fail "check-only: would download $1 (CLOUDTRAIN_CHECK_ONLY=1)"; }
+    check_only() { FAIL_CODE=7 fail "check-only: would $* (CLOUDTRAIN_CHECK_ONLY=1)"; }
+else
+    check_only() { :; }
+fi
 
 ROOT=${CLOUDTRAIN_ROOT:-cloudtrain}
 case "$ROOT" in /*) ;; *) ROOT=$HOME/$ROOT ;; esac
@@ -276,6 +288,7 @@ elif [ -n "$first" ] && [ "${first%%|*}" = "$VENV/bin/python" ]; then
     found "$PY (Python $PY_VERSION)"
 else
     # Our own virtualenv, so installs never touch the image's Python.
+    check_only "create a virtualenv in $VENV"
     base=${first%%|*}
     if [ -z "$base" ] || ! "$base" -m venv --help >/dev/null 2>&1; then
         pkg_install python3 python3-venv python3-pip
@@ -309,6 +322,7 @@ else
         index=$TORCH_INDEX_BASE/cpu
     fi
     req=${CLOUDTRAIN_TORCH:-torch}
+    check_only "pip install $req from $index"
     "$PY" -m pip install -q --disable-pip-version-check --index-url "$index" "$req" numpy \
         || fail "pip could not install '$req' from $index (see the lines above)." \
                 "Check the node reaches $index, or set bootstrap.torch / bootstrap.torch_index in the task."

@@ -10,7 +10,8 @@ the cloud took, issue 13: when, which ranks, the cloud's reason, the seconds los
 the dollars); 4 adds ``recoveries.resumed_from`` (what the restarted job could resume from:
 "restarted from step 0" when nothing, issue 21); 5 adds ``launches.image`` and
 ``launches.image_digest`` (issue 25: the task's container image and the digest every node ran,
-``NAME@sha256:...`` from the registry or the local image ID). Older databases are migrated in place when
+``NAME@sha256:...`` from the registry or the local image ID); 6 adds ``launches.preflight``
+(issue 27: the preflight's verdict, JSON). Older databases are migrated in place when
 opened (``state``). The ``outputs`` table (issue 21: per job, the outputs its task declared,
 where they go here, and whether they were pulled back or lost) is created when missing, like
 every table: it needs no version; so are ``sweeps`` (issue 23: one row per sweep, the ledger's
@@ -74,7 +75,8 @@ CREATE TABLE IF NOT EXISTS launches (
     failed_node INTEGER,
     end_reason TEXT,
     image TEXT,
-    image_digest TEXT
+    image_digest TEXT,
+    preflight TEXT
 );
 CREATE TABLE IF NOT EXISTS usage (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -157,7 +159,7 @@ CREATE TABLE IF NOT EXISTS sweep_trials (
 );
 """
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 # Columns added after the first release: (table, column, declaration). A database created
 # before them gets them through ALTER TABLE when it is opened.
@@ -170,6 +172,7 @@ ADDED_COLUMNS = (
     ("recoveries", "resumed_from", "TEXT"),
     ("launches", "image", "TEXT"),
     ("launches", "image_digest", "TEXT"),
+    ("launches", "preflight", "TEXT"),
 )
 
 
@@ -230,6 +233,8 @@ class LaunchRow:
     """The task's container image (None: the launch ran without a container)."""
     image_digest: str | None = None
     """The digest every node ran: ``NAME@sha256:...`` or the local image ID."""
+    preflight: str | None = None
+    """The preflight that guarded the launch (JSON: ok, paragraph, ...); None: none ran."""
 
 
 @dataclass

@@ -282,6 +282,10 @@ class State:
                 (status, exit_code, failed_node, time.time(), reason, job_id),
             )
 
+    def set_launch_preflight(self, job_id: str, verdict_json: str) -> None:
+        with self._write() as db:
+            db.execute("UPDATE launches SET preflight=? WHERE job_id=?", (verdict_json, job_id))
+
     def launches(self, cluster: str | None = None) -> list[LaunchRow]:
         with self._read() as db:
             if cluster is None:
@@ -294,7 +298,8 @@ class State:
                               detached=bool(r["detached"]), started_at=r["started_at"],
                               ended_at=r["ended_at"], exit_code=r["exit_code"],
                               failed_node=r["failed_node"], end_reason=r["end_reason"],
-                              image=r["image"], image_digest=r["image_digest"])
+                              image=r["image"], image_digest=r["image_digest"],
+                              preflight=r["preflight"])
                     for r in rows]
 
     # --- the image a cluster's nodes run (containers) ---------------------------------------

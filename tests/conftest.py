@@ -38,7 +38,9 @@ class CLI:
 
     def env(self, **extra: str) -> dict[str, str]:
         env = dict(os.environ)
-        env.update({"CLOUDTRAIN_HOME": str(self.home), "NO_COLOR": "1", "CLOUDTRAIN_SSH_TIMEOUT": "60"})
+        env.update({"CLOUDTRAIN_HOME": str(self.home), "NO_COLOR": "1", "CLOUDTRAIN_SSH_TIMEOUT": "60",
+                    # the automatic preflight (docs/preflight.md) only where a test asks for it
+                    "CLOUDTRAIN_AUTO_PREFLIGHT": "0"})
         env.update(extra)
         return env
 

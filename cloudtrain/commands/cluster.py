@@ -153,8 +153,10 @@ def status(cluster_name: str | None, as_json: bool, refresh: bool) -> None:
     if as_json:
         from cloudtrain.containers.recorded import with_images
 
-        click.echo(json.dumps(with_images(env.state, with_rules(env, status_json(
-            rows, spent, pins, guards, refresh))) + gone, indent=2))
+        from cloudtrain.preflight.recorded import with_preflight
+
+        click.echo(json.dumps(with_preflight(env.state, with_images(env.state, with_rules(
+            env, status_json(rows, spent, pins, guards, refresh)))) + gone, indent=2))
         return
     for g in gone:
         click.echo(f"{g['name']}: {g['status']} (its nodes stopped themselves: {g['reason']})")
@@ -176,12 +178,15 @@ def status_lines(env: Env, rows: list[ClusterRow], guards: dict[str, dict[str, A
     from cloudtrain.pipeline.lastseen import HINT, ago, saved
 
     from cloudtrain.containers.recorded import image_line
+    from cloudtrain.preflight.recorded import preflight_line
 
     for r in rows:
         for rec in env.state.recoveries(r.name):
             click.echo(recovery_line(rec))
         if (img := image_line(env.state, r.name)) is not None:
             click.echo(img)
+        if (pre := preflight_line(env.state, r.name)) is not None:
+            click.echo(pre)
         for line in allocation_lines(env, r) if refresh else []:
             click.echo(line)
         g = guards.get(r.name) or {}

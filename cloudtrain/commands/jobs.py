@@ -66,6 +66,9 @@ class AfterDashDash(click.Command):
 @click.option("--now", is_flag=True,
               help="Refuse (exit 2) when a job runs or waits on the cluster, instead of "
                    "waiting its turn in the cluster's queue (docs/queue.md).")
+@click.option("--preflight/--no-preflight", "preflight", default=None,
+              help="Prove the cluster first (cloudtrain preflight; a failure stops the launch, "
+                   "exit 4). Default: only before the first multi-node launch on a cluster.")
 @click.option("-v", "--verbose", is_flag=True,
               help="Show every rank's output live, torchrun's tracebacks too (a failed train "
                    "job otherwise shows the failing rank's last lines; all go to the logs).")
@@ -92,7 +95,7 @@ def launch(task_file: str | None, cluster_name: str | None, yes: bool, envs: tup
     the budget and --down too, so they hold with -d and when this CLI is gone (docs/guard.md).
 
     Exits with the job's exit code (the first failing node's), 3 when the budget was
-    reached, 130 on Ctrl-C."""
+    reached, 4 when its preflight failed (docs/preflight.md), 130 on Ctrl-C."""
     from cloudtrain.pipeline import job
     from cloudtrain.pipeline.signals import stop_signals_as_interrupt
 
@@ -165,7 +168,7 @@ def launch_request(task_file: str | None, cluster_name: str | None, yes: bool,
     return env, Launch(task, name, plan.plan(env, task, name),
                        down_after=options["down_after"], detach=options["detach"],
                        overrides=env_overrides, budget=limit, no_budget=options["no_budget"],
-                       now=options["now"], recover=recover,
+                       now=options["now"], recover=recover, preflight=options["preflight"],
                        confirm=lambda planned: confirm_cost(planned, yes),
                        command_line=CommandLine(task_file or "", options["max_cost"],
                                                 options["hours"])), changes

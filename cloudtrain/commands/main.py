@@ -11,7 +11,8 @@ from __future__ import annotations
 import click
 
 from cloudtrain.commands import (access, budget, catalog, check, cluster, controllers, cost, gc,
-                                 init, jobs, monitor, outputs, queue, report, stopstart, sweep)
+                                 init, jobs, monitor, outputs, preflight, queue, report, stopstart,
+                                 sweep)
 from cloudtrain.commands.base import CONTEXT
 
 
@@ -33,7 +34,7 @@ def cli() -> None:
 
 def register_commands() -> None:
     for module in (init, cluster, jobs, controllers, catalog, cost, report, gc, access, monitor,
-                   queue, outputs, budget, sweep, check, stopstart):
+                   queue, outputs, budget, sweep, check, stopstart, preflight):
         module.register(cli)
 
 

@@ -25,6 +25,7 @@ from cloudtrain.pipeline.prep import NodeFacts, prep_command, prep_facts
 from cloudtrain.pipeline.provision import opened, roll_back
 from cloudtrain.pipeline.request import Launch
 from cloudtrain.pipeline.signals import Shielded
+from cloudtrain.preflight import flow as preflight
 from cloudtrain.remote import Group
 
 if TYPE_CHECKING:
@@ -96,6 +97,11 @@ def attempt(env: Env, req: Launch, limit: budget.Budget | None,
             env.state, req.name, limit.max_cost_usd, env.ui)
         start = run.JobStart(contact.job_id, req.overrides, req.detach, req.now,
                              None if stale else contact.facts)
+        try:   # launch --preflight, or the first multi-node launch: stopped when it fails
+            proven = preflight.not_under_recovery(env, req) if again is not None else \
+                preflight.before_job(env, handle, group, req, contact.job_id)
+        except preflight.PreflightFailed as exc:   # the cluster stays up, --down or not
+            return Tried(None, exc, rules_back(env, handle, group, before))
         with follower.Heartbeat(handle, group, contact.job_id, req.down_after and not req.detach):
             try:
                 outcome = (again.run(handle, group, task, start, watch) if again is not None
@@ -105,6 +111,8 @@ def attempt(env: Env, req: Launch, limit: budget.Budget | None,
                 # under a busy cluster): its rules are taken back, and its --down tears
                 # nothing down.
                 return Tried(None, exc, not fresh and rules_back(env, handle, group, before))
+            finally:
+                preflight.record(env, contact.job_id, proven)
             keep_up = req.down_after and not req.detach and queued_after(
                 env, handle, group, contact.job_id)
         spot = again is None and outcome.exit_code != 0 and handle.row.use_spot

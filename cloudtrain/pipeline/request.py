@@ -53,6 +53,8 @@ class Launch:
     confirm: Callable[[Plan], None] = no_confirm
     """Asked before a new cluster is paid for."""
     command_line: CommandLine | None = None
+    preflight: bool | None = None
+    """--preflight (True), --no-preflight (False); None: before the first multi-node launch."""
 
     @property
     def provider(self) -> str:

@@ -309,12 +309,15 @@ def test_one_import_path_per_name() -> None:
     assert not bad, "; ".join(bad)
 
 
-NODE_THIRD_PARTY = {"sweep.py": {"optuna"}, "sweepstudy.py": {"optuna"}, "sweepwork.py": {"optuna"}}
+NODE_THIRD_PARTY = {"sweep.py": {"optuna"}, "sweepstudy.py": {"optuna"}, "sweepwork.py": {"optuna"},
+                    "preflight.py": {"torch"}}
 """The one exception to "node/*.py is standard library only": the sweep driver (sweep.py,
 sweepstudy.py, sweepwork.py) imports optuna
 (its samplers, pruners and storages; grpcio comes with its gRPC storage proxy), which
 bootstrap installs on the nodes only when a sweep runs. It imports it inside the functions
-that use it, never at module level, so the other node scripts never need it (docs/sweep.md)."""
+that use it, never at module level, so the other node scripts never need it (docs/sweep.md).
+The preflight's node program (preflight.py) imports torch the same way: it runs where a job
+would, with the node's PyTorch (docs/preflight.md)."""
 
 
 def test_node_scripts_are_standard_library_only_but_the_sweep_driver() -> None:

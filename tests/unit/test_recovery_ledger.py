@@ -27,7 +27,7 @@ def test_an_old_database_gains_the_recoveries_table(tmp_path: Path) -> None:
     db.close()
     state = open_state(tmp_path)
     with sqlite3.connect(tmp_path / "state.db") as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
     assert state.recoveries() == []
     rid = state.add_recovery("c", "j0", "j0", 1000.0, [1, 3], "node 1: preempted",
                              "restarted from step 0")
