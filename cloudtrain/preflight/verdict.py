@@ -76,8 +76,10 @@ def summary(m: Measured) -> str:
     gpus = sum(len(n.gpus) for n in m.nodes)
     what = f"{len(m.nodes)} node(s), {gpus} GPU(s)" if gpus else f"{len(m.nodes)} CPU node(s)"
     big = m.largest
-    bw = "" if big is None else (f", all-reduce {big.busbw_gbps:g} GB/s bus bandwidth "
-                                 f"({big.algbw_gbps:g} GB/s algorithm) at {size_text(big.bytes)}")
+    bw = ("" if big is None else
+          ", no all-reduce between ranks (one rank)" if m.world_size == 1 else
+          f", all-reduce {big.busbw_gbps:g} GB/s bus bandwidth "
+          f"({big.algbw_gbps:g} GB/s algorithm) at {size_text(big.bytes)}")
     return f"{what}, {m.world_size} rank(s){bw} over {m.transport()}"
 
 
