@@ -41,7 +41,7 @@ class TypeRef:
 
 
 # What a healthy GPU's short matmul (the preflight's 8192^3 bf16, half a second) reaches of
-# its datasheet peak: about 70 % (an H200 gave 695 and 704 of 989 TFLOPS in
+# its datasheet peak: about 70 % (two H200s gave 669 to 704 of 989 TFLOPS in
 # bench/gpu_preflight.sh on 2026-11-26; longer runs reach 78-80 %). A GPU is judged against
 # this share of its peak, so the default 70 % threshold fails a GPU under about half its peak,
 # not a healthy one that runs a little cooler than the last.
