@@ -45,9 +45,9 @@ if [ "${CLOUDTRAIN_CHECK_ONLY:-0}" = 1 ]; then
     pkg_install() { FAIL_CODE=7 fail "check-only: would install $* (CLOUDTRAIN_CHECK_ONLY=1)"; }
     as_root() { FAIL_CODE=7 fail "check-only: would run as root: $* (CLOUDTRAIN_CHECK_ONLY=1)"; }
     download() { FAIL_CODE=7 fail "check-only: would download $1 (CLOUDTRAIN_CHECK_ONLY=1)"; }
-    check_only() { FAIL_CODE=7 fail "check-only: would $* (CLOUDTRAIN_CHECK_ONLY=1)"; }
+    no_install_check() { FAIL_CODE=7 fail "check-only: would $* (CLOUDTRAIN_CHECK_ONLY=1)"; }
 else
-    check_only() { :; }
+    no_install_check() { :; }
 fi
 
 ROOT=${CLOUDTRAIN_ROOT:-cloudtrain}
@@ -288,7 +288,7 @@ elif [ -n "$first" ] && [ "${first%%|*}" = "$VENV/bin/python" ]; then
     found "$PY (Python $PY_VERSION)"
 else
     # Our own virtualenv, so installs never touch the image's Python.
-    check_only "create a virtualenv in $VENV"
+    no_install_check "create a virtualenv in $VENV"
     base=${first%%|*}
     if [ -z "$base" ] || ! "$base" -m venv --help >/dev/null 2>&1; then
         pkg_install python3 python3-venv python3-pip
@@ -322,7 +322,7 @@ else
         index=$TORCH_INDEX_BASE/cpu
     fi
     req=${CLOUDTRAIN_TORCH:-torch}
-    check_only "pip install $req from $index"
+    no_install_check "pip install $req from $index"
     "$PY" -m pip install -q --disable-pip-version-check --index-url "$index" "$req" numpy \
         || fail "pip could not install '$req' from $index (see the lines above)." \
                 "Check the node reaches $index, or set bootstrap.torch / bootstrap.torch_index in the task."

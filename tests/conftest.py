@@ -176,3 +176,8 @@ def gcp(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Any]:
 def pytest_configure(config: pytest.Config) -> None:
     from skipcheck import register
     register(config)
+    # The automatic preflight before a cluster's first multi-node launch (docs/preflight.md)
+    # only where a test asks for it (tests/e2e/test_preflight.py), also for the tests that
+    # start the CLI themselves: otherwise its seconds before the job (and its processes on
+    # the nodes, marked with the cluster) change what a test that times the job sees.
+    os.environ.setdefault("CLOUDTRAIN_AUTO_PREFLIGHT", "0")

@@ -200,7 +200,7 @@ def _run(q: CostQuery) -> None:
     from cloudtrain.planner import availability
     from cloudtrain.ranking import rank_task
 
-    from cloudtrain.catalog.fabric import fast_only
+    from cloudtrain.provider.fabric import fast_only
 
     catalog = load_catalog(home())
     result = rank_task(task, fast_only(res.network, catalog.offers), fit=fit)
@@ -248,7 +248,7 @@ def cost_document(task: Task, result: PlanResult, hours: float, up_pick: Pick,
                   avail: dict[str, str | None], catalog: Catalog, fit: MemoryEstimate | None,
                   top: int | None) -> dict[str, Any]:
     """``cost --json``. Field names of "offers" and "choice" are a contract (docs/cost.md)."""
-    from cloudtrain.catalog.fabric import fabric_of
+    from cloudtrain.provider.fabric import fabric_of
     from cloudtrain.ranking import priced_json
 
     pick = up_pick.index

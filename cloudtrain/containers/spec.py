@@ -158,8 +158,8 @@ def check_run_options(options: list[str], privileged: bool) -> list[str]:
             i += 1
             continue
         if opt not in _WITH_VALUE:
-            raise ValueError(f"run_options[{i}] '{item[:60]}' is not an option cloudtrain "
-                             "passes on; allowed: " + ", ".join(sorted(_WITH_VALUE | _FLAGS)))
+            raise ValueError(f"run_options[{i}] '{item[:40]}' is not an option cloudtrain "
+                             "passes on; allowed: " + " ".join(sorted(_WITH_VALUE | _FLAGS)))
         if not eq:
             if i + 1 >= len(options) or not isinstance(options[i + 1], str):
                 raise ValueError(f"run_options[{i}] '{opt}' needs a value: write {opt}=VALUE")

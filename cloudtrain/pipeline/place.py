@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from cloudtrain.catalog import fabric
+from cloudtrain.provider import fabric
 from cloudtrain.catalog.model import Offer
 from cloudtrain.context import Env
 from cloudtrain.errors import UserError

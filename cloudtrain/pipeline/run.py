@@ -20,7 +20,7 @@ from cloudtrain.context import Env
 from cloudtrain.errors import Interrupted, JobFailed, RemoteError, UserError
 from cloudtrain.pipeline import outputs, queue, ranklog, sent, skyenv, storage, sync
 from cloudtrain.pipeline.bodies import run_body, train_body
-from cloudtrain.catalog.fabric import job_vars
+from cloudtrain.provider.fabric import job_vars
 from cloudtrain.pipeline.bootstrap import provider_node_env, run_bootstrap
 from cloudtrain.pipeline.prep import NodeFacts, prep_command, prep_facts
 from cloudtrain.pipeline.remote_job import (JobParts, LogSink, RemoteJob, job_dir, new_job_id,

@@ -93,11 +93,11 @@ def instance(instance_type: str | None) -> TypeRef | None:
 
 
 def fabric_of(provider: str, instance_type: str | None) -> str | None:
-    """The instance type's fabric, as the catalog records it (cloudtrain/catalog/fabric.py);
+    """The instance type's fabric, as the catalog records it (cloudtrain/provider/fabric.py);
     None for a type without a fast fabric."""
     if not instance_type:     # local and ssh nodes (and the GPU script: no package needed)
         return None
-    from cloudtrain.catalog import fabric as catalog_fabric
+    from cloudtrain.provider import fabric as catalog_fabric
 
     found = catalog_fabric.fabric_of(provider, instance_type)
     return None if found is None else str(found.kind)

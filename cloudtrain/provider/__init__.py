@@ -37,6 +37,7 @@ from cloudtrain.keys import (USER_KNOWN_HOSTS, generate_host_key, host_entry_nam
 from cloudtrain.names import check as check_name
 from cloudtrain.ownership import (CLUSTER, CREATED, OWNER, RANK, SHARED_RANK, default_owner,
                                   now, owner_hash, owner_of_cluster, split_owner)
+from cloudtrain.provider import fabric
 from cloudtrain.provider.contract import (ChecksAccess, ClusterRequest, CollectsOrphans,
                                           HasHostKeySource,
                                           HasMasterPort, HasNodeEnv, MarksOwner, NetworkRef,
@@ -79,7 +80,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "CLUSTER", "CREATED", "OWNER", "RANK", "SHARED_RANK", "USER_KNOWN_HOSTS", "ChecksAccess",
+    "fabric", "CLUSTER", "CREATED", "OWNER", "RANK", "SHARED_RANK", "USER_KNOWN_HOSTS", "ChecksAccess",
     "ClusterRequest", "ProviderCheck",
     "CollectsOrphans", "HasHostKeySource", "HasMasterPort", "HasNodeEnv", "MarksOwner",
     "NetworkRef", "Node", "NodeStatus", "Places", "Plan", "Provider", "ProviderContext",

@@ -44,7 +44,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, cast, get_args
 
-from cloudtrain.catalog import fabric
+from cloudtrain.provider import fabric
 from cloudtrain.errors import (AuthError, CapacityError, CloudtrainError, ProviderError,
                                QuotaError, UserError, code_of)
 from cloudtrain.ownership import default_owner, now, owner_of_cluster

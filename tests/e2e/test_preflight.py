@@ -162,14 +162,17 @@ def test_a_gpu_count_and_a_torch_version_that_differ_are_named(odd_nodes) -> Non
     import torch
 
     cli, _, other = odd_nodes
-    r = cli.run("preflight", "odd", *SMALL)
+    # The checks that differ do not depend on the threshold; a low one keeps a link that a
+    # loaded machine slows (CI: node 0's pairs) out of this test's verdict.
+    loose = ("--threshold", "5")
+    r = cli.run("preflight", "odd", *SMALL, *loose)
     assert r.returncode == 4, r.stdout + r.stderr
     verdict = r.stdout.splitlines()[-1]
     assert re.search(r"node 2 \([\d.]+\) has GPU count 7, the other nodes 8", verdict)
     assert re.search(rf"node 1 \([\d.]+\) has PyTorch {re.escape(other)}, the other nodes "
                      rf"{re.escape(torch.__version__)}", verdict)
     assert "node 0" not in verdict
-    code, js = _json(cli, "odd")
+    code, js = _json(cli, "odd", *loose)
     assert code == 4
     assert sorted((p["kind"], p["node"]) for p in js["verdict"]["problems"]) == \
         [("mismatch", 1), ("mismatch", 2)]

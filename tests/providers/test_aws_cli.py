@@ -79,7 +79,7 @@ def guarded(tmp_path: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "CLOUDTRAIN_"))}
     env.update({
         "CLOUDTRAIN_HOME": str(tmp_path / "home"), "NO_COLOR": "1",
-        "CLOUDTRAIN_SSH_TIMEOUT": "60",
+        "CLOUDTRAIN_SSH_TIMEOUT": "60", "CLOUDTRAIN_AUTO_PREFLIGHT": "0",   # tests/conftest.py
         "PYTHONPATH": os.pathsep.join([str(gdir), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
         "PATH": f"{shim}{os.pathsep}{env.get('PATH', '')}",
         "CT_TEST_GUARD_LOG": str(tmp_path / "guard.log"),

@@ -227,7 +227,7 @@ def cli_env(tmp_path: Path, fake: ArmFake, dist_name: str) -> dict[str, str]:
            if not k.startswith(("AZURE_", "CLOUDTRAIN_", "MSI_", "IDENTITY_"))}
     env.update({
         "CLOUDTRAIN_HOME": str(tmp_path / "home"), "NO_COLOR": "1",
-        "CLOUDTRAIN_SSH_TIMEOUT": "60",
+        "CLOUDTRAIN_SSH_TIMEOUT": "60", "CLOUDTRAIN_AUTO_PREFLIGHT": "0",   # tests/conftest.py
         "CLOUDTRAIN_AZURE_ARM_ENDPOINT": fake.url,
         "CLOUDTRAIN_AZURE_CA_BUNDLE": str(fake.cert_file),
         "CLOUDTRAIN_AZURE_ACCESS_TOKEN": fake.token,

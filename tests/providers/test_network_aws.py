@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("moto")
 pytest.importorskip("boto3")
 
-from cloudtrain.catalog.fabric import fabric_of  # noqa: E402
+from cloudtrain.provider.fabric import fabric_of  # noqa: E402
 from cloudtrain.errors import UserError  # noqa: E402
 from aws_moto import Harness  # noqa: E402
 

@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("azure.mgmt.compute")
 
 from arm_fake import ArmFake, Harness, hermetic_env  # noqa: E402
-from cloudtrain.catalog.fabric import fabric_of  # noqa: E402
+from cloudtrain.provider.fabric import fabric_of  # noqa: E402
 
 
 @pytest.fixture

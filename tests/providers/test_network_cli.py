@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cloudtrain.catalog.fabric import fabric_of, with_fabric
+from cloudtrain.provider.fabric import fabric_of, with_fabric
 from conftest import CLI
 
 TASK = """name: fab

@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("google.cloud.compute_v1")
 
-from cloudtrain.catalog.fabric import fabric_of  # noqa: E402
+from cloudtrain.provider.fabric import fabric_of  # noqa: E402
 from cloudtrain.catalog.model import Offer  # noqa: E402
 from cloudtrain.context import open_env  # noqa: E402
 from cloudtrain.errors import ProviderError, UserError  # noqa: E402

@@ -78,7 +78,9 @@ def test_table_ranks_offers_and_names_the_pick_and_the_catalog(home: Path, tmp_p
     assert [(w[1], w[3]) for w in rows] == [("azure", "Standard_ND96asr_v4"),
                                             ("gcp", "a2-highgpu-8g"), ("aws", "p4d.24xlarge")]
     # azure: $27.20/h per node, $54.40/h for 2 nodes, $544.00 for 10 h, spot 2 x 3.00, saving 89%
-    assert rows[0][5:] == ["27.20", "54.40", "544.00", "6.00", f"{100 * (1 - 3.0 / 27.2):.0f}%"]
+    # its fabric (the NETWORK column): InfiniBand, 8 links of 200 Gb/s
+    assert rows[0][5:7] == ["infiniband", "8x200G"]
+    assert rows[0][7:] == ["27.20", "54.40", "544.00", "6.00", f"{100 * (1 - 3.0 / 27.2):.0f}%"]
     assert "A100:8 x 2 nodes, on-demand: 3 feasible offer(s)" in out
     # HOME has no credentials for any cloud: up would pick none, and says why
     assert "up would pick none" in out and ("no credentials" in out or "not installed" in out), out

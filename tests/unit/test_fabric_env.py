@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cloudtrain.catalog.fabric import job_vars, wanted
+from cloudtrain.provider.fabric import job_vars, wanted
 from cloudtrain.spec import parse_task
 
 

@@ -13,7 +13,9 @@ import pytest
 from cloudtrain.errors import CapacityError, ProviderError, QuotaError, code_of
 
 PROVISIONERS = Path(__file__).resolve().parents[2] / "provisioners" / "cloudtrain_provisioners"
-ALLOWED = ("cloudtrain.provider", "cloudtrain.errors")
+# cloudtrain.node: the node-side programs (standard library only), which a provider whose
+# guard runs somewhere of its own (slurm: inside the allocation) ships and reuses.
+ALLOWED = ("cloudtrain.provider", "cloudtrain.errors", "cloudtrain.node")
 
 
 def _cloudtrain_imports(path: Path) -> list[tuple[int, str]]:
