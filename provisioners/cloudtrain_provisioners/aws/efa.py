@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from cloudtrain.catalog import fabric
+from cloudtrain.provider import fabric
 from cloudtrain.errors import UserError
 
 from . import tags

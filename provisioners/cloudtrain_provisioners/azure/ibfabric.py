@@ -12,7 +12,7 @@ gets the NCCL/UCX settings Azure's own NCCL runs on these sizes use.
 
 from __future__ import annotations
 
-from cloudtrain.catalog.fabric import Fabric
+from cloudtrain.provider.fabric import Fabric
 
 from . import tags
 from .api import Api, as_dict

@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, ClassVar
 
-from cloudtrain.catalog import fabric
+from cloudtrain.provider import fabric
 from cloudtrain.errors import NotAsked, ProviderError, UserError
 from cloudtrain.provider import (ClusterRequest, NetworkRef, Node, NodeHealth, Plan, ProviderCheck,
                                  SelfStop,

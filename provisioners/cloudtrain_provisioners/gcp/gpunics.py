@@ -23,7 +23,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from cloudtrain.catalog.fabric import Fabric
+from cloudtrain.provider.fabric import Fabric
 from cloudtrain.errors import QuotaError, UserError
 
 from . import network, tags

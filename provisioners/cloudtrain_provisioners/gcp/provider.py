@@ -22,7 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar
 
-from cloudtrain.catalog import fabric
+from cloudtrain.provider import fabric
 from cloudtrain.errors import AuthError, UserError, code_of
 from cloudtrain.provider import (ClusterRequest, NetworkRef, Node, NodeHealth, Plan,
                                  ProviderCheck, SelfStop, Target)
