@@ -145,7 +145,7 @@ def _lost_from(newest: float, taken_at: float, lost_s: float, rec: dict[str, obj
     detected = float(rec["detected_at_unix"])                    # type: ignore[arg-type]
     assert detected >= taken_at - 0.5, (detected, taken_at, rec)
     # The checkpoint's own time and its manifest's differ by the upload (about a second).
-    assert abs(lost_s - (detected - newest)) <= 1.5, (lost_s, detected - newest, rec)
+    assert abs(lost_s - (detected - newest)) <= 2.5, (lost_s, detected - newest, rec)
 
 
 def test_lost_head_resumes_from_the_bucket_like_an_uninterrupted_run(

@@ -88,7 +88,7 @@ def test_down_job_ends_the_allocation_with_the_cli_sigkilled(slurm: SlurmCluster
     time.sleep(3)
     assert [j["id"] for j in slurm.jobs()] == [alloc]     # the job still runs: no stop yet
     go.touch()
-    said = ended_by_guard(slurm, cli, alloc, "jobend", 60)
+    said = ended_by_guard(slurm, cli, alloc, "jobend", 120)
     assert "job-end" in said, said
 
 
