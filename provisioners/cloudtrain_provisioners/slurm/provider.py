@@ -191,10 +191,9 @@ class SlurmProvider:
         return (stamp.python if stamp is not None and stamp.python else
                 str(rec["python"]) if rec.get("python") else None)
 
-    def bootstrap_steps(self, cluster: str, torch: str, torch_index: str | None,
-                        need_torch: bool, say: Callable[[str], None]) -> None:
-        """Find (or build) the Python with PyTorch and check the GPUs from inside the
-        allocation, once per allocation (bootstrap.py)."""
+    def _running(self, cluster: str) -> tuple[dict[str, object], Login, sched.Allocation]:
+        """The cluster's record, its login node and its running allocation (refused when
+        none runs)."""
         rec = self._recorded(cluster)
         login = self._login(cluster)
         found = sched.find(login, cluster, self.mark()) if login is not None else []
@@ -202,6 +201,13 @@ class SlurmProvider:
         if login is None or alloc is None:
             raise UserError(f"cluster '{cluster}' has no running Slurm allocation.",
                             "Run 'cloudtrain up' for it again.")
+        return rec, login, alloc
+
+    def bootstrap_steps(self, cluster: str, torch: str, torch_index: str | None,
+                        need_torch: bool, say: Callable[[str], None]) -> None:
+        """Find (or build) the Python with PyTorch and check the GPUs from inside the
+        allocation, once per allocation (bootstrap.py)."""
+        rec, login, alloc = self._running(cluster)
         want = bootstrap.Wanted(torch, torch_index, need_torch, int(str(rec.get("gpus") or 0)))
         bootstrap.ensure(login, alloc, self.ctx.cluster_dir(cluster),
                          self._workdir(login, cluster, rec.get("workdir")), rec, want, say)
@@ -209,13 +215,7 @@ class SlurmProvider:
     def exec_step(self, cluster: str, job_id: str, command: str, env: Mapping[str, str],
                   line: Callable[[int, str], None], ranks: list[int] | None) -> dict[int, int]:
         """``exec``: the command as an --overlap step of the allocation (execs.py)."""
-        rec = self._recorded(cluster)
-        login = self._login(cluster)
-        found = sched.find(login, cluster, self.mark()) if login is not None else []
-        alloc = next((a for a in found if a.state == "RUNNING"), None)
-        if login is None or alloc is None:
-            raise UserError(f"cluster '{cluster}' has no running Slurm allocation.",
-                            "Run 'cloudtrain up' for it again.")
+        rec, login, alloc = self._running(cluster)
         wd = self._workdir(login, cluster, rec.get("workdir"))
         return execs.run(login, alloc, job_id, wd, execs.script(job_id, wd, env, rec, command),
                          line, ranks)
