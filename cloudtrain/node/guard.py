@@ -12,7 +12,8 @@ last saw), ``stopped.json`` ({"reason", "at"}: written just before the self-stop
 
 Policies (each off when its field is null): idle (``idle_minutes``: no cloudtrain job and no
 interactive SSH session, counted from the last busy moment or CLI contact), job end
-(``down_on_end``: job ids whose end stops the node), budget (``max_cost_usd`` against
+(``down_on_end``: job ids whose end stops the node; one in ``recovering`` only after its
+time: a recovery stopped it and goes on), budget (``max_cost_usd`` against
 ``spent_usd`` at ``spent_at`` plus ``cluster_hourly_usd`` since then), lifetime
 (``max_hours`` from ``started_at``; also watched by the deadman process). A stop: write
 stopped.json, log, SIGTERM the running jobs (``grace_s``, then SIGKILL), then run
@@ -248,8 +249,14 @@ def decide(root: str, pol: dict, now: float, busy_at: float, lease: float,
         reached = at0 + (cap - spent0) / hourly * 3600 if hourly > 0 else None
         if spent >= cap and (reached is None or now >= reached + (num(pol, "budget_grace_s") or 0)):
             return "budget", seen
+    held = pol.get("recovering")
+    held = held if isinstance(held, dict) else {}
     for job_id in pol.get("down_on_end") or []:
         if not isinstance(job_id, str) or "/" in job_id or job_id.startswith("."):
+            continue
+        until = num(held, job_id)
+        if until is not None and now < until:     # stopped by a recovery that goes on
+            seen["recovering_until"] = until
             continue
         at = job_end_stop_at(root, pol, job_id, now)
         if at is not None:

@@ -35,6 +35,9 @@ if TYPE_CHECKING:
 class Replacing(Protocol):
     """What ``launch --recover`` changes in an attempt (pipeline/recover.py's Controller)."""
 
+    superseded: str | None
+    """The job the last loss stopped: this attempt's job takes its rules over."""
+
     def opened(self) -> AbstractContextManager[tuple[Handle, Group, bool]]:
         """Provision and connect: the plan first, the replacements after a loss."""
 
@@ -88,7 +91,8 @@ def attempt(env: Env, req: Launch, limit: budget.Budget | None,
     before = saved(env, req.name)
     with (again.opened() if again is not None
           else opened(env, task, req.name, planned=req.plan)) as (handle, group, fresh):
-        contact = on_nodes(env, handle, group, req, prep=True)
+        contact = on_nodes(env, handle, group, req, prep=True,
+                           supersedes=None if again is None else again.superseded)
         if fresh:
             bootstrap_or_roll_back(env, handle, group, task, req.name)
         replaced = again is not None and again.ready(handle, group, fresh)
@@ -121,11 +125,12 @@ def attempt(env: Env, req: Launch, limit: budget.Budget | None,
 
 
 def on_nodes(env: Env, handle: Handle, group: Group, req: Launch, *,
-             prep: bool = False) -> NodeContact:
+             prep: bool = False, supersedes: str | None = None) -> NodeContact:
     """The launch's rules on the node guards (job-end stop for --down, the budget), composed
     with the cluster's (pipeline/rules.py), before the job starts: they hold when this CLI is
     gone. With ``prep``, the same round trip asks each node what run_task needs to know
-    (bootstrapped? synced? set up?). Says the budget in force."""
+    (bootstrapped? synced? set up?). ``supersedes``: the job a recovery stopped, whose rules
+    this one takes over. Says the budget in force."""
     from cloudtrain.pipeline.remote_job import new_job_id
 
     job_id = new_job_id()
@@ -133,7 +138,8 @@ def on_nodes(env: Env, handle: Handle, group: Group, req: Launch, *,
     own = None if req.budget is None else req.budget.max_cost_usd
     asked = rules.LaunchRules(
         job_id, own, "max_cost_usd" if own is not None and own == req.task.max_cost_usd
-        else "--max-cost", req.no_budget, req.down_after, None if req.detach else job_end)
+        else "--max-cost", req.no_budget, req.down_after, None if req.detach else job_end,
+        supersedes)
     written = node_guard.update(
         env, handle, group, req.task, mode="install", budget_grace_s=over,
         then=prep_command(handle, req.task) if prep else None,

@@ -183,12 +183,12 @@ class Written:
 
 def update(env: Env, handle: Handle, group: Group, task: Task | None = None, *,
            mode: str = "policy", then: Callable[[NodeRow], str] | None = None,
-           **changes: Any) -> Written:
-    """A CLI contact that changes the policy (launch, autostop): write it on every node, renew
-    the lease, restart a guard that is gone (``mode`` "install": also clear an old stop).
-    ``then``: another command in the same round trip (see push)."""
+           ranks: Iterable[int] | None = None, **changes: Any) -> Written:
+    """A CLI contact that changes the policy (launch, autostop): write it on every node (or
+    ``ranks``), renew the lease, restart a guard that is gone (``mode`` "install": also clear
+    an old stop). ``then``: another command in the same round trip (see push)."""
     pol = desired(env, handle, task, **changes)
-    pushed = push(env, handle, group, mode, pol, then=then)
+    pushed = push(env, handle, group, mode, pol, then=then, ranks=ranks)
     for rank, s in pushed.said.items():
         if s.startswith("failed"):
             env.ui.warn(f"node guard on node {rank}: {s}")

@@ -31,6 +31,10 @@ class Policy:
     """The ``--down`` jobs: the nodes go down once one ended and nothing runs or waits."""
     followed: Mapping[str, float] = field(default_factory=dict)
     """The ``--down`` jobs an attached launch follows, with the grace it leaves itself."""
+    recovering: Mapping[str, float] = field(default_factory=dict)
+    """``--down`` jobs a ``launch --recover`` stopped on a loss: their end stops the nodes only
+    after this time (the CLI replaces the lost nodes meanwhile; its next job takes the rule
+    over, pipeline/rules.py ``compose``)."""
     set_by: Mapping[str, Any] = field(default_factory=dict)
     """Which command set each rule (pipeline/rules.py)."""
     max_cost_usd: float | None = None
@@ -52,6 +56,7 @@ class Policy:
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
         out["down_on_end"] = list(self.down_on_end)
         out["followed"], out["set_by"] = dict(self.followed), asdict_deep(self.set_by)
+        out["recovering"] = dict(self.recovering)
         return {**self.extra, **out}
 
     @classmethod
@@ -68,7 +73,7 @@ class Policy:
         ends = data.get("down_on_end")
         got["down_on_end"] = tuple(j for j in ends if isinstance(j, str)) \
             if isinstance(ends, list) else ()
-        for name in ("followed", "set_by"):
+        for name in ("followed", "set_by", "recovering"):
             v = data.get(name)
             got[name] = dict(v) if isinstance(v, dict) else {}
         return cls(**got)
@@ -77,7 +82,7 @@ class Policy:
         """This policy with ``changes`` (field names; ``down_on_end`` as any sequence)."""
         if "down_on_end" in changes:
             changes["down_on_end"] = tuple(changes["down_on_end"] or ())
-        for name in ("followed", "set_by"):
+        for name in ("followed", "set_by", "recovering"):
             if name in changes:
                 changes[name] = dict(changes[name] or {})
         return replace(self, **changes)

@@ -25,7 +25,8 @@ from cloudtrain.pipeline import run
 from cloudtrain.pipeline.attempt import Tried, attempt
 from cloudtrain.pipeline.bootstrap import run_bootstrap
 from cloudtrain.pipeline.recover_watch import (HealthWatch, Loss, lost_now,
-                                               no_checkpoints_warning, unresponsive_window)
+                                               no_checkpoints_warning, recovery_hold,
+                                               unresponsive_window)
 from cloudtrain.pipeline.request import Launch
 from cloudtrain.provider.contract import Plan, ReportsNodeHealth
 from cloudtrain.remote import Group
@@ -38,8 +39,9 @@ if TYPE_CHECKING:
 
 def check(env: Env, task: Task, plan: Plan, *, warn: bool = True) -> Recovery:
     """The task's recovery settings (defaults for a bare --recover); refuses a provider that
-    cannot report node health and a bad CLOUDTRAIN_UNRESPONSIVE_WINDOW (exit 2, before
-    anything is created); warns (``warn``) when the task has no ``checkpoints:``."""
+    cannot report node health and a bad CLOUDTRAIN_UNRESPONSIVE_WINDOW or
+    CLOUDTRAIN_RECOVERY_HOLD (exit 2, before anything is created); warns (``warn``) when the
+    task has no ``checkpoints:``."""
     from cloudtrain.taskmodel import Recovery
 
     provider = env.provider(plan.provider or task.resources.provider or "local")
@@ -48,6 +50,7 @@ def check(env: Env, task: Task, plan: Plan, *, warn: bool = True) -> Recovery:
                         f"'{provider.name}' does not.",
                         "Launch without --recover, or pick aws, gcp, azure or local.")
     unresponsive_window()
+    recovery_hold()
     if warn and not task.checkpoints:
         env.ui.warn(no_checkpoints_warning())
     return task.recovery or Recovery.model_validate({})   # the defaults: a bare --recover
@@ -89,6 +92,7 @@ class Controller:
     launch_job: str | None = None
     count: int = 0
     pending: tuple[int, Loss] | None = None      # (recovery id, what was lost)
+    superseded: str | None = None                # the job the last loss stopped
     health: HealthWatch | None = None            # this attempt's
     phases: dict[str, float] = field(default_factory=dict)
     t_open: float = 0.0
@@ -118,6 +122,7 @@ class Controller:
         attempt provisions them again; past max_recoveries, the launch gives up."""
         self.env.state.finish_launch(outcome.job_id, "PREEMPTED", None, loss.ranks[0],
                                      loss.reason)
+        self.superseded = outcome.job_id
         self.count += 1
         rid = self.env.state.add_recovery(self.name, self.launch_job or outcome.job_id,
                                           outcome.job_id, loss.last_running_at, loss.ranks,
@@ -188,8 +193,9 @@ class Controller:
         the window) is the attempt's outcome, not the error it caused."""
         job_id = start.job_id
         head_log = lambda: self.env.logs_dir(self.name) / job_id / "node-0.log"  # noqa: E731 - a named one-line callable, read once below
-        health = self.health = HealthWatch(self.env, handle, group, self.rec.poll_seconds,
-                                           task, watch, head_log)
+        health = self.health = HealthWatch(
+            self.env, handle, group, self.rec.poll_seconds, task, watch, head_log,
+            on_loss=lambda loss: self.hold(handle, group, job_id, loss))
         done = threading.Event()
         first = first_line_at(head_log, done)
         try:
@@ -202,6 +208,7 @@ class Controller:
                 health.loss = health.unresponsive(exc, group.patience or unresponsive_window())
             if health.loss is None:
                 raise
+            self.hold(handle, group, job_id, health.loss)
             outcome = run.Outcome(job_id, 1)    # the loss, not the error, is the story
         finally:
             done.set()
@@ -209,6 +216,25 @@ class Controller:
         if first:
             self.phases["restart_s"] = max(0.0, first[0] - health.started_at)
         return outcome
+
+    def hold(self, handle: Handle, group: Group, job_id: str, loss: Loss) -> None:
+        """A ``--down`` job stopped by a loss is no job end: the survivors' guards hold its
+        rule for the recovery hold (they go down then if this CLI is gone by then); the next
+        attempt's job supersedes it. Once per loss; a failure is said, not raised."""
+        from cloudtrain.pipeline import guard as node_guard, rules
+        from cloudtrain.pipeline.lastseen import saved
+
+        changes = rules.held(saved(self.env, self.name), job_id, time.time() + recovery_hold())
+        if not changes or loss.held:
+            return
+        loss.held = True
+        alive = [n.rank for n in group.nodes if n.rank not in loss.ranks]
+        try:
+            node_guard.update(self.env, handle, group, None, ranks=alive, **changes)
+        except CloudtrainError as exc:
+            self.env.ui.warn(f"recovery: could not hold job {job_id}'s --down rule on the "
+                             f"surviving nodes ({exc}); they may go down before the "
+                             "replacement is ready")
 
     def finish(self, rid: int, loss: Loss, new_job: str, phases: dict[str, float]) -> None:
         """The recovery's row: seconds lost by phase, and the dollars (lost work: node-hours

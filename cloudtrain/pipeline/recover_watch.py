@@ -29,12 +29,21 @@ if TYPE_CHECKING:
 UNRESPONSIVE_WINDOW_ENV = "CLOUDTRAIN_UNRESPONSIVE_WINDOW"
 DEFAULT_UNRESPONSIVE_WINDOW = 600.0
 STEP_ZERO = "restarted from step 0"
+RECOVERY_HOLD_ENV = "CLOUDTRAIN_RECOVERY_HOLD"
+DEFAULT_RECOVERY_HOLD = 1800.0
 
 
 def unresponsive_window() -> float:
     """How long ``--recover`` waits for a node that the cloud says runs but that does not
     answer SSH before replacing it: CLOUDTRAIN_UNRESPONSIVE_WINDOW seconds, 600 by default."""
     return seconds_setting(UNRESPONSIVE_WINDOW_ENV, DEFAULT_UNRESPONSIVE_WINDOW)
+
+
+def recovery_hold() -> float:
+    """How long the surviving nodes of a ``launch --recover --down`` wait for the replacement
+    after a loss stopped the job, before its end stops them as a ``--down`` job's end does
+    (the laptop gone mid-recovery): CLOUDTRAIN_RECOVERY_HOLD seconds, 1800 by default."""
+    return seconds_setting(RECOVERY_HOLD_ENV, DEFAULT_RECOVERY_HOLD)
 
 
 def no_checkpoints_warning() -> str:
@@ -76,6 +85,8 @@ class Loss:
     work_since: float
     """The job's start or its last checkpoint, whichever is later: work after it is lost."""
     resumes_from: str = STEP_ZERO
+    held: bool = False
+    """The job's ``--down`` rule is held on the survivors (recover.py ``Controller.hold``)."""
 
 
 @dataclass
@@ -94,6 +105,9 @@ class HealthWatch:
     head_log: Callable[[], object] | None = None
     """The head's job log on this machine: its ``store.py watch`` says there when a checkpoint
     reached the bucket, which is all that survives the loss of the head."""
+    on_loss: Callable[[Loss], None] | None = None
+    """Called with a loss the cloud reported, before the job is stopped on the survivors (the
+    controller holds a ``--down`` job's rule there: its end is no job end)."""
     loss: Loss | None = None
     uploaded_at: float | None = None
     _log_offset: int = 0
@@ -153,6 +167,8 @@ class HealthWatch:
             self.loss = self.lost([h.rank for h in lost],
                                   "; ".join(f"node {h.rank}: {h.reason}" for h in lost))
             self.env.ui.warn(f"recovery: the cloud took {self.loss.reason}")
+            if self.on_loss is not None:
+                self.on_loss(self.loss)
             self._stop(f"the cloud took node(s) {self.loss.ranks}")
             self.group.stop.set()   # the lost node's follow ends now, not at the node timeout
             return

@@ -9,6 +9,10 @@ so they compose across CLI invocations:
   --max-cost X | --off`` lift or raise it;
 - **job end** (``down_on_end``): every ``--down`` job is added, none removed by a later
   launch: the nodes go down once such a job has ended and nothing runs or waits in the queue;
+- ``recovering``: a ``--down`` job that ``launch --recover`` stopped on a loss, held until a
+  time (:func:`held`): the survivors wait for the replacement instead of going down at its end;
+  the recovery's next job **supersedes** it (``LaunchRules.supersedes``: the stopped job's
+  rules go, the new job's come);
 - ``followed``: the ``--down`` jobs an attached launch follows, with the grace it leaves the
   CLI (``job_end_grace_s``) before the nodes act alone (see :mod:`cloudtrain.pipeline.follower`);
 - ``set_by``: for each rule, which command set it (``{"max_cost_usd": Origin, "down_on_end":
@@ -27,7 +31,7 @@ if TYPE_CHECKING:
     from cloudtrain.budget import Budget
 
 
-COMPOSED = ("max_cost_usd", "down_on_end", "followed", "set_by")   # the keys compose() writes
+COMPOSED = ("max_cost_usd", "down_on_end", "followed", "set_by", "recovering")  # compose() writes
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,7 @@ class LaunchRules:
     no_budget: bool               # --no-budget: lift the cluster's budget
     down: bool                    # --down
     attached_grace_s: float | None  # the grace an attached launch leaves itself; None with -d
+    supersedes: str | None = None   # launch --recover: the job this one restarts after a loss
 
 
 def origin(command: str, job: str | None = None) -> dict[str, Any]:
@@ -56,9 +61,11 @@ def compose(pol: dict[str, Any], launch: LaunchRules) -> dict[str, Any]:
     elif launch.budget_usd is not None and (old is None or launch.budget_usd < old):
         changes["max_cost_usd"] = launch.budget_usd
         set_by["max_cost_usd"] = origin(f"launch ({launch.budget_from})", launch.job_id)
-    downs = [j for j in pol.get("down_on_end") or [] if isinstance(j, str)]
-    followed = dict(pol.get("followed") or {})
-    by_job = dict(set_by.get("down_on_end") or {})
+    gone = launch.supersedes
+    downs = [j for j in pol.get("down_on_end") or [] if isinstance(j, str) and j != gone]
+    followed = {j: g for j, g in dict(pol.get("followed") or {}).items() if j != gone}
+    by_job = {j: o for j, o in dict(set_by.get("down_on_end") or {}).items() if j != gone}
+    recovering = {j: t for j, t in dict(pol.get("recovering") or {}).items() if j != gone}
     if launch.down:
         downs.append(launch.job_id)
         by_job[launch.job_id] = origin("launch --down" + ("" if launch.attached_grace_s
@@ -66,8 +73,16 @@ def compose(pol: dict[str, Any], launch: LaunchRules) -> dict[str, Any]:
         if launch.attached_grace_s is not None:
             followed[launch.job_id] = launch.attached_grace_s
     set_by["down_on_end"] = by_job
-    changes.update(down_on_end=downs, followed=followed, set_by=set_by)
+    changes.update(down_on_end=downs, followed=followed, set_by=set_by, recovering=recovering)
     return changes
+
+
+def held(pol: dict[str, Any], job_id: str, until: float) -> dict[str, Any]:
+    """The changes that hold a ``--down`` job a recovery stops: its end stops the nodes only
+    after ``until`` (nothing when it is no ``--down`` job)."""
+    if job_id not in (pol.get("down_on_end") or []):
+        return {}
+    return {"recovering": {**dict(pol.get("recovering") or {}), job_id: until}}
 
 
 def budget_change(pol: dict[str, Any], max_cost: float | None) -> dict[str, Any]:

@@ -16,7 +16,7 @@ import pytest
 
 from conftest import CLI, needs_sshd, processes_with, wait_until
 from recovery_job import (STEPS, recoveries, resumed_steps, sshd_processes, take,
-                          uninterrupted_order, write_job)
+                          uninterrupted_order, wait_or_fail, write_job)
 from recovery_job import order as home_order
 
 pytestmark = [needs_sshd, pytest.mark.e2e]
@@ -219,3 +219,43 @@ def test_a_killed_controller_leaves_the_guard_policy_in_force(cli: CLI, tmp_path
     # The job ends on its own; the nodes' guards (job end, --down) stop them: nothing bills.
     assert wait_until(lambda: not processes_with(f"{cli.home}/clusters/dies/"), 120), \
         "the nodes did not stop themselves"
+
+
+def test_the_survivors_of_a_down_launch_wait_for_the_replacement(cli: CLI, tmp_path: Path) -> None:
+    """launch --recover --down: the loss stops the job on the survivors, which is no job end
+    of a --down job: their guards hold its rule while the CLI replaces the lost node (they
+    went down under it before: the loss's stop ended the job, the grace ran out during the
+    replacement), and the restarted job takes the rule over (status names it alone)."""
+    go = tmp_path / "go"
+    p = _task(tmp_path, "hold")
+    p.write_text(p.read_text().replace(
+        "run: python steps.py", f"run: python steps.py && while [ ! -e {go} ]; do sleep 0.2; done"))
+    fast = {"CLOUDTRAIN_GUARD_POLL": "0.3", "CLOUDTRAIN_GUARD_ATTACHED_GRACE": "1",
+            "CLOUDTRAIN_NODE_TIMEOUT": "20"}
+    proc = cli.popen("launch", str(p), "-y", "--recover", "--down", **fast)
+    try:
+        wait_or_fail(proc, lambda: len(_order(cli, "hold")) >= 8, 120)
+        _take(cli, "hold", 1)
+        # The restarted job trained to its end and waits for the go: the recovery is done.
+        wait_or_fail(proc, lambda: len(_order(cli, "hold")) >= STEPS
+                     and len(_recoveries(cli, "hold")) == 1, 180, "no recovery")
+        log = (_node(cli, "hold", 0) / "root" / ".cloudtrain" / "guard" / "guard.log").read_text()
+        assert "stop:" not in log, log        # the survivor never stopped itself
+        [rec] = _recoveries(cli, "hold")
+        downs = [d["job"] for d in cli_rules(cli, "hold")["down_on_end"]]
+        assert len(downs) == 1 and downs != [rec["old_job"]], (downs, rec)
+        assert _order(cli, "hold") == uninterrupted_order()
+        go.touch()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out + err
+    assert "Recovered: job" in err, err
+    assert not processes_with(f"{cli.home}/clusters/hold/"), "--down left the nodes up"
+
+
+def cli_rules(cli: CLI, name: str) -> dict[str, object]:
+    entry = [e for e in cli.status() if e["name"] == name]
+    assert entry and entry[0]["rules"], cli.status()
+    return entry[0]["rules"]  # type: ignore[no-any-return]

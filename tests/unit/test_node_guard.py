@@ -105,6 +105,28 @@ def test_job_end_waits_for_the_queue_and_for_a_follower_that_is_there(tmp_path: 
     assert guard.job_ended(root, "j2") == NOW
 
 
+def test_a_job_a_recovery_stopped_stops_the_node_only_once_its_hold_ran_out(
+        tmp_path: Path) -> None:
+    """launch --recover --down: the loss's stop is no job end while the CLI replaces the lost
+    node; a CLI gone mid-recovery leaves the survivors to go down at the hold's end."""
+    from cloudtrain.pipeline import rules
+
+    root = str(tmp_path)
+    _job(tmp_path, "j1", pid=None, rc=143)
+    ended = (tmp_path / "jobs" / "j1" / "rc").stat().st_mtime
+    pol = {"down_on_end": ["j1"], **rules.held({"down_on_end": ["j1"]}, "j1", ended + 1800)}
+    reason, seen = guard.decide(root, pol, ended + 1799, NOW, NOW, False)
+    assert reason is None and seen["recovering_until"] == ended + 1800
+    assert guard.decide(root, pol, ended + 1800, NOW, NOW, False)[0] == "job-end"
+    # The restarted job supersedes it: its rules only (held or not, the old job is gone).
+    asked = rules.LaunchRules("j2", None, "", False, True, 300.0, supersedes="j1")
+    after = {**pol, **rules.compose(pol, asked)}
+    assert after["down_on_end"] == ["j2"] and after["recovering"] == {}
+    assert list(after["followed"]) == ["j2"]
+    assert guard.decide(root, after, ended + 1800, NOW, NOW, False)[0] is None
+    assert rules.held({"down_on_end": []}, "j1", NOW) == {}     # no --down job: nothing held
+
+
 def test_a_down_job_whose_process_died_without_an_exit_code_stops_the_node(
         tmp_path: Path) -> None:
     # The sweep's driver (jobs/sweep-NAME/pid, no rc: it is not a ctjob.sh job) or a job

@@ -83,11 +83,12 @@ def test_a_bad_unresponsive_window_is_refused_before_anything_is_created(tmp_pat
     task.write_text("name: mine\nnum_nodes: 1\nresources: {provider: local}\nrun: 'true'\n")
     home = tmp_path / "home"
     env = {"CLOUDTRAIN_HOME": str(home), "NO_COLOR": "1", "PATH": "/usr/bin:/bin"}
-    for bad in ("ten", "0", "-5", "nan", "inf"):
-        r = subprocess.run([sys.executable, "-m", "cloudtrain", "launch", str(task), "-y",
-                            "--recover"], capture_output=True, text=True, timeout=60,
-                           env={**env, "CLOUDTRAIN_UNRESPONSIVE_WINDOW": bad})
-        assert r.returncode == 2, (bad, r.stderr)
-        assert f"CLOUDTRAIN_UNRESPONSIVE_WINDOW='{bad}' is not a positive number" in r.stderr
+    for var in ("CLOUDTRAIN_UNRESPONSIVE_WINDOW", "CLOUDTRAIN_RECOVERY_HOLD"):
+        for bad in ("ten", "0", "-5", "nan", "inf"):
+            r = subprocess.run([sys.executable, "-m", "cloudtrain", "launch", str(task), "-y",
+                                "--recover"], capture_output=True, text=True, timeout=60,
+                               env={**env, var: bad})
+            assert r.returncode == 2, (bad, r.stderr)
+            assert f"{var}='{bad}' is not a positive number" in r.stderr
         assert "Traceback" not in r.stderr
         assert not (home / "clusters").exists() or not any((home / "clusters").iterdir())
