@@ -120,15 +120,24 @@ def launch(env: Env, req: Launch) -> run.Outcome:
     finally:
         if req.down_after and not handed:
             down_shielded(env, name, str(task.resources.provider))
-    failed = sorted(r for r, c in codes.items() if c != 0)
+    failed = failed_first(codes)
     if failed:
-        code = codes[failed[0]]
+        code, after = codes[failed[0]], failed[1:]
         raise JobFailed(code, failed[0],
                         f"Job {job_id} failed on node {failed[0]} (exit code {code}"
-                        + (f"; also nodes {', '.join(map(str, failed[1:]))}" if failed[1:]
-                           else "") + ").",
+                        + (f"; node{'s' if after[1:] else ''} {', '.join(map(str, after))} "
+                           "ended after it" if after else "") + ").",
                         "Its lines above carry each node's rank.")
     return run.Outcome(job_id=job_id, exit_code=0, node_codes=dict(codes))
+
+
+def failed_first(codes: dict[int, int]) -> list[int]:
+    """The failed ranks, the cause first: in the scheduler's order (``run_step``'s), the
+    first that a stop signal did not end (a node the scheduler ended after another's bad
+    exit says 143 or 137), else the first."""
+    failed = [r for r, c in codes.items() if c != 0]
+    cause = next((r for r in failed if codes[r] not in (128 + 9, 128 + 15)), None)
+    return failed if cause is None else [cause] + [r for r in failed if r != cause]
 
 
 def _body(handle: Handle, task: Task, job_id: str) -> str:
@@ -185,7 +194,7 @@ def _step(env: Env, req: Launch, handle: Handle, provider: RunsSteps, job_id: st
         raise
     finally:
         keep.close()
-    failed = sorted(r for r, c in codes.items() if c != 0)
+    failed = failed_first(codes)
     env.state.finish_launch(job_id, "FAILED" if failed else "SUCCEEDED",
                             codes[failed[0]] if failed else 0, failed[0] if failed else None)
     return codes

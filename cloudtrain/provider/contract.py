@@ -315,7 +315,8 @@ class RunsSteps(Protocol):
     with ``env`` exported, every output line handed to ``line(rank, text)``; ``gpus_per_job``
     (None: whole nodes) is the step's share of each node, so that the scheduler packs steps
     that fit and holds the others until they do. Returns each node's exit code, by rank, as
-    the scheduler says."""
+    the scheduler says, in the order it reported the nodes' ends (the first failure first;
+    a node a signal ended: 128 + the signal)."""
 
     def run_step(self, cluster: str, job_id: str, workdir: Path | None, filters: list[str],
                  script: str, env: Mapping[str, str], line: Callable[[int, str], None],

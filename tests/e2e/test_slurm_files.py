@@ -44,7 +44,9 @@ def test_outputs_of_both_nodes_arrive_also_when_the_job_fails_and_stay_after_dow
     f = task(tmp_path, 'mkdir -p out\n'
              'echo "$(cat inputs/x.txt) $(cat conf/cfg.json) $(cat ' + str(absolute) + ')" '
              '> out/from-$CLOUDTRAIN_NODE_RANK-$SLURMD_NODENAME.txt\n'
-             'if [ -n "$FAIL" ] && [ "$CLOUDTRAIN_NODE_RANK" = 1 ]; then exit 3; fi\n',
+             'if [ -n "$FAIL" ] && [ "$CLOUDTRAIN_NODE_RANK" = 1 ]; then exit 3; fi\n'
+             # node 0 still runs when node 1 fails: srun ends it (--kill-on-bad-exit)
+             'if [ -n "$FAIL" ]; then sleep 60; fi\n',
              file_mounts={"inputs": "./data", "conf/cfg.json": "../cfg.json",
                           str(absolute): "../cfg.json"})
     got = tmp_path / "proj" / "cloudtrain-outputs" / "out"
@@ -55,8 +57,11 @@ def test_outputs_of_both_nodes_arrive_also_when_the_job_fails_and_stay_after_dow
         "from-0-n1.txt": want, "from-1-n2.txt": want}, r.stderr
     assert "Outputs: " in r.stderr
 
+    # The cause is node 1's exit code, not that of node 0, which srun ended because of it
+    # (CI under load: node 0 was still running, and its 137 was said first).
     failed = cli.run("launch", str(f), "--env", "FAIL=2")
     assert failed.returncode == 3, failed.stderr
+    assert "failed on node 1 (exit code 3; node 0 ended after it" in failed.stderr, failed.stderr
     assert (got / "from-1-n2.txt").exists()
     assert "Outputs: " in failed.stderr           # pulled although the job failed
 

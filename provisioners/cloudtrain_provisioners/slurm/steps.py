@@ -2,7 +2,8 @@
 through the login node (rsync), a step script written there, and ``srun --jobid`` running it
 once on every node (one task a node, labelled with its rank, so Slurm tracks and accounts
 every process and ``scancel`` ends them all). Each node's exit code comes from srun's own
-report ("task N: Exited with exit code C")."""
+report ("task N: Exited with exit code C", or the signal that ended it), in the order srun
+reported them: the first failure first."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ from cloudtrain_provisioners.slurm.login import Login
 _LABELLED = re.compile(r"^\s*(\d+): ?(.*)$")
 _TASK_END = re.compile(r"srun: error: \S+: tasks? ([\d,\-]+): (?:Exited with exit code (\d+)|"
                        r"(Killed|Terminated|[A-Z][a-z]+ ?\w*))")
+_SIGNALS = {"Killed": signal.SIGKILL, "Terminated": signal.SIGTERM, "Aborted": signal.SIGABRT,
+            "Segmentation fault": signal.SIGSEGV, "Bus error": signal.SIGBUS}
 
 
 def step_script(job_id: str, workdir: str, env: Mapping[str, str], modules: list[str],
@@ -59,7 +62,8 @@ def run(login: Login, allocation: str, num_nodes: int, job_id: str, workdir: str
         line: Callable[[int, str], None], share: list[str]) -> dict[int, int]:
     """Write the step script into the workdir and run it with srun on every node (``share``:
     srun's options for the step's part of each node; []: whole nodes); each node's exit
-    code by rank."""
+    code by rank, the ranks srun reported in its order first (128 + the signal for a task a
+    signal ended: a node srun ended after another's bad exit says 143)."""
     path = f"{workdir}/.cloudtrain/steps/{job_id}.sh"
     r = login.run(["sh", "-c", 'mkdir -p "$(dirname "$1")" && cat > "$1"', "sh", path],
                   stdin=script)
@@ -71,7 +75,7 @@ def run(login: Login, allocation: str, num_nodes: int, job_id: str, workdir: str
     proc = subprocess.Popen(login.argv(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, bufsize=1)
     codes = {rank: 0 for rank in range(num_nodes)}
-    reported: set[int] = set()
+    reported: list[int] = []
     try:
         assert proc.stdout is not None
         for raw in proc.stdout:
@@ -79,8 +83,9 @@ def run(login: Login, allocation: str, num_nodes: int, job_id: str, workdir: str
             end = _TASK_END.search(text)
             if end:
                 for rank in _ranks(end.group(1)):
-                    codes[rank] = int(end.group(2)) if end.group(2) else 128 + signal.SIGKILL
-                    reported.add(rank)
+                    codes[rank] = int(end.group(2)) if end.group(2) else \
+                        128 + _SIGNALS.get(end.group(3), signal.SIGKILL)
+                    reported += [] if rank in reported else [rank]
                 continue
             m = _LABELLED.match(text)
             if m:
@@ -93,8 +98,8 @@ def run(login: Login, allocation: str, num_nodes: int, job_id: str, workdir: str
         proc.wait(60)
         raise
     if rc != 0 and not reported:
-        codes = {rank: rc for rank in codes}
-    return codes
+        return {rank: rc for rank in codes}
+    return {r: codes[r] for r in reported + [r for r in codes if r not in reported]}
 
 
 def _ranks(spec: str) -> list[int]:
