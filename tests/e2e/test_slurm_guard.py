@@ -26,16 +26,17 @@ resources:
   slurm:
     workdir: {shared}
     price_per_gpu_hour: {price}
-run: |
+{python}run: |
 {run}
 """
 
 
 def task(tmp_path: Path, name: str, run: str, *, nodes: int = 1, autostop: str = "autostop: false",
-         price: float = 0.0) -> Path:
+         price: float = 0.0, python: Path | None = None) -> Path:
     f = tmp_path / f"{name}.yaml"
     f.write_text(TASK.format(name=name, nodes=nodes, autostop=autostop, price=price,
                              shared=tmp_path / "shared" / name,
+                             python=f"    python: {python}\n" if python else "",
                              run="\n".join("  " + ln for ln in run.splitlines())))
     return f
 
@@ -62,12 +63,29 @@ def ended_by_guard(slurm: SlurmCluster, cli: CLI, alloc: str, name: str, timeout
     return r.stdout + r.stderr
 
 
+def job_step_runs(slurm: SlurmCluster, workdir: Path) -> bool:
+    """Whether the step of a job handed to the guard (a request in the workdir's jobs folder)
+    runs: the bootstrap's probe step also carries the 'ct-job-' prefix, and a CLI killed while
+    it runs (a slow Python, a loaded machine) has not written the --down rule yet."""
+    jobs = workdir / ".cloudtrain" / "jobs"
+    ids = [d.name for d in jobs.iterdir() if (d / "request.json").exists()] \
+        if jobs.is_dir() else []
+    names = slurm.run("squeue", "-h", "-s", "-o", "%j").stdout.split()
+    return any(f"ct-job-{i}" in names for i in ids)
+
+
 def test_down_job_ends_the_allocation_with_the_cli_sigkilled(slurm: SlurmCluster, cli: CLI,
                                                              tmp_path: Path) -> None:
+    """The CLI is SIGKILLed once the job's own step runs; the allocation's Python starts 3 s
+    late (the bootstrap's probe step, also named ct-job-*, lasts that long), as on a loaded
+    machine, where the kill used to come in the probe step, before the --down rule."""
     go = tmp_path / "go"
+    slow = tmp_path / "slowpy"
+    slow.write_text("#!/bin/sh\nsleep 3\nexec python3 \"$@\"\n")
+    slow.chmod(0o755)
     f = task(tmp_path, "jobend", f'echo "job on $CLOUDTRAIN_NODE_RANK"\n'
                                  f"while [ ! -e {go} ]; do sleep 0.2; done\necho finished",
-             nodes=2)
+             nodes=2, python=slow)
     proc = cli.popen("launch", str(f), "-y", "-d", "--down")
     try:
         deadline = time.time() + 60
@@ -77,10 +95,10 @@ def test_down_job_ends_the_allocation_with_the_cli_sigkilled(slurm: SlurmCluster
             time.sleep(0.3)
         (alloc,) = [j["id"] for j in slurm.jobs()]
         deadline = time.time() + 60
-        while "ct-job-" not in slurm.run("squeue", "-h", "-s", "-o", "%j").stdout:
+        while not job_step_runs(slurm, tmp_path / "shared" / "jobend"):
             assert time.time() < deadline, "the guard did not start the job"
             time.sleep(0.3)
-        proc.send_signal(signal.SIGKILL)        # the laptop is gone, mid-launch or after it
+        proc.send_signal(signal.SIGKILL)     # the laptop is gone, once the job's step runs
         proc.wait(30)
     finally:
         if proc.poll() is None:
