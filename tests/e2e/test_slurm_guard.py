@@ -5,6 +5,8 @@ budget is spent; ``status --refresh`` (or ``down``) then says why."""
 
 from __future__ import annotations
 
+import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -26,16 +28,17 @@ resources:
   slurm:
     workdir: {shared}
     price_per_gpu_hour: {price}
-run: |
+{python}run: |
 {run}
 """
 
 
 def task(tmp_path: Path, name: str, run: str, *, nodes: int = 1, autostop: str = "autostop: false",
-         price: float = 0.0) -> Path:
+         price: float = 0.0, python: Path | None = None) -> Path:
     f = tmp_path / f"{name}.yaml"
     f.write_text(TASK.format(name=name, nodes=nodes, autostop=autostop, price=price,
                              shared=tmp_path / "shared" / name,
+                             python=f"    python: {python}\n" if python else "",
                              run="\n".join("  " + ln for ln in run.splitlines())))
     return f
 
@@ -62,12 +65,29 @@ def ended_by_guard(slurm: SlurmCluster, cli: CLI, alloc: str, name: str, timeout
     return r.stdout + r.stderr
 
 
+def job_step_runs(slurm: SlurmCluster, workdir: Path) -> bool:
+    """Whether the step of a job handed to the guard (a request in the workdir's jobs folder)
+    runs: the bootstrap's probe step also carries the 'ct-job-' prefix, and a CLI killed while
+    it runs (a slow Python, a loaded machine) has not written the --down rule yet."""
+    jobs = workdir / ".cloudtrain" / "jobs"
+    ids = [d.name for d in jobs.iterdir() if (d / "request.json").exists()] \
+        if jobs.is_dir() else []
+    names = slurm.run("squeue", "-h", "-s", "-o", "%j").stdout.split()
+    return any(f"ct-job-{i}" in names for i in ids)
+
+
 def test_down_job_ends_the_allocation_with_the_cli_sigkilled(slurm: SlurmCluster, cli: CLI,
                                                              tmp_path: Path) -> None:
+    """The CLI is SIGKILLed once the job's own step runs; the allocation's Python starts 3 s
+    late (the bootstrap's probe step, also named ct-job-*, lasts that long), as on a loaded
+    machine, where the kill used to come in the probe step, before the --down rule."""
     go = tmp_path / "go"
+    slow = tmp_path / "slowpy"
+    slow.write_text("#!/bin/sh\nsleep 3\nexec python3 \"$@\"\n")
+    slow.chmod(0o755)
     f = task(tmp_path, "jobend", f'echo "job on $CLOUDTRAIN_NODE_RANK"\n'
                                  f"while [ ! -e {go} ]; do sleep 0.2; done\necho finished",
-             nodes=2)
+             nodes=2, python=slow)
     proc = cli.popen("launch", str(f), "-y", "-d", "--down")
     try:
         deadline = time.time() + 60
@@ -77,10 +97,10 @@ def test_down_job_ends_the_allocation_with_the_cli_sigkilled(slurm: SlurmCluster
             time.sleep(0.3)
         (alloc,) = [j["id"] for j in slurm.jobs()]
         deadline = time.time() + 60
-        while "ct-job-" not in slurm.run("squeue", "-h", "-s", "-o", "%j").stdout:
+        while not job_step_runs(slurm, tmp_path / "shared" / "jobend"):
             assert time.time() < deadline, "the guard did not start the job"
             time.sleep(0.3)
-        proc.send_signal(signal.SIGKILL)        # the laptop is gone, mid-launch or after it
+        proc.send_signal(signal.SIGKILL)     # the laptop is gone, once the job's step runs
         proc.wait(30)
     finally:
         if proc.poll() is None:
@@ -88,8 +108,39 @@ def test_down_job_ends_the_allocation_with_the_cli_sigkilled(slurm: SlurmCluster
     time.sleep(3)
     assert [j["id"] for j in slurm.jobs()] == [alloc]     # the job still runs: no stop yet
     go.touch()
-    said = ended_by_guard(slurm, cli, alloc, "jobend", 120)
+    said = ended_by_guard(slurm, cli, alloc, "jobend", 60)
     assert "job-end" in said, said
+
+
+def kill_guard(workdir: Path, alloc: str) -> None:
+    """SIGKILL the allocation's guard (its pid from guard.log: the test cluster's own
+    process); the batch script restarts it 5 s later."""
+    log = (workdir / ".cloudtrain" / "slurm" / alloc / "guard.log").read_text()
+    pid = int(re.findall(r"guard started on \S+ \(pid (\d+)\)", log)[-1])
+    assert b"allocguard.py" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    os.kill(pid, signal.SIGKILL)
+
+
+def test_down_job_ending_while_the_guard_restarts_still_ends_the_allocation(
+        slurm: SlurmCluster, cli: CLI, tmp_path: Path) -> None:
+    """The guard dies (SIGKILL) and the --down job ends in the 5 s before the batch script
+    restarts it: the restarted guard counts that job's end as this allocation's (it used to
+    take its own start for the allocation's and drop the job as an earlier one's)."""
+    go, workdir = tmp_path / "go", tmp_path / "shared" / "restart"
+    f = task(tmp_path, "restart", f"while [ ! -e {go} ]; do sleep 0.2; done")
+    r = cli.run("launch", str(f), "-y", "-d", "--down")
+    assert r.returncode == 0, r.stdout + r.stderr
+    (alloc,) = [j["id"] for j in slurm.jobs()]
+    deadline = time.time() + 30
+    while not job_step_runs(slurm, workdir):
+        assert time.time() < deadline, "the guard did not start the job"
+        time.sleep(0.3)
+    kill_guard(workdir, alloc)
+    go.touch()
+    said = ended_by_guard(slurm, cli, alloc, "restart", 45)
+    assert "job-end" in said, said
+    log = (workdir / ".cloudtrain" / "slurm" / alloc / "guard.log").read_text()
+    assert log.count("guard started on") == 2, log
 
 
 def test_attached_down_job_ends_the_allocation_when_its_cli_was_sigkilled(
@@ -116,6 +167,32 @@ def test_attached_down_job_ends_the_allocation_when_its_cli_was_sigkilled(
     assert [j["id"] for j in slurm.jobs()] == [alloc]     # the job runs on: no stop yet
     go.touch()
     said = ended_by_guard(slurm, cli, alloc, "attached", 60)
+    assert "job-end" in said, said
+
+
+def test_attached_down_job_ending_while_the_guard_restarts_still_ends_the_allocation(
+        slurm: SlurmCluster, cli: CLI, tmp_path: Path) -> None:
+    """An attached --down job whose CLI was SIGKILLed: the guard saw its step, then dies, and
+    the step ends before the batch script restarts it. The restarted guard knows the step ran
+    (it used to remember that only in memory, and waited for a step that had gone)."""
+    go, workdir = tmp_path / "go", tmp_path / "shared" / "reseen"
+    f = task(tmp_path, "reseen", f"echo started\nwhile [ ! -e {go} ]; do sleep 0.2; done")
+    proc = cli.popen("launch", str(f), "-y", "--down")
+    try:
+        assert proc.stdout is not None
+        deadline = time.time() + 60
+        while "started" not in proc.stdout.readline():
+            assert time.time() < deadline, "the job did not start"
+        (alloc,) = [j["id"] for j in slurm.jobs()]
+        time.sleep(3)                             # the guard sees the step (poll 2 s)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    kill_guard(workdir, alloc)
+    go.touch()
+    said = ended_by_guard(slurm, cli, alloc, "reseen", 45)
     assert "job-end" in said, said
 
 

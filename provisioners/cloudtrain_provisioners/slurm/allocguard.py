@@ -6,7 +6,8 @@ only), on the allocation's first node, for as long as the allocation lives.
 CT_DIR is ``<workdir>/.cloudtrain`` on the shared filesystem. The guard's own files live in
 ``CT_DIR/slurm/<allocation>/``: ``policy.json`` (written by the CLI, read on every loop, so a
 change applies live), ``guard.log`` (its decisions), ``state.json`` (what it last saw),
-``stopped.json`` ({"reason", "at", "allocation"}: written just before it ends the allocation).
+``stopped.json`` ({"reason", "at", "allocation"}: written just before it ends the allocation),
+``begun`` (made by its first start: the allocation's start, which a restarted guard keeps).
 Jobs live in ``CT_DIR/jobs/<job id>/``:
 
 - a detached job (``launch -d``): the CLI drops ``step.sh`` and ``request.json``
@@ -18,7 +19,7 @@ Jobs live in ``CT_DIR/jobs/<job id>/``:
 - an attached job (``launch`` without -d): the CLI drops ``attached`` and runs the step
   itself; the guard only watches it: seen as a step, then gone, it has ended (``rc`` written
   if the CLI did not write one), which is what a ``--down`` job's end needs when that CLI was
-  killed.
+  killed. The guard marks such a step seen (``step-seen``) so that a restarted guard knows.
 
 Policies (cloudtrain/node/guard.py's ``decide``, shipped beside this file as nodeguard.py):
 idle (``idle_minutes``: no step of ours running or waiting), job end (``down_on_end``), budget
@@ -141,8 +142,10 @@ def jobs(ct: str, alloc: str, steps: dict[str, str] | None, seen: set[str], gd: 
             working = True
         elif os.path.exists(os.path.join(jd, "attached")) and steps is not None:
             if job_id in steps:
+                if job_id not in seen:     # kept in the job's folder too: a restarted guard
+                    _write_if_absent(os.path.join(jd, "step-seen"), "")    # knows it ran
                 seen.add(job_id)
-            elif job_id in seen:
+            elif job_id in seen or os.path.exists(os.path.join(jd, "step-seen")):
                 _write_if_absent(os.path.join(jd, "rc"), "")
                 log(gd, f"job {job_id}: its step ended")
     return working
@@ -154,6 +157,34 @@ def ended_before(ct: str, job_id: str, begun: float) -> bool:
         return os.stat(os.path.join(ct, "jobs", job_id, "rc")).st_mtime < begun
     except OSError:
         return False
+
+
+def own_downs(ct: str, gd: str, pol: dict, begun: float, earlier: set[str]) -> list[str]:
+    """The policy's --down jobs but those that ended before this allocation began (the
+    cluster's rules keep an earlier allocation's); each of those is logged once."""
+    out = []
+    for j in pol.get("down_on_end") or []:
+        if not isinstance(j, str):
+            continue
+        if not ended_before(ct, j, begun):
+            out.append(j)
+        elif j not in earlier:
+            earlier.add(j)
+            log(gd, f"job {j}: its --down ended before this allocation began: not counted")
+    return out
+
+
+def allocation_begun(gd: str) -> float:
+    """When this allocation's guard first started, as the shared filesystem's clock says (the
+    clock of the rc files it is compared with): the mtime of ``begun`` in the guard's folder,
+    made once. A guard the batch script restarted keeps the allocation's start, not its own,
+    so a --down job that ended while no guard ran still counts as this allocation's."""
+    path = os.path.join(gd, "begun")
+    _write_if_absent(path, "")
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return time.time()
 
 
 def stop(gd: str, alloc: str, reason: str, seen: dict) -> None:
@@ -180,9 +211,10 @@ def run(ct: str) -> int:
     gd = os.path.join(ct, "slurm", alloc)
     os.makedirs(gd, exist_ok=True)
     os.makedirs(os.path.join(ct, "jobs"), exist_ok=True)
-    begun = time.time()
-    busy_at = begun
+    begun = allocation_begun(gd)
+    busy_at = time.time()
     seen: set[str] = set()
+    earlier: set[str] = set()        # --down jobs of earlier allocations (logged once)
     pol: dict = {}
     last_rules, last_write = None, 0.0
     log(gd, f"guard started on {os.environ.get('SLURMD_NODENAME', '?')} (pid {os.getpid()}) "
@@ -195,8 +227,7 @@ def run(ct: str) -> int:
         now = time.time()
         if working:
             busy_at = now
-        mine = dict(pol, down_on_end=[j for j in pol.get("down_on_end") or []
-                                      if isinstance(j, str) and not ended_before(ct, j, begun)])
+        mine = dict(pol, down_on_end=own_downs(ct, gd, pol, begun, earlier))
         reason, state = nodeguard.decide(ct, mine, now, busy_at, begun, working, working)
         state.update(steps=steps, allocation=alloc)
         rules = {k: pol.get(k) for k in ("idle_minutes", "down_on_end", "max_cost_usd")}
