@@ -73,6 +73,11 @@ def test_found_torch_checked_once_per_allocation(slurm: SlurmCluster, cli: CLI,
     warm = cli.run("launch", str(f))
     assert warm.returncode == 0, warm.stderr
     assert "Bootstrap" not in warm.stderr         # the same allocation: nothing asked again
+    # The probe's step is no job (the guard, queue and cancel count ct-job-* steps).
+    (alloc,) = [j["id"] for j in slurm.jobs()]
+    names = slurm.run("sacct", "-n", "-P", "-j", alloc, "-o", "JobName").stdout.split()
+    assert f"ct-bootstrap-{alloc}" in names, names
+    assert len([n for n in names if n.startswith("ct-job-")]) == 2, names   # the two launches
     assert cli.run("down", "boot", "-y").returncode == 0
 
 

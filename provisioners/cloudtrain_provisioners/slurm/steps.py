@@ -71,7 +71,7 @@ def run(login: Login, allocation: str, num_nodes: int, job_id: str, workdir: str
         raise ProviderError(f"cannot write the step script on the login node: {r.words()}",
                             "Check the workdir on the shared filesystem, then run again.")
     argv = ["srun", f"--jobid={allocation}", "-N", str(num_nodes), "--ntasks-per-node=1",
-            "--label", "--kill-on-bad-exit=1", "-J", f"ct-job-{job_id}", *share, "bash", path]
+            "--label", "--kill-on-bad-exit=1", "-J", step_name(job_id), *share, "bash", path]
     proc = subprocess.Popen(login.argv(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, bufsize=1)
     codes = {rank: 0 for rank in range(num_nodes)}
@@ -102,6 +102,12 @@ def run(login: Login, allocation: str, num_nodes: int, job_id: str, workdir: str
     return {r: codes[r] for r in reported + [r for r in codes if r not in reported]}
 
 
+def step_name(job_id: str) -> str:
+    """A step's Slurm name: ``ct-job-<id>`` for a job or an exec (what the guard, ``queue``
+    and ``cancel`` count as jobs), ``ct-bootstrap-<alloc>`` for bootstrap's probe."""
+    return f"ct-{job_id}" if job_id.startswith("bootstrap-") else f"ct-job-{job_id}"
+
+
 def _ranks(spec: str) -> list[int]:
     out: list[int] = []
     for part in spec.split(","):
@@ -114,6 +120,6 @@ def _cancel_step(login: Login, allocation: str, job_id: str) -> None:
     """scancel this job's step (the allocation stays)."""
     r = login.run(["squeue", "-h", "-s", "-j", allocation, "-o", "%i %j"])
     steps = [ln.split()[0] for ln in r.out.splitlines()
-             if ln.split()[1:] == [f"ct-job-{job_id}"]] if r.ok else []
+             if ln.split()[1:] == [step_name(job_id)]] if r.ok else []
     if steps:
         login.run(["scancel", *steps])
