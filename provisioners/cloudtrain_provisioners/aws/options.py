@@ -5,17 +5,28 @@ ports, ssh_cidr)."""
 from __future__ import annotations
 
 import re
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
+
+from cloudtrain_provisioners.optcheck import form, names, user
+
+# The options' checks (optcheck): an id of the form AWS gives (its API refuses one it does
+# not know), a Linux user.
+VpcId = Annotated[str | None, form(re.compile(r"vpc-.*", re.DOTALL),
+                                   "'{}' is not a VPC id; write e.g. vpc-0abc1234")]
+SubnetIds = Annotated[list[str], names(re.compile(r"subnet-.*", re.DOTALL),
+                                       "'{}' is not a subnet id; write e.g. subnet-0abc1234")]
+User = Annotated[str, user("'{:.40}' is not a Linux user name; write e.g. ubuntu")]
 
 
 class AWSOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    vpc_id: str | None = Field(
+    vpc_id: VpcId = Field(
         None, description="VPC for the security group and nodes (default: the region's default "
                           "VPC). Give subnet_ids with it.")
-    subnet_ids: list[str] = Field(
+    subnet_ids: SubnetIds = Field(
         default_factory=list,
         description="Subnets to launch into, one per zone to try (default: the default VPC's "
                     "default subnet of each zone).")
@@ -26,8 +37,8 @@ class AWSOptions(BaseModel):
         False, description="Ask for EFA even where resources.network would not set it up: every "
                            "EFA interface the type takes (refused on a type without EFA; see "
                            "resources.network and docs/network.md).")
-    ssh_user: str = Field("ubuntu", description="Login user of the image (the Deep Learning AMIs "
-                                                "on Ubuntu use 'ubuntu').")
+    ssh_user: User = Field("ubuntu", description="Login user of the image (the Deep Learning AMIs "
+                                                 "on Ubuntu use 'ubuntu').")
     public_ip: bool = Field(
         True, description="Give nodes a public address and reach them there (false: reach "
                           "them at their private address, e.g. over a VPN).")
@@ -45,25 +56,3 @@ class AWSOptions(BaseModel):
     iam_instance_profile: str | None = Field(
         None, description="Name of an instance profile for the nodes (e.g. to read S3). "
                           "cloudtrain never copies your own credentials to a node.")
-
-    @field_validator("vpc_id")
-    @classmethod
-    def _vpc(cls, v: str | None) -> str | None:
-        if v is not None and not v.startswith("vpc-"):
-            raise ValueError(f"'{v}' is not a VPC id; write e.g. vpc-0abc1234")
-        return v
-
-    @field_validator("ssh_user")
-    @classmethod
-    def _user(cls, v: str) -> str:
-        if not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", v):
-            raise ValueError(f"'{v[:40]}' is not a Linux user name; write e.g. ubuntu")
-        return v
-
-    @field_validator("subnet_ids")
-    @classmethod
-    def _subnets(cls, v: list[str]) -> list[str]:
-        for s in v:
-            if not s.startswith("subnet-"):
-                raise ValueError(f"'{s}' is not a subnet id; write e.g. subnet-0abc1234")
-        return v

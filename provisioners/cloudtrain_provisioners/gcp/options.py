@@ -5,11 +5,21 @@ ports, ssh_cidr)."""
 from __future__ import annotations
 
 import re
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
+
+from cloudtrain_provisioners.optcheck import names, user
 
 REGION_RE = re.compile(r"^[a-z]+-[a-z]+\d+$")
 ZONE_RE = re.compile(r"^([a-z]+-[a-z]+\d+)-[a-z]$")
+
+# The options' checks (optcheck).
+Regions = Annotated[list[str], names(REGION_RE, "'{}' is not a GCP region name; write e.g. "
+                                                "us-central1", twice="a region is listed twice")]
+Zones = Annotated[list[str], names(ZONE_RE, "'{}' is not a GCP zone name; write e.g. us-central1-a",
+                                   twice="a zone is listed twice")]
+User = Annotated[str, user("write a Linux user name, e.g. cloudtrain")]
 
 
 class GCPOptions(BaseModel):
@@ -22,11 +32,11 @@ class GCPOptions(BaseModel):
         None, description="A service-account key file (default: Application Default "
                           "Credentials, e.g. GOOGLE_APPLICATION_CREDENTIALS or "
                           "'gcloud auth application-default login').")
-    regions: list[str] = Field(
+    regions: Regions = Field(
         default_factory=list,
         description="Regions to try, in this order, when resources.region is not given "
                     "(default: every region the catalog prices the machine in, cheapest first).")
-    zones: list[str] = Field(
+    zones: Zones = Field(
         default_factory=list,
         description="Zones to try, in this order (default: the zones the catalog lists for the "
                     "offer, else every zone of the region).")
@@ -48,7 +58,7 @@ class GCPOptions(BaseModel):
     disk_type: str | None = Field(
         None, description="Boot disk type (default: pd-balanced; hyperdisk-balanced where the "
                           "machine type needs it).")
-    ssh_user: str = Field("cloudtrain", description="Login user the SSH key is given to "
+    ssh_user: User = Field("cloudtrain", description="Login user the SSH key is given to "
                                                     "(created by the guest environment).")
     public_ip: bool = Field(
         True, description="Give nodes an external address and reach them there (false: reach "
@@ -64,30 +74,3 @@ class GCPOptions(BaseModel):
     install_nvidia_driver: bool = Field(
         True, description="Ask Deep Learning VM images to install the NVIDIA driver on first "
                           "boot where the image does not carry it.")
-
-    @field_validator("regions")
-    @classmethod
-    def _regions(cls, v: list[str]) -> list[str]:
-        for r in v:
-            if not REGION_RE.match(r):
-                raise ValueError(f"'{r}' is not a GCP region name; write e.g. us-central1")
-        if len(set(v)) != len(v):
-            raise ValueError("a region is listed twice")
-        return v
-
-    @field_validator("zones")
-    @classmethod
-    def _zones(cls, v: list[str]) -> list[str]:
-        for z in v:
-            if not ZONE_RE.match(z):
-                raise ValueError(f"'{z}' is not a GCP zone name; write e.g. us-central1-a")
-        if len(set(v)) != len(v):
-            raise ValueError("a zone is listed twice")
-        return v
-
-    @field_validator("ssh_user")
-    @classmethod
-    def _user(cls, v: str) -> str:
-        if not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", v):
-            raise ValueError("write a Linux user name, e.g. cloudtrain")
-        return v
