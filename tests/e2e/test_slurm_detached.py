@@ -29,7 +29,10 @@ run: |
   echo "hello from $CLOUDTRAIN_NODE_RANK on $SLURMD_NODENAME"
   while [ ! -e {release} ]; do sleep 0.2; done
   echo "bye from $CLOUDTRAIN_NODE_RANK"
-  [ "$CLOUDTRAIN_NODE_RANK" = 1 ] && exit 4
+  # node 1 fails once node 0's end is recorded (else srun's --kill-on-bad-exit may end
+  # node 0 before its bye: CI under load)
+  rc0={shared}/.cloudtrain/jobs/$CLOUDTRAIN_JOB_ID/rc-0
+  if [ "$CLOUDTRAIN_NODE_RANK" = 1 ]; then while [ ! -e $rc0 ]; do sleep 0.2; done; exit 4; fi
   exit 0
 """
 
