@@ -304,8 +304,9 @@ def to_json(rep: Report) -> dict[str, object]:
 
 CSV_COLUMNS = ("name", "provider", "region", "instance_type", "accelerators", "nodes", "spot",
                "price_hourly_usd", "hours", "cost_usd", "status", "end_reason", "started_at",
-               "ended_at")
-"""The same names as the JSON's clusters."""
+               "ended_at", "gpu_hours", "node_hours")
+"""The same names as the JSON's clusters (``gpu_hours``/``node_hours``: a scheduler's
+accounting, Slurm's sacct; empty elsewhere)."""
 
 
 def csv_rows(rep: Report) -> list[list[str]]:
@@ -318,7 +319,9 @@ def csv_rows(rep: Report) -> list[list[str]]:
         out.append([c.cluster, c.provider, c.region or "", c.instance_type or "",
                     c.accelerators or "", str(c.num_nodes), "yes" if c.use_spot else "no",
                     num(c.price_at_launch), f"{c.hours:.6f}", num(c.cost), c.status,
-                    c.end_reason or "", _iso(c.started_at) or "", _iso(c.ended_at) or ""])
+                    c.end_reason or "", _iso(c.started_at) or "", _iso(c.ended_at) or "",
+                    "" if c.gpu_hours is None else f"{c.gpu_hours:.6f}",
+                    "" if c.node_hours is None else f"{c.node_hours:.6f}"])
     return out
 
 

@@ -6,6 +6,8 @@ CUDA_VISIBLE_DEVICES in its steps)."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import time
 from pathlib import Path
@@ -69,6 +71,10 @@ def test_ledger_gpu_hours_match_sacct(slurm: SlurmCluster, cli: CLI, tmp_path: P
     assert done["node_hours"] == pytest.approx(elapsed * nodes / 3600, abs=1e-6)
     assert done["cost_usd"] == pytest.approx(elapsed * gpus / 3600 * PRICE, abs=1e-5)
     assert done["gpu_hours"] >= running["gpu_hours"]
+    rows = {r["name"]: r for r in csv.DictReader(io.StringIO(
+        cli.run("cost-report", "--csv").stdout))}
+    assert float(rows["acct"]["gpu_hours"]) == pytest.approx(elapsed * gpus / 3600, abs=1e-6)
+    assert float(rows["acct"]["node_hours"]) == pytest.approx(elapsed * nodes / 3600, abs=1e-6)
     table = cli.run("cost-report")
     assert f"from sacct (Slurm job(s) {alloc['id']})" in table.stdout, table.stdout
     assert "GPU-hour(s)" in table.stdout and "node-hour(s)" in table.stdout

@@ -258,6 +258,7 @@ def test_json_csv_and_table_output(home: Path, state: State) -> None:
     assert [(x["name"], x["provider"], x["nodes"], x["hours"], x["cost_usd"]) for x in rows] == [
         ("a", "aws", "4", "3.000000", "30"), ("m", "azure", "1", "1.000000", "unknown"),
         ("b", "gcp", "2", "2.000000", "5")]
+    assert {x["gpu_hours"] for x in rows} == {""}     # no scheduler accounts for them
 
     r = _cli(home)
     assert r.exit_code == 0
