@@ -113,14 +113,7 @@ class SlurmProvider:
         """The job as one srun step of the allocation (steps.py). With ``gpus_per_job``
         below the GPUs of a node, the step asks for its share (``--exact``, its GPUs and its
         part of the allocation's CPUs), so Slurm runs the steps that fit at once."""
-        rec = self._recorded(cluster)
-        login = self._login(cluster)
-        found = sched.find(login, cluster, self.mark()) if login is not None else []
-        alloc = next((a for a in found if a.state == "RUNNING"), None)
-        if login is None or alloc is None:
-            raise UserError(f"cluster '{cluster}' has no running Slurm allocation.",
-                            "Run 'cloudtrain up' for it again ('cloudtrain status --refresh' "
-                            "shows what Slurm says).")
+        rec, login, alloc = self._running(cluster)
         wd = self._workdir(login, cluster, rec.get("workdir"))
         if workdir is not None:
             steps.sync(login, workdir, wd, filters)
@@ -200,7 +193,8 @@ class SlurmProvider:
         alloc = next((a for a in found if a.state == "RUNNING"), None)
         if login is None or alloc is None:
             raise UserError(f"cluster '{cluster}' has no running Slurm allocation.",
-                            "Run 'cloudtrain up' for it again.")
+                            "Run 'cloudtrain up' for it again ('cloudtrain status --refresh' "
+                            "shows what Slurm says).")
         return rec, login, alloc
 
     def bootstrap_steps(self, cluster: str, torch: str, torch_index: str | None,
