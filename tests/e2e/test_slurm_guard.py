@@ -143,18 +143,14 @@ def test_down_job_ending_while_the_guard_restarts_still_ends_the_allocation(
     assert log.count("guard started on") == 2, log
 
 
-def test_attached_down_job_ends_the_allocation_when_its_cli_was_sigkilled(
-        slurm: SlurmCluster, cli: CLI, tmp_path: Path) -> None:
-    """An attached launch --down killed with SIGKILL mid-job: its step runs on to its end
-    (Slurm's, not the CLI's), and the guard, which saw it run, then ends the allocation."""
-    go = tmp_path / "go"
-    f = task(tmp_path, "attached", 'echo "started $CLOUDTRAIN_NODE_RANK"\n'
-                                   f"while [ ! -e {go} ]; do sleep 0.2; done")
+def sigkilled_mid_job(slurm: SlurmCluster, cli: CLI, f: Path, started: str) -> str:
+    """An attached ``launch --down`` SIGKILLed once its job printed ``started`` and the guard
+    had a poll to see its step; the allocation's id."""
     proc = cli.popen("launch", str(f), "-y", "--down")
     try:
         assert proc.stdout is not None
         deadline = time.time() + 60
-        while "started 0" not in proc.stdout.readline():
+        while started not in proc.stdout.readline():
             assert time.time() < deadline, "the job did not start"
         (alloc,) = [j["id"] for j in slurm.jobs()]
         time.sleep(3)                             # the guard sees the step (poll 2 s)
@@ -163,6 +159,17 @@ def test_attached_down_job_ends_the_allocation_when_its_cli_was_sigkilled(
     finally:
         if proc.poll() is None:
             proc.kill()
+    return str(alloc)
+
+
+def test_attached_down_job_ends_the_allocation_when_its_cli_was_sigkilled(
+        slurm: SlurmCluster, cli: CLI, tmp_path: Path) -> None:
+    """An attached launch --down killed with SIGKILL mid-job: its step runs on to its end
+    (Slurm's, not the CLI's), and the guard, which saw it run, then ends the allocation."""
+    go = tmp_path / "go"
+    f = task(tmp_path, "attached", 'echo "started $CLOUDTRAIN_NODE_RANK"\n'
+                                   f"while [ ! -e {go} ]; do sleep 0.2; done")
+    alloc = sigkilled_mid_job(slurm, cli, f, "started 0")
     time.sleep(3)
     assert [j["id"] for j in slurm.jobs()] == [alloc]     # the job runs on: no stop yet
     go.touch()
@@ -177,19 +184,7 @@ def test_attached_down_job_ending_while_the_guard_restarts_still_ends_the_alloca
     (it used to remember that only in memory, and waited for a step that had gone)."""
     go, workdir = tmp_path / "go", tmp_path / "shared" / "reseen"
     f = task(tmp_path, "reseen", f"echo started\nwhile [ ! -e {go} ]; do sleep 0.2; done")
-    proc = cli.popen("launch", str(f), "-y", "--down")
-    try:
-        assert proc.stdout is not None
-        deadline = time.time() + 60
-        while "started" not in proc.stdout.readline():
-            assert time.time() < deadline, "the job did not start"
-        (alloc,) = [j["id"] for j in slurm.jobs()]
-        time.sleep(3)                             # the guard sees the step (poll 2 s)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    alloc = sigkilled_mid_job(slurm, cli, f, "started")
     kill_guard(workdir, alloc)
     go.touch()
     said = ended_by_guard(slurm, cli, alloc, "reseen", 45)
